@@ -1,0 +1,42 @@
+"""flightfeed's wire contract: protobuf messages, the error tree and the pure partition plan.
+
+Shared by ``flightfeed.server`` and ``flightfeed.client``; imports neither torch nor h5py.
+"""
+
+from flightfeed.wire.errors import (
+    ConfigError,
+    DatasetError,
+    DatasetNotFound,
+    FlightFeedError,
+    InvalidRequest,
+    ShardError,
+    StaleState,
+    StorageError,
+    StreamError,
+    StreamTruncated,
+    Unauthenticated,
+)
+from flightfeed.wire.messages import WIRE_VERSION, ClientReport, ReadCommand, Shuffle, StreamTicket
+from flightfeed.wire.plan import Partition, StreamSpan, split_streams
+
+__all__ = [
+    "WIRE_VERSION",
+    "ReadCommand",
+    "StreamTicket",
+    "Shuffle",
+    "ClientReport",
+    "Partition",
+    "StreamSpan",
+    "split_streams",
+    "FlightFeedError",
+    "ConfigError",
+    "InvalidRequest",
+    "DatasetNotFound",
+    "DatasetError",
+    "ShardError",
+    "StorageError",
+    "StaleState",
+    "StreamError",
+    "StreamTruncated",
+    "Unauthenticated",
+]

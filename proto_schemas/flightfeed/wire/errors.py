@@ -1,0 +1,111 @@
+"""The one flightfeed exception tree, shared by server and client.
+
+The server raises these and translates them to Flight errors in one place
+(``flightfeed.server._boundary``); the client translates Flight errors back into
+these in one place (``flightfeed.client._boundary``). The class travels in the
+message as a ``[flightfeed:ClassName]`` prefix, so both sides agree on the type.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = [
+    "FlightFeedError",
+    "InvalidRequest",
+    "DatasetNotFound",
+    "DatasetError",
+    "ShardError",
+    "StorageError",
+    "StaleState",
+    "StreamError",
+    "StreamTruncated",
+    "Unauthenticated",
+    "ConfigError",
+    "error_tag",
+    "error_from_message",
+]
+
+
+class FlightFeedError(Exception):
+    """Base class of every error flightfeed raises on purpose."""
+
+
+class ConfigError(FlightFeedError):
+    """A setting given at the command line or in a config file is wrong."""
+
+
+class InvalidRequest(FlightFeedError):
+    """A request field is wrong; the message names the field and the allowed values."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class DatasetNotFound(InvalidRequest):
+    """The dataset name is not served here."""
+
+
+class DatasetError(FlightFeedError):
+    """A dataset cannot be served as it is (schemas differ, no shards, ...)."""
+
+
+class ShardError(DatasetError):
+    """One shard is corrupt, truncated or unreadable; the message names the file."""
+
+
+class StorageError(FlightFeedError):
+    """Object storage or the local cache failed (missing bucket/key, denied, I/O)."""
+
+
+class StaleState(FlightFeedError):
+    """A checkpoint or ticket does not match the dataset or settings now served."""
+
+
+class StreamError(FlightFeedError):
+    """A stream failed and could not be completed by retrying."""
+
+
+class StreamTruncated(StreamError):
+    """A stream ended before delivering the rows its ticket promised."""
+
+
+class Unauthenticated(FlightFeedError):
+    """Missing or wrong credentials."""
+
+
+_TAG = re.compile(r"\[flightfeed:(\w+)\]\s*")
+_BY_NAME: dict[str, type[FlightFeedError]] = {
+    cls.__name__: cls
+    for cls in (
+        FlightFeedError,
+        ConfigError,
+        InvalidRequest,
+        DatasetNotFound,
+        DatasetError,
+        ShardError,
+        StorageError,
+        StaleState,
+        StreamError,
+        StreamTruncated,
+        Unauthenticated,
+    )
+}
+
+
+def error_tag(exc: FlightFeedError) -> str:
+    """The message as it travels: a class tag, then the human text."""
+    return f"[flightfeed:{type(exc).__name__}] {exc}"
+
+
+def error_from_message(message: str) -> FlightFeedError | None:
+    """Rebuild a tagged error from a Flight error message; None when untagged."""
+    match = _TAG.search(message)
+    if match is None:
+        return None
+    cls = _BY_NAME.get(match.group(1), FlightFeedError)
+    text = message[match.end() :]
+    # gRPC appends its own detail lines; keep only the first line of our text
+    text = text.split(". Detail:")[0].strip()
+    return cls(text)

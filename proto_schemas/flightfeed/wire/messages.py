@@ -1,0 +1,139 @@
+"""Encode, decode and structurally validate the protobuf messages of the wire contract.
+
+Dataset-dependent checks (known dataset, columns, fingerprint) happen on the server; the
+checks here need nothing but the message and raise :class:`InvalidRequest` naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from google.protobuf.message import DecodeError
+
+from flightfeed.wire import feed_pb2
+from flightfeed.wire.errors import InvalidRequest
+from flightfeed.wire.plan import StreamSpan
+
+__all__ = [
+    "WIRE_VERSION",
+    "COMPRESSIONS",
+    "MAX_STREAMS",
+    "ReadCommand",
+    "StreamTicket",
+    "Shuffle",
+    "ClientReport",
+    "decode_command",
+    "decode_ticket",
+    "decode_report",
+    "check_command",
+    "span_of",
+]
+
+WIRE_VERSION = 1
+COMPRESSIONS = ("", "lz4", "zstd")
+MAX_STREAMS = 256
+MAX_WORLD = 1 << 20
+MAX_BATCH_ROWS = 1 << 24
+MAX_SEED = (1 << 63) - 1
+
+ReadCommand: Any = feed_pb2.ReadCommand
+StreamTicket: Any = feed_pb2.StreamTicket
+Shuffle: Any = feed_pb2.Shuffle
+ClientReport: Any = feed_pb2.ClientReport
+
+
+def _parse(cls: Any, data: bytes, what: str) -> Any:
+    msg = cls()
+    try:
+        msg.ParseFromString(bytes(data))
+    except (DecodeError, ValueError, TypeError) as exc:
+        raise InvalidRequest(
+            f"malformed {what}: not a flightfeed.v1.{cls.__name__} protobuf message ({exc}); "
+            "build it with flightfeed.wire or use FlightDescriptor.for_path(NAME)",
+            field=what,
+        ) from None
+    return msg
+
+
+def _check_version(version: int, what: str) -> None:
+    if version != WIRE_VERSION:
+        raise InvalidRequest(
+            f"{what}.version is {version}; this server speaks wire version {WIRE_VERSION}",
+            field=f"{what}.version",
+        )
+
+
+def check_command(cmd: Any) -> None:
+    """Structural checks of a ReadCommand: ranges and enumerations."""
+    _check_version(cmd.version, "command")
+    if not cmd.dataset:
+        raise InvalidRequest("command.dataset is empty: name a served dataset", field="dataset")
+    if cmd.world_size < 1 or cmd.world_size > MAX_WORLD:
+        raise InvalidRequest(
+            f"world_size is {cmd.world_size}; allowed: 1..{MAX_WORLD}", field="world_size"
+        )
+    if cmd.rank >= cmd.world_size:
+        raise InvalidRequest(
+            f"rank is {cmd.rank}; allowed: 0..{cmd.world_size - 1} for world_size {cmd.world_size}",
+            field="rank",
+        )
+    if not 1 <= cmd.batch_rows <= MAX_BATCH_ROWS:
+        raise InvalidRequest(f"batch_rows is {cmd.batch_rows}; allowed: 1..{MAX_BATCH_ROWS}", field="batch_rows")
+    if not 1 <= cmd.streams <= MAX_STREAMS:
+        raise InvalidRequest(f"streams is {cmd.streams}; allowed: 1..{MAX_STREAMS}", field="streams")
+    if cmd.num_workers < 1 or cmd.worker >= cmd.num_workers:
+        raise InvalidRequest(
+            f"worker {cmd.worker} of num_workers {cmd.num_workers}; need num_workers >= 1 and "
+            "0 <= worker < num_workers",
+            field="worker",
+        )
+    if cmd.seed > MAX_SEED:
+        raise InvalidRequest(f"seed is {cmd.seed}; allowed: 0..{MAX_SEED}", field="seed")
+    if cmd.epoch > MAX_SEED:
+        raise InvalidRequest(f"epoch is {cmd.epoch}; allowed: 0..{MAX_SEED}", field="epoch")
+    if cmd.compression not in COMPRESSIONS:
+        raise InvalidRequest(
+            f"compression is {cmd.compression!r}; allowed: 'lz4', 'zstd' or '' (none)", field="compression"
+        )
+    if cmd.message_rows and cmd.message_rows % cmd.batch_rows:
+        raise InvalidRequest(
+            f"message_rows {cmd.message_rows} is not a multiple of batch_rows {cmd.batch_rows}",
+            field="message_rows",
+        )
+    if cmd.transforms:
+        raise InvalidRequest(
+            f"unknown transforms {list(cmd.transforms)}; this server defines none yet", field="transforms"
+        )
+    if len(set(cmd.columns)) != len(cmd.columns):
+        raise InvalidRequest(f"columns {list(cmd.columns)} name a column twice", field="columns")
+
+
+def decode_command(data: bytes) -> Any:
+    cmd = _parse(ReadCommand, data, "command")
+    check_command(cmd)
+    return cmd
+
+
+def decode_ticket(data: bytes) -> Any:
+    ticket = _parse(StreamTicket, data, "ticket")
+    _check_version(ticket.version, "ticket")
+    check_command(ticket.read)
+    if ticket.message_rows < 1 or ticket.message_step < 1:
+        raise InvalidRequest("ticket.message_rows and ticket.message_step must be >= 1", field="ticket")
+    if ticket.start_row > ticket.end_row:
+        raise InvalidRequest("ticket.start_row is past ticket.end_row", field="ticket")
+    return ticket
+
+
+def decode_report(data: bytes) -> Any:
+    return _parse(ClientReport, data, "report")
+
+
+def span_of(ticket: Any) -> StreamSpan:
+    return StreamSpan(
+        int(ticket.start_row),
+        int(ticket.end_row),
+        int(ticket.message_rows),
+        int(ticket.first_message),
+        int(ticket.message_step),
+    )

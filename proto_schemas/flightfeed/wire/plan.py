@@ -1,0 +1,179 @@
+"""Partitioning and message plans: pure functions shared by server and client.
+
+Vocabulary:
+
+* **epoch positions** ``[0, N)``: the epoch's sample sequence (the server's order functions
+  map a position to a stored row). ``global_start`` positions were consumed before this
+  partition was made (resume at a new world size); the partition covers ``[global_start, N)``.
+* **global batches**: consecutive runs of ``batch_rows`` positions from ``global_start``.
+  Global batch ``g`` belongs to rank ``g % world_size``.
+* **rank-local rows** ``[0, rank_rows)``: the rank's batches concatenated in order.
+* **messages**: rank-local rows ``[start_row, end_row)`` cut into runs of ``message_rows``
+  (a multiple of ``batch_rows``). Worker ``w`` of ``n`` owns messages ``m % n == w``; its stream
+  ``k`` of ``K`` owns the worker's messages ``(m // n) % K == k``. Reading a worker's streams
+  round-robin therefore yields its messages in order, for any ``K``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "Partition",
+    "StreamSpan",
+    "split_streams",
+    "stream_messages",
+    "default_message_rows",
+    "ceil_div",
+]
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Rank ``rank`` of ``world_size``'s share of epoch positions ``[global_start, num_positions)``."""
+
+    num_positions: int
+    batch_rows: int
+    rank: int = 0
+    world_size: int = 1
+    drop_last: bool = False
+    global_start: int = 0
+
+    def __post_init__(self) -> None:
+        if self.batch_rows < 1:
+            raise ValueError("batch_rows must be >= 1")
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ValueError("need 0 <= rank < world_size")
+        if not 0 <= self.global_start <= self.num_positions:
+            raise ValueError("global_start must lie in [0, num_positions]")
+
+    @property
+    def span(self) -> int:
+        return self.num_positions - self.global_start
+
+    @property
+    def rank_batches(self) -> int:
+        """Batches (full or the one partial) this rank receives."""
+        if self.drop_last:
+            return (self.span // self.batch_rows) // self.world_size
+        total = ceil_div(self.span, self.batch_rows)
+        return max(0, ceil_div(total - self.rank, self.world_size))
+
+    @property
+    def rows(self) -> int:
+        """Rank-local rows."""
+        nb = self.rank_batches
+        if nb == 0:
+            return 0
+        last_global = (nb - 1) * self.world_size + self.rank
+        last_len = min(self.batch_rows, self.span - last_global * self.batch_rows)
+        return (nb - 1) * self.batch_rows + last_len
+
+    def runs(self, start: int, stop: int) -> Iterator[tuple[int, int]]:
+        """Contiguous ``(epoch_position, length)`` runs for rank-local rows ``[start, stop)``."""
+        if not 0 <= start <= stop <= self.rows:
+            raise ValueError(f"rank-local range [{start}, {stop}) outside [0, {self.rows})")
+        b = self.batch_rows
+        row = start
+        while row < stop:
+            j, off = divmod(row, b)
+            length = min(b - off, stop - row)
+            g = j * self.world_size + self.rank
+            yield self.global_start + g * b + off, length
+            row += length
+
+    def positions(self, start: int, stop: int) -> npt.NDArray[np.int64]:
+        """Epoch positions of rank-local rows ``[start, stop)``."""
+        parts = [np.arange(p, p + n, dtype=np.int64) for p, n in self.runs(start, stop)]
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+    def consumed_positions(self, rank_rows_consumed: int) -> int:
+        """Epoch positions consumed by *all* ranks after each consumed ``rank_rows_consumed``
+        rows in lockstep (whole batches only). Used to re-partition at a new world size."""
+        if rank_rows_consumed % self.batch_rows and rank_rows_consumed != self.rows:
+            raise ValueError("a re-partition needs whole consumed batches")
+        full = rank_rows_consumed // self.batch_rows
+        return min(self.num_positions, self.global_start + full * self.world_size * self.batch_rows)
+
+
+@dataclass(frozen=True)
+class StreamSpan:
+    """Messages ``first, first+step, ...`` of rank-local rows ``[start_row, end_row)``."""
+
+    start_row: int
+    end_row: int
+    message_rows: int
+    first_message: int
+    message_step: int
+
+    @property
+    def num_messages_total(self) -> int:
+        return ceil_div(self.end_row - self.start_row, self.message_rows)
+
+    def messages(self) -> Iterator[tuple[int, int]]:
+        """Rank-local ``(start, stop)`` of each message this stream carries, in order."""
+        for m in range(self.first_message, self.num_messages_total, self.message_step):
+            lo = self.start_row + m * self.message_rows
+            yield lo, min(lo + self.message_rows, self.end_row)
+
+    @property
+    def expected_rows(self) -> int:
+        return sum(hi - lo for lo, hi in self.messages())
+
+    def advanced(self, messages_done: int) -> StreamSpan:
+        """The span that remains after ``messages_done`` of this stream's messages arrived."""
+        return StreamSpan(
+            self.start_row,
+            self.end_row,
+            self.message_rows,
+            self.first_message + messages_done * self.message_step,
+            self.message_step,
+        )
+
+
+def split_streams(
+    start_row: int,
+    end_row: int,
+    message_rows: int,
+    streams: int,
+    worker: int = 0,
+    num_workers: int = 1,
+) -> list[StreamSpan]:
+    """The ``streams`` spans of worker ``worker`` (see the module doc for the striping)."""
+    if streams < 1 or num_workers < 1 or not 0 <= worker < num_workers:
+        raise ValueError("need streams >= 1 and 0 <= worker < num_workers")
+    step = num_workers * streams
+    return [
+        StreamSpan(start_row, end_row, message_rows, worker + num_workers * k, step) for k in range(streams)
+    ]
+
+
+def stream_messages(spans: list[StreamSpan]) -> Iterator[tuple[int, tuple[int, int]]]:
+    """``(stream_index, (start, stop))`` in the canonical order of the worker's messages."""
+    iters = [s.messages() for s in spans]
+    live = list(range(len(iters)))
+    while live:
+        still = []
+        for k in live:
+            nxt = next(iters[k], None)
+            if nxt is not None:
+                yield k, nxt
+                still.append(k)
+        live = still
+
+
+def default_message_rows(batch_rows: int, row_bytes: int, num_workers: int, target_bytes: int) -> int:
+    """Whole batches per message, about ``target_bytes`` each; one batch per message with workers
+    (so DataLoader's round-robin over workers restores the canonical order)."""
+    if num_workers > 1:
+        return batch_rows
+    per_batch = max(1, batch_rows * max(1, row_bytes))
+    return batch_rows * max(1, target_bytes // per_batch)

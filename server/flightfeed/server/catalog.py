@@ -1,0 +1,188 @@
+"""Datasets served by this process: shards, schema, the global row index and the fingerprint.
+
+Rows have a stable global index ``[0, N)``: shards sorted by path, rows in file order. The
+fingerprint identifies the data (shard names, sizes, row counts, schema); a checkpoint or ticket
+made against another fingerprint is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from flightfeed.server.readers import ShardReader
+from flightfeed.wire.errors import DatasetError, DatasetNotFound
+
+__all__ = ["Dataset", "Catalog", "ChunkCache"]
+
+_DEFAULT_CHUNK_CACHE = 512 << 20
+
+
+class ChunkCache:
+    """Bounded LRU (by bytes) of decoded chunks of readers that are not zero-copy."""
+
+    def __init__(self, max_bytes: int = _DEFAULT_CHUNK_CACHE) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[int, pa.RecordBatch] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def get(self, key: int) -> pa.RecordBatch | None:
+        with self._lock:
+            batch = self._items.get(key)
+            if batch is not None:
+                self._items.move_to_end(key)
+            return batch
+
+    def put(self, key: int, batch: pa.RecordBatch) -> None:
+        size = batch.nbytes
+        with self._lock:
+            if key in self._items:
+                return
+            self._items[key] = batch
+            self._bytes += size
+            while self._bytes > self.max_bytes and len(self._items) > 1:
+                _, old = self._items.popitem(last=False)
+                self._bytes -= old.nbytes
+
+
+@dataclass
+class Dataset:
+    """One named dataset: shards of one schema, addressed by global row index."""
+
+    name: str
+    uri: str
+    shards: Sequence[ShardReader]
+    chunk_cache: ChunkCache = field(default_factory=ChunkCache)
+
+    def __post_init__(self) -> None:
+        if not self.shards:
+            raise DatasetError(f"dataset {self.name!r}: no shards found at {self.uri}")
+        first = self.shards[0]
+        for shard in self.shards[1:]:
+            if not shard.schema.equals(first.schema, check_metadata=False):
+                raise DatasetError(
+                    f"dataset {self.name!r}: shard {shard.uri} has a different schema than "
+                    f"{first.uri}.\n  {first.uri}: {_one_line(first.schema)}\n  {shard.uri}: "
+                    f"{_one_line(shard.schema)}\nAll shards of a dataset must share one schema."
+                )
+        self.schema: pa.Schema = first.schema
+        starts: list[int] = []
+        refs: list[tuple[int, int]] = []
+        base = 0
+        for s, shard in enumerate(self.shards):
+            offs = shard.chunk_offsets
+            for c in range(len(offs) - 1):
+                starts.append(base + int(offs[c]))
+                refs.append((s, c))
+            base += shard.num_rows
+        self.num_rows = base
+        self._chunk_starts = np.asarray(starts + [base], dtype=np.int64)
+        self._chunk_refs = refs
+        self.nbytes = sum(s.nbytes for s in self.shards)
+        self.fingerprint = _fingerprint(self.shards, self.schema)
+        self._row_bytes: int | None = None
+
+    # -- addressing -------------------------------------------------------------------------
+    @property
+    def num_chunks(self) -> int:
+        return len(self._chunk_refs)
+
+    @property
+    def chunk_starts(self) -> npt.NDArray[np.int64]:
+        """Global first row of every chunk, plus ``num_rows`` at the end."""
+        return self._chunk_starts
+
+    def locate(self, rows: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """``(chunk_id, row_in_chunk)`` for global rows."""
+        cid = np.searchsorted(self._chunk_starts, rows, side="right") - 1
+        return cid.astype(np.int64), (rows - self._chunk_starts[cid]).astype(np.int64)
+
+    def chunk(self, cid: int) -> pa.RecordBatch:
+        s, c = self._chunk_refs[cid]
+        shard = self.shards[s]
+        if shard.zero_copy:
+            return shard.read_chunk(c)
+        batch = self.chunk_cache.get(cid)
+        if batch is None:
+            batch = shard.read_chunk(c)
+            self.chunk_cache.put(cid, batch)
+        return batch
+
+    @property
+    def row_bytes(self) -> int:
+        """Approximate bytes per row in memory (message sizing)."""
+        if self._row_bytes is None:
+            first = self.chunk(0)
+            self._row_bytes = max(1, first.get_total_buffer_size() // max(1, first.num_rows))
+        return self._row_bytes
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "uri": self.uri,
+            "rows": self.num_rows,
+            "shards": len(self.shards),
+            "bytes": self.nbytes,
+            "fingerprint": self.fingerprint,
+            "schema": _one_line(self.schema),
+        }
+
+    def close(self) -> None:
+        for shard in self.shards:
+            shard.close()
+
+
+class Catalog:
+    """Name -> Dataset."""
+
+    def __init__(self, datasets: Iterable[Dataset] = ()) -> None:
+        self._datasets: dict[str, Dataset] = {}
+        for ds in datasets:
+            self.add(ds)
+
+    def add(self, dataset: Dataset) -> None:
+        if dataset.name in self._datasets:
+            raise DatasetError(f"dataset name {dataset.name!r} is given twice")
+        self._datasets[dataset.name] = dataset
+
+    def get(self, name: str) -> Dataset:
+        try:
+            return self._datasets[name]
+        except KeyError:
+            known = ", ".join(sorted(self._datasets)) or "(none)"
+            raise DatasetNotFound(f"unknown dataset {name!r}; served datasets: {known}", field="dataset") from None
+
+    def datasets(self) -> list[Dataset]:
+        return [self._datasets[n] for n in sorted(self._datasets)]
+
+    def names(self) -> list[str]:
+        return sorted(self._datasets)
+
+    def close(self) -> None:
+        for ds in self._datasets.values():
+            ds.close()
+
+
+def _one_line(schema: pa.Schema) -> str:
+    return ", ".join(f"{f.name}: {f.type}" for f in schema)
+
+
+def _fingerprint(shards: Sequence[ShardReader], schema: pa.Schema) -> str:
+    h = hashlib.sha256()
+    h.update(schema.remove_metadata().serialize().to_pybytes())
+    for shard in shards:
+        h.update(f"{os.path.basename(shard.uri)}|{shard.num_rows}|{shard.nbytes}\n".encode())
+    return h.hexdigest()[:20]

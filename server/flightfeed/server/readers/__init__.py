@@ -1,0 +1,34 @@
+"""Shard readers by format. ``open_shard`` picks one from the file suffix."""
+
+from __future__ import annotations
+
+from flightfeed.server.readers.arrow_ipc import ARROW_SUFFIXES, ArrowShard
+from flightfeed.server.readers.base import ShardReader
+from flightfeed.wire.errors import DatasetError
+
+__all__ = ["ShardReader", "ArrowShard", "open_shard", "format_of", "ARROW_SUFFIXES"]
+
+
+def format_of(path: str) -> str:
+    lower = path.lower()
+    if lower.endswith(ARROW_SUFFIXES):
+        return "arrow"
+    if lower.endswith((".h5", ".hdf5", ".hdf")):
+        return "hdf5"
+    if lower.endswith(".parquet"):
+        return "parquet"
+    raise DatasetError(f"{path}: unknown shard format (expected .arrow, .arrows, .h5/.hdf5 or .parquet)")
+
+
+def open_shard(path: str, uri: str | None = None, **options: object) -> ShardReader:
+    """Open one local shard file; ``uri`` is the name shown in errors (e.g. its s3:// origin)."""
+    fmt = format_of(path)
+    if fmt == "arrow":
+        return ArrowShard(path, uri)
+    if fmt == "hdf5":
+        from flightfeed.server.readers.hdf5 import open_hdf5_shard
+
+        return open_hdf5_shard(path, uri, **options)
+    from flightfeed.server.readers.parquet import ParquetShard
+
+    return ParquetShard(path, uri)

@@ -1,0 +1,52 @@
+"""URI -> Dataset: pick the storage (local or s3://) and open every shard."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from flightfeed.server.catalog import ChunkCache, Dataset
+from flightfeed.server.readers import ShardReader, open_shard
+from flightfeed.server.storage.local import list_local_shards
+
+__all__ = ["StorageOptions", "open_dataset"]
+
+
+@dataclass
+class StorageOptions:
+    """Settings for object storage, the local shard cache and format readers (from the CLI)."""
+
+    s3_endpoint: str | None = None
+    s3_region: str | None = None
+    s3_access_key: str | None = None
+    s3_secret_key: str | None = None
+    s3_session_token: str | None = None
+    s3_scheme: str = "https"
+    cache_dir: str | None = None
+    cache_size: int | None = None
+    hdf5_group: str | None = None
+    casts: dict[str, str] = field(default_factory=dict)
+    chunk_cache_bytes: int = 512 << 20
+
+
+def open_dataset(name: str, uri: str, options: StorageOptions | None = None) -> Dataset:
+    opts = options or StorageOptions()
+    shards: list[ShardReader]
+    if uri.startswith("s3://"):
+        from flightfeed.server.storage.s3 import open_s3_shards
+
+        shards = open_s3_shards(uri, opts)
+    else:
+        reader_opts: dict[str, object] = {}
+        if opts.hdf5_group is not None:
+            reader_opts["group"] = opts.hdf5_group
+        if opts.casts:
+            reader_opts["casts"] = opts.casts
+        shards = []
+        try:
+            for path in list_local_shards(uri):
+                shards.append(open_shard(path, **reader_opts))
+        except Exception:
+            for s in shards:
+                s.close()
+            raise
+    return Dataset(name, uri, shards, chunk_cache=ChunkCache(opts.chunk_cache_bytes))
