@@ -83,12 +83,20 @@ class Partition:
             raise ValueError(f"rank-local range [{start}, {stop}) outside [0, {self.rows})")
         b = self.batch_rows
         row = start
+        run_pos, run_len = -1, 0
         while row < stop:
             j, off = divmod(row, b)
             length = min(b - off, stop - row)
-            g = j * self.world_size + self.rank
-            yield self.global_start + g * b + off, length
+            pos = self.global_start + (j * self.world_size + self.rank) * b + off
+            if pos == run_pos + run_len:
+                run_len += length  # adjacent batches (world_size 1) form one run
+            else:
+                if run_len:
+                    yield run_pos, run_len
+                run_pos, run_len = pos, length
             row += length
+        if run_len:
+            yield run_pos, run_len
 
     def positions(self, start: int, stop: int) -> npt.NDArray[np.int64]:
         """Epoch positions of rank-local rows ``[start, stop)``."""

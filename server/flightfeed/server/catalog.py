@@ -89,7 +89,7 @@ class Dataset:
                 refs.append((s, c))
             base += shard.num_rows
         self.num_rows = base
-        self._chunk_starts = np.asarray(starts + [base], dtype=np.int64)
+        self._chunk_starts = np.asarray([*starts, base], dtype=np.int64)
         self._chunk_refs = refs
         self.nbytes = sum(s.nbytes for s in self.shards)
         self.fingerprint = _fingerprint(self.shards, self.schema)

@@ -2,27 +2,50 @@
 and the sidecar. Counting happens per RecordBatch or per event, never per row.
 
 Every metric lives in this object's own ``CollectorRegistry`` so several servers can run in one
-process (tests) without clashing.
+process (tests) without clashing. Besides the counters, the registry holds a collector that
+computes live figures when scraped: throughput over a sliding window (all streams and per
+stream), clients that reported recently, and the uptime. :meth:`ServerMetrics.snapshot` gives
+the same figures as JSON for the Flight ``stats`` action and the sidecar's ``/stats``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import threading
 import time
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+from flightfeed.server.metrics_window import RateWindow
 
 __all__ = ["ServerMetrics"]
 
+_CLIENT_FLOATS = ("stall_ratio", "rows_per_s", "bytes_per_s", "wait_s", "elapsed_s")
+_CLIENT_INTS = ("rank", "world_size", "rows_total", "bytes_total")
+_CLIENT_STRS = ("client_id", "dataset", "device")
+
 
 class ServerMetrics:
-    """Counters, gauges and histograms named ``flightfeed_*`` (DESIGN.md §2), labelled by dataset."""
+    """Counters, gauges and histograms named ``flightfeed_*`` (DESIGN.md §2), labelled by dataset.
 
-    def __init__(self) -> None:
+    ``window_s``: the sliding window of the live throughput figures. A client counts as active
+    while its last report is younger than ``client_active_s``; it is forgotten (its labels
+    removed) after ``client_forget_s``.
+    """
+
+    def __init__(
+        self, *, window_s: float = 10.0, client_active_s: float = 30.0, client_forget_s: float = 600.0
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.started_at = time.time()
+        self.client_active_s = client_active_s
+        self.client_forget_s = max(client_forget_s, client_active_s)
+        self.window = RateWindow(window_s)
         self.rows_sent = Counter("flightfeed_rows_sent", "Rows sent to clients", ["dataset"], registry=r)
         self.bytes_sent = Counter(
             "flightfeed_bytes_sent", "Arrow body bytes sent to clients", ["dataset"], registry=r
@@ -30,13 +53,17 @@ class ServerMetrics:
         self.batches_sent = Counter(
             "flightfeed_batches_sent", "RecordBatches sent to clients", ["dataset"], registry=r
         )
-        self.streams_active = Gauge("flightfeed_streams_active", "do_get streams in flight", ["dataset"], registry=r)
+        self.streams_active = Gauge(
+            "flightfeed_streams_active", "do_get streams in flight", ["dataset"], registry=r
+        )
         self.streams_total = Counter(
             "flightfeed_streams", "do_get streams finished, by outcome", ["dataset", "outcome"], registry=r
         )
         self.cache_hits = Counter("flightfeed_cache_hits", "Shard cache hits", ["dataset"], registry=r)
         self.cache_misses = Counter("flightfeed_cache_misses", "Shard cache misses", ["dataset"], registry=r)
-        self.cache_bytes = Gauge("flightfeed_cache_bytes", "Bytes held in the shard cache", ["dataset"], registry=r)
+        self.cache_bytes = Gauge(
+            "flightfeed_cache_bytes", "Bytes held in the shard cache", ["dataset"], registry=r
+        )
         self.cache_evictions = Counter(
             "flightfeed_cache_evictions", "Shards evicted from the cache", ["dataset"], registry=r
         )
@@ -57,37 +84,182 @@ class ServerMetrics:
             registry=r,
         )
         self.client_rows_per_s = Gauge(
-            "flightfeed_client_rows_per_second", "Rows/s a reporting client consumes", ["dataset", "client"], registry=r
+            "flightfeed_client_rows_per_second",
+            "Rows/s a reporting client consumes",
+            ["dataset", "client"],
+            registry=r,
+        )
+        self.client_bytes_per_s = Gauge(
+            "flightfeed_client_bytes_per_second",
+            "Bytes/s a reporting client consumes",
+            ["dataset", "client"],
+            registry=r,
         )
         self._lock = threading.Lock()
         self._clients: dict[str, dict[str, Any]] = {}
+        self._sent_children: dict[str, tuple[Any, Any, Any]] = {}
+        r.register(_LiveCollector(self))
 
     # -- streaming ------------------------------------------------------------------------
     def stream_started(self, dataset: str) -> None:
         self.streams_active.labels(dataset).inc()
+        self.window.streams(dataset, +1)
 
     def stream_finished(self, dataset: str, outcome: str) -> None:
         self.streams_active.labels(dataset).dec()
         self.streams_total.labels(dataset, outcome).inc()
+        self.window.streams(dataset, -1)
 
     def batch_sent(self, dataset: str, rows: int, nbytes: int) -> None:
-        self.rows_sent.labels(dataset).inc(rows)
-        self.bytes_sent.labels(dataset).inc(nbytes)
-        self.batches_sent.labels(dataset).inc()
+        children = self._sent_children.get(dataset)
+        if children is None:  # labels() costs microseconds: look the children up once per dataset
+            fresh = tuple(c.labels(dataset) for c in (self.rows_sent, self.bytes_sent, self.batches_sent))
+            children = self._sent_children.setdefault(dataset, (fresh[0], fresh[1], fresh[2]))
+        children[0].inc(rows)
+        children[1].inc(nbytes)
+        children[2].inc()
+        self.window.add(dataset, rows, nbytes)
 
     # -- clients --------------------------------------------------------------------------
-    def client_report(self, report: dict[str, Any]) -> None:
-        client = str(report.get("client_id", "?"))
-        dataset = str(report.get("dataset", ""))
-        self.client_stall_ratio.labels(dataset, client).set(float(report.get("stall_ratio", 0.0)))
-        self.client_rows_per_s.labels(dataset, client).set(float(report.get("rows_per_s", 0.0)))
+    def client_report(self, report: Mapping[str, Any]) -> None:
+        """Record a ``report`` action (the ClientReport fields; proto3 defaults may be missing)."""
+        fig = _normalize_report(report)
+        client, dataset = fig["client_id"], fig["dataset"]
+        now = time.time()
         with self._lock:
-            self._clients[client] = dict(report, received_at=time.time())
+            old = self._clients.get(client)
+            if old is not None and old["dataset"] != dataset:
+                self._remove_labels(old["dataset"], client)
+            self._clients[client] = dict(fig, received_at=now)
+            self._forget_stale(now)
+        self.client_stall_ratio.labels(dataset, client).set(fig["stall_ratio"])
+        self.client_rows_per_s.labels(dataset, client).set(fig["rows_per_s"])
+        self.client_bytes_per_s.labels(dataset, client).set(fig["bytes_per_s"])
 
     def clients(self) -> dict[str, dict[str, Any]]:
+        """Client id -> its last report, plus ``received_at`` (wall time) and ``active``."""
+        now = time.time()
         with self._lock:
-            return {k: dict(v) for k, v in self._clients.items()}
+            self._forget_stale(now)
+            fresh = self.client_active_s
+            return {k: dict(v, active=now - v["received_at"] <= fresh) for k, v in self._clients.items()}
+
+    def active_clients(self) -> dict[str, int]:
+        """Dataset -> number of clients that reported within ``client_active_s``."""
+        counts: dict[str, int] = {}
+        for fig in self.clients().values():
+            if fig["active"]:
+                counts[fig["dataset"]] = counts.get(fig["dataset"], 0) + 1
+        return counts
+
+    def _forget_stale(self, now: float) -> None:  # caller holds the lock
+        for client, fig in list(self._clients.items()):
+            if now - fig["received_at"] > self.client_forget_s:
+                del self._clients[client]
+                self._remove_labels(fig["dataset"], client)
+
+    def _remove_labels(self, dataset: str, client: str) -> None:
+        for gauge in (self.client_stall_ratio, self.client_rows_per_s, self.client_bytes_per_s):
+            with contextlib.suppress(KeyError):
+                gauge.remove(dataset, client)
 
     # -- export ---------------------------------------------------------------------------
     def prometheus_text(self) -> bytes:
-        return generate_latest(self.registry)
+        return bytes(generate_latest(self.registry))
+
+    def snapshot(
+        self, datasets: Sequence[Mapping[str, Any]] = (), *, include_prometheus: bool = True
+    ) -> dict[str, Any]:
+        """Every figure as JSON-ready data (see ``metrics_snapshot``); ``datasets`` are the
+        catalog's ``Dataset.describe()`` dicts. With ``include_prometheus`` the exposition text
+        rides along under ``prometheus_text`` so a standalone sidecar can relay it verbatim."""
+        from flightfeed.server.metrics_snapshot import build_snapshot
+
+        snap = build_snapshot(self, datasets)
+        if include_prometheus:
+            snap["prometheus_text"] = self.prometheus_text().decode()
+        return snap
+
+    def metric_names(self) -> set[str]:
+        """Every sample name this registry can expose (``_total``, ``_bucket``... included)."""
+        suffixes = {
+            "counter": ("_total", "_created"),
+            "histogram": ("_bucket", "_count", "_sum", "_created"),
+            "summary": ("", "_count", "_sum", "_created"),
+            "gauge": ("",),
+        }
+        names: set[str] = set()
+        for family in self.registry.collect():
+            for suffix in suffixes.get(family.type, ("",)):
+                names.add(family.name + suffix)
+        return names
+
+
+class _LiveCollector:
+    """Figures computed at scrape time: windowed throughput, active clients, uptime."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self._m = metrics
+
+    def describe(self) -> Iterator[Any]:
+        return iter(self._families())
+
+    def collect(self) -> Iterator[Any]:
+        return iter(self._families(fill=True))
+
+    def _families(self, fill: bool = False) -> list[Any]:
+        rows = GaugeMetricFamily(
+            "flightfeed_throughput_rows_per_second",
+            f"Rows/s sent over the last {self._m.window.window_s:g} s",
+            labels=["dataset"],
+        )
+        nbytes = GaugeMetricFamily(
+            "flightfeed_throughput_bytes_per_second",
+            f"Bytes/s sent over the last {self._m.window.window_s:g} s",
+            labels=["dataset"],
+        )
+        per_stream = GaugeMetricFamily(
+            "flightfeed_stream_bytes_per_second",
+            "Bytes/s of one sending stream (window bytes / stream-seconds while sending)",
+            labels=["dataset"],
+        )
+        clients = GaugeMetricFamily(
+            "flightfeed_clients_active", "Clients that reported recently", labels=["dataset"]
+        )
+        uptime = GaugeMetricFamily("flightfeed_uptime_seconds", "Seconds since the server started")
+        if fill:
+            _, per_key = self._m.window.rates()
+            for dataset, rates in sorted(per_key.items()):
+                rows.add_metric([dataset], rates.rows_per_s)
+                nbytes.add_metric([dataset], rates.bytes_per_s)
+                per_stream.add_metric([dataset], rates.stream_bytes_per_s)
+            for dataset, count in sorted(self._m.active_clients().items()):
+                clients.add_metric([dataset], float(count))
+            uptime.add_metric([], time.time() - self._m.started_at)
+        return [rows, nbytes, per_stream, clients, uptime]
+
+
+def _normalize_report(report: Mapping[str, Any]) -> dict[str, Any]:
+    """Typed ClientReport fields with defaults (MessageToDict drops zeros and writes 64-bit ints
+    as strings)."""
+    fig: dict[str, Any] = {}
+    for name in _CLIENT_STRS:
+        fig[name] = str(report.get(name) or "")
+    fig["client_id"] = fig["client_id"] or "unknown"
+    for name in _CLIENT_FLOATS:
+        fig[name] = _finite(report.get(name))
+    fig["stall_ratio"] = min(1.0, max(0.0, fig["stall_ratio"]))
+    for name in _CLIENT_INTS:
+        try:
+            fig[name] = int(report.get(name) or 0)
+        except (TypeError, ValueError):
+            fig[name] = 0
+    return fig
+
+
+def _finite(value: Any) -> float:
+    try:
+        f = float(value or 0.0)
+    except (TypeError, ValueError):
+        return 0.0
+    return f if math.isfinite(f) else 0.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from flightfeed.server.catalog import ChunkCache, Dataset
+from flightfeed.server.metrics import ServerMetrics
 from flightfeed.server.readers import ShardReader, open_shard
 from flightfeed.server.storage.local import list_local_shards
 
@@ -26,6 +27,16 @@ class StorageOptions:
     hdf5_group: str | None = None
     casts: dict[str, str] = field(default_factory=dict)
     chunk_cache_bytes: int = 512 << 20
+    # S3 transfers: whole objects in sized reads of s3_part_size bytes, s3_parallel at a time
+    s3_part_size: int = 64 << 20
+    s3_parallel: int = 8
+    s3_retries: int = 4
+    # shards downloaded at once; with a manifest, also fetch every shard in the background right
+    # after opening (when the dataset fits in the cache) instead of only on first read
+    s3_parallel_shards: int = 4
+    s3_prefetch: bool = True
+    # where the shard cache reports flightfeed_cache_* (pass the server's ServerMetrics)
+    metrics: ServerMetrics | None = field(default=None, repr=False, compare=False)
 
 
 def open_dataset(name: str, uri: str, options: StorageOptions | None = None) -> Dataset:
@@ -34,7 +45,7 @@ def open_dataset(name: str, uri: str, options: StorageOptions | None = None) -> 
     if uri.startswith("s3://"):
         from flightfeed.server.storage.s3 import open_s3_shards
 
-        shards = open_s3_shards(uri, opts)
+        shards = open_s3_shards(uri, opts, dataset=name)
     else:
         reader_opts: dict[str, object] = {}
         if opts.hdf5_group is not None:
@@ -44,7 +55,7 @@ def open_dataset(name: str, uri: str, options: StorageOptions | None = None) -> 
         shards = []
         try:
             for path in list_local_shards(uri):
-                shards.append(open_shard(path, **reader_opts))
+                shards.append(open_shard(path, None, **reader_opts))
         except Exception:
             for s in shards:
                 s.close()

@@ -1,0 +1,33 @@
+"""flightfeed's PyTorch client: zero-copy batches from a flightfeed Flight server.
+
+    from flightfeed.client import FlightDataset
+    ds = FlightDataset("grpc://127.0.0.1:8815", "train", batch_size=256, shuffle=True, seed=0)
+    for epoch in range(epochs):
+        ds.set_epoch(epoch)
+        for batch in ds:          # dict[str, torch.Tensor]
+            ...
+"""
+
+from flightfeed.client._dataset import FlightDataset
+from flightfeed.wire.errors import (
+    ConfigError,
+    DatasetNotFound,
+    FlightFeedError,
+    InvalidRequest,
+    StaleState,
+    StreamError,
+    StreamTruncated,
+    Unauthenticated,
+)
+
+__all__ = [
+    "FlightDataset",
+    "FlightFeedError",
+    "ConfigError",
+    "InvalidRequest",
+    "DatasetNotFound",
+    "StaleState",
+    "StreamError",
+    "StreamTruncated",
+    "Unauthenticated",
+]

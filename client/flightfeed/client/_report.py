@@ -1,0 +1,153 @@
+"""Trainer-side reporting: every few seconds, send the reader's stall and throughput figures to
+the server (Flight action ``report``, body = a ``flightfeed.v1.ClientReport``), so the data
+node's sidecar shows whether its trainers are starved.
+
+Reporting never hurts the trainer: it runs on its own daemon thread over its own FlightClient,
+and every failure (server gone, figures() raising, a bad value) is counted and logged at debug
+level, never raised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pyarrow.flight as flight
+
+from flightfeed.wire.messages import ClientReport
+
+__all__ = ["Reporter", "report_message"]
+
+log = logging.getLogger("flightfeed.client.report")
+
+# StallMeter.figures() names -> ClientReport fields
+_ALIASES = {"rows": "rows_total", "bytes": "bytes_total"}
+_FIELDS = {f.name: f for f in ClientReport.DESCRIPTOR.fields}
+
+
+def _default_client_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def report_message(figures: Mapping[str, Any]) -> Any:
+    """A ClientReport from ClientReport field names (or StallMeter names ``rows``/``bytes``);
+    unknown keys are ignored, numbers are coerced to the field's type (non-finite -> 0)."""
+    msg = ClientReport()
+    for key, value in figures.items():
+        name = _ALIASES.get(key, key)
+        fd = _FIELDS.get(name)
+        if fd is None or value is None:
+            continue
+        if fd.type == fd.TYPE_STRING:
+            setattr(msg, name, str(value))
+        elif fd.type == fd.TYPE_DOUBLE:
+            f = float(value)
+            setattr(msg, name, f if math.isfinite(f) else 0.0)
+        else:  # uint32 / uint64
+            f = float(value)
+            setattr(msg, name, max(0, int(f)) if math.isfinite(f) else 0)
+    return msg
+
+
+class Reporter:
+    """Sends ``{**static, **figures()}`` as a ``report`` action every ``interval`` seconds.
+
+    ``static``: fields that do not change (dataset, rank, world_size, device); ``client_id``
+    defaults to ``host:pid:random``. ``token``/``tls_root_certs`` as for the server's other
+    calls. ``sent`` and ``errors`` count the reports that went out and those that failed.
+    """
+
+    def __init__(
+        self,
+        location: str,
+        figures: Callable[[], Mapping[str, Any]],
+        *,
+        interval: float = 5.0,
+        static: Mapping[str, Any] | None = None,
+        client_id: str | None = None,
+        token: str | None = None,
+        tls_root_certs: bytes | None = None,
+        timeout: float = 2.0,
+        start: bool = True,
+    ) -> None:
+        if not interval > 0:
+            raise ValueError(f"interval is {interval}; it must be > 0 seconds")
+        self.location = location
+        self.interval = float(interval)
+        self.client_id = client_id or _default_client_id()
+        self._figures = figures
+        self._static = dict(static or {})
+        self._tls_root_certs = tls_root_certs
+        # pyarrow wants bytes here (its stubs say str)
+        headers: Any = [(b"authorization", f"Bearer {token}".encode())] if token else []
+        self._options = flight.FlightCallOptions(timeout=timeout, headers=headers)
+        self._client: flight.FlightClient | None = None
+        self._stop = threading.Event()
+        self._send_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.sent = 0
+        self.errors = 0
+        if start:
+            self.start()
+
+    def start(self) -> None:
+        """Start the reporting thread (once; a closed Reporter stays closed)."""
+        if self._thread is None and not self._stop.is_set():
+            self._thread = threading.Thread(target=self._loop, name="flightfeed-report", daemon=True)
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.report_now()
+
+    def report_now(self) -> bool:
+        """Send one report now; True when the server took it. Never raises."""
+        with self._send_lock:
+            try:
+                fields = {**self._static, **dict(self._figures()), "client_id": self.client_id}
+                body = report_message(fields).SerializeToString()
+                if self._client is None:
+                    kwargs: dict[str, Any] = {}
+                    if self._tls_root_certs:
+                        kwargs["tls_root_certs"] = self._tls_root_certs
+                    self._client = flight.FlightClient(self.location, **kwargs)
+                for _ in self._client.do_action(flight.Action("report", body), self._options):
+                    pass
+            except Exception as exc:  # a trainer must never die because reporting failed
+                self.errors += 1
+                log.debug("report to %s failed (%d so far): %s", self.location, self.errors, exc)
+                self._drop_client()
+                return False
+            self.sent += 1
+            return True
+
+    def _drop_client(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
+
+    def close(self, *, final: bool = False) -> None:
+        """Stop reporting promptly; ``final``: send one last report first (at most ``timeout`` s)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if final:
+            self.report_now()
+        with self._send_lock:
+            self._drop_client()
+
+    def __enter__(self) -> Reporter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

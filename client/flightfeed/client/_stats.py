@@ -1,0 +1,62 @@
+"""Data-stall accounting: how long the consumer waited for batches, out of the time it ran."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+__all__ = ["StallMeter"]
+
+
+@dataclass
+class StallMeter:
+    """``wait_s / elapsed_s`` is the data-stall ratio: 0 = the trainer never waited."""
+
+    rows: int = 0
+    bytes: int = 0
+    batches: int = 0
+    wait_s: float = 0.0
+    _start: float | None = None
+    _offset: float = 0.0
+    _end: float | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def start(self) -> None:
+        with self._lock:
+            if self._start is None or self._end is not None:
+                # a new iteration: keep totals, measure elapsed over active time only
+                self._offset = self.elapsed_s
+                self._start, self._end = time.perf_counter(), None
+
+    def waited(self, seconds: float, rows: int, nbytes: int) -> None:
+        with self._lock:
+            self.wait_s += seconds
+            self.rows += rows
+            self.bytes += nbytes
+            self.batches += 1
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._start is not None and self._end is None:
+                self._end = time.perf_counter()
+
+    @property
+    def elapsed_s(self) -> float:
+        if self._start is None:
+            return 0.0
+        end = self._end if self._end is not None else time.perf_counter()
+        return self._offset + (end - self._start)
+
+    def figures(self) -> dict[str, float]:
+        elapsed = self.elapsed_s
+        return {
+            "rows": float(self.rows),
+            "bytes": float(self.bytes),
+            "batches": float(self.batches),
+            "wait_s": self.wait_s,
+            "elapsed_s": elapsed,
+            "stall_ratio": self.wait_s / elapsed if elapsed > 0 else 0.0,
+            "rows_per_s": self.rows / elapsed if elapsed > 0 else 0.0,
+            "bytes_per_s": self.bytes / elapsed if elapsed > 0 else 0.0,
+        }

@@ -1,0 +1,141 @@
+"""Background stream readers: one thread per endpoint, whole messages into a bounded queue.
+
+A reader counts rows against the ticket's promise. A stream that fails or ends short is retried
+from the first message it has not delivered (against the endpoint's next location, if it names
+several), up to ``retries`` times; then the consumer gets :class:`StreamTruncated` or
+:class:`StreamError`. Nothing is ever silently shortened and no message is delivered twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.flight as flight
+
+from flightfeed.client._boundary import is_transient, translate
+from flightfeed.client._pool import ConnectionPool
+from flightfeed.wire.errors import FlightFeedError, StreamError, StreamTruncated
+from flightfeed.wire.messages import StreamTicket, span_of
+
+__all__ = ["StreamReader", "END"]
+
+log = logging.getLogger("flightfeed.client")
+END = object()  # queue sentinel: the stream delivered everything
+
+
+class StreamReader(threading.Thread):
+    """Reads one endpoint; puts ``list[pa.RecordBatch]`` (one message each), then END or an error."""
+
+    def __init__(
+        self,
+        pool: ConnectionPool,
+        slot: int,
+        ticket: Any,
+        locations: Sequence[str],
+        *,
+        depth: int,
+        retries: int,
+        stop: threading.Event,
+    ) -> None:
+        super().__init__(name=f"flightfeed-stream-{slot}", daemon=True)
+        self.pool, self.slot, self.ticket = pool, slot, ticket
+        self.locations = list(locations) or [pool.location]
+        self.queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth))
+        self.retries, self.stop = retries, stop
+        self.retried = 0
+        self._active: flight.FlightStreamReader | None = None
+        self._lock = threading.Lock()
+
+    def cancel(self) -> None:
+        with self._lock:
+            if self._active is not None:
+                with contextlib.suppress(Exception):  # already finished
+                    self._active.cancel()
+
+    def _put(self, item: Any) -> bool:
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run(self) -> None:
+        span = span_of(self.ticket)
+        messages = [hi - lo for lo, hi in span.messages()]
+        done = 0
+        attempt = 0
+        while done < len(messages) and not self.stop.is_set():
+            location = self.locations[attempt % len(self.locations)]
+            try:
+                done = self._read(span, messages, done, location)
+                if done < len(messages) and not self.stop.is_set():
+                    raise StreamTruncated(
+                        f"stream {self.slot} ended after {done} of {len(messages)} messages "
+                        f"({sum(messages[:done])} of {sum(messages)} rows)"
+                    )
+            except Exception as exc:
+                if self.stop.is_set():
+                    return
+                err = translate(exc)
+                retryable = is_transient(exc) or isinstance(err, StreamTruncated)
+                if retryable and attempt < self.retries:
+                    attempt += 1
+                    self.retried += 1
+                    log.warning("stream %d failed (%s); retry %d/%d", self.slot, err, attempt, self.retries)
+                    self.pool.discard(self.slot, location)
+                    time.sleep(min(2.0, 0.1 * 2**attempt))
+                    continue
+                if not isinstance(err, FlightFeedError):
+                    err = StreamError(f"stream {self.slot}: {exc}")
+                self._put(err)
+                return
+        if not self.stop.is_set():
+            self._put(END)
+
+    def _read(self, span: Any, messages: list[int], done: int, location: str) -> int:
+        ticket = StreamTicket()
+        ticket.CopyFrom(self.ticket)
+        rest = span.advanced(done)
+        ticket.first_message = rest.first_message
+        ticket.expected_rows = sum(messages[done:])
+        client = self.pool.client(self.slot, location)
+        reader = client.do_get(flight.Ticket(ticket.SerializeToString()), self.pool.options.call_options())
+        with self._lock:
+            self._active = reader
+        try:
+            pending: list[pa.RecordBatch] = []
+            have = 0
+            while True:
+                try:
+                    batch = reader.read_chunk().data
+                except StopIteration:
+                    break
+                if batch is None:  # a metadata-only message
+                    continue
+                if self.stop.is_set():
+                    return done
+                off = 0
+                while off < batch.num_rows:
+                    if done == len(messages):
+                        raise StreamError(f"stream {self.slot} sent more rows than its ticket promised")
+                    take = min(batch.num_rows - off, messages[done] - have)
+                    pending.append(batch if take == batch.num_rows else batch.slice(off, take))
+                    have += take
+                    off += take
+                    if have == messages[done]:
+                        if not self._put(pending):
+                            return done
+                        pending, have, done = [], 0, done + 1
+            return done
+        finally:
+            with self._lock:
+                self._active = None

@@ -1,0 +1,148 @@
+"""``convert(src, dst, settings)``: source -> fixed-size record batches -> verified ``.arrow``
+shards -> manifest, with a progress bar."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Literal
+
+from tqdm import tqdm
+
+from flightfeed.server.convert.destination import open_destination
+from flightfeed.server.convert.images import ImageFolderSource, looks_like_image_folder
+from flightfeed.server.convert.sources import (
+    HDF5_SUFFIXES,
+    Hdf5Source,
+    NumpySource,
+    ParquetSource,
+    Source,
+    find_files,
+    require,
+)
+from flightfeed.server.convert.writer import Compression, ShardWriter, rebatch
+from flightfeed.server.storage.manifest import Manifest
+from flightfeed.server.storage.resolve import StorageOptions
+from flightfeed.wire.errors import ConfigError, DatasetError, ShardError
+
+__all__ = ["ConvertSettings", "convert", "open_source", "SourceKind", "TARGET_BATCH_BYTES"]
+
+SourceKind = Literal["auto", "hdf5", "parquet", "numpy", "images"]
+#: default record batch size: rows of about this many bytes (a served chunk)
+TARGET_BATCH_BYTES = 8 << 20
+_PROBE_ROWS = 64
+
+
+@dataclass
+class ConvertSettings:
+    shard_bytes: int = 512 * 10**6
+    compression: Compression = "none"
+    rows_per_batch: int | None = None
+    kind: SourceKind = "auto"
+    hdf5_group: str | None = None
+    casts: dict[str, str] = field(default_factory=dict)
+    decode: bool = False
+    resize: tuple[int, int] | None = None
+    overwrite: bool = False
+    progress: bool = True
+    storage: StorageOptions = field(default_factory=StorageOptions)
+
+
+def open_source(src: str, settings: ConvertSettings) -> Source:
+    """The source at ``src`` (kind from ``settings.kind`` or detected from the files)."""
+    kind = settings.kind
+    if kind == "auto":
+        kind = _detect(src)
+    if kind == "hdf5":
+        return Hdf5Source(
+            require(find_files(src, HDF5_SUFFIXES), src, "HDF5"), settings.hdf5_group, settings.casts
+        )
+    if settings.casts or settings.hdf5_group:
+        raise ConfigError("--cast and --hdf5-group apply to HDF5 sources only")
+    if kind == "parquet":
+        return ParquetSource(require(find_files(src, (".parquet",)), src, "Parquet"))
+    if kind == "numpy":
+        return NumpySource(require(find_files(src, (".npy", ".npz")), src, "NumPy (.npy/.npz)"))
+    return ImageFolderSource(src, decode=settings.decode, size=settings.resize)
+
+
+def _detect(src: str) -> SourceKind:
+    for kind, suffixes in (("hdf5", HDF5_SUFFIXES), ("parquet", (".parquet",)), ("numpy", (".npy", ".npz"))):
+        if find_files(src, suffixes):
+            return kind  # type: ignore[return-value]
+    if looks_like_image_folder(src):
+        return "images"
+    if not os.path.exists(src) and not any(ch in src for ch in "*?["):
+        raise ConfigError(f"{src}: no such file or directory")
+    raise ConfigError(
+        f"{src}: found nothing to convert (HDF5 .h5, Parquet, NumPy .npy/.npz, or CLASS/ subfolders of "
+        "JPEG/PNG images); name the kind with --from"
+    )
+
+
+def convert(src: str, dst: str, settings: ConvertSettings | None = None) -> Manifest:
+    """Convert ``src`` into sharded ``.arrow`` files plus ``manifest.json`` under ``dst``."""
+    settings = settings or ConvertSettings()
+    if settings.shard_bytes <= 0:
+        raise ConfigError("--shard-size must be positive")
+    source = open_source(src, settings)
+    try:
+        if source.num_rows == 0:
+            raise DatasetError(f"{src}: the source has no rows; nothing to convert")
+        rows = settings.rows_per_batch or _auto_rows(source, settings.shard_bytes)
+        if rows <= 0:
+            raise ConfigError("--rows-per-batch must be positive")
+        dest = open_destination(dst, settings.storage, overwrite=settings.overwrite)
+        try:
+            writer = ShardWriter(
+                dest.staging_dir,
+                source.schema,
+                shard_bytes=settings.shard_bytes,
+                compression=settings.compression,
+                on_shard=dest.publish,
+            )
+            bar = tqdm(
+                total=source.num_rows,
+                unit="rows",
+                unit_scale=True,
+                desc="convert",
+                disable=not settings.progress,
+            )
+            try:
+                for batch in rebatch(source.batches(rows), rows):
+                    writer.write(batch)
+                    bar.update(batch.num_rows)
+                shards = writer.close()
+            except BaseException:
+                writer.abort()
+                raise
+            finally:
+                bar.close()
+            written = sum(s.rows for s in shards)
+            if written != source.num_rows:
+                raise ShardError(
+                    f"converted {written} rows but {src} has {source.num_rows}; output is incomplete"
+                )
+            manifest = Manifest(
+                source.schema,
+                shards,
+                compression=settings.compression,
+                source=src,
+                extra={"rows_per_batch": rows, "source_kind": source.description},
+            )
+            dest.finish(manifest)
+            return manifest
+        finally:
+            dest.cleanup()
+    finally:
+        source.close()
+
+
+def _auto_rows(source: Source, shard_bytes: int) -> int:
+    """Rows per batch for batches of about TARGET_BATCH_BYTES (at most a quarter of a shard),
+    from a probe of the first rows."""
+    probe = next(iter(source.batches(min(_PROBE_ROWS, max(1, source.num_rows)))), None)
+    if probe is None or probe.num_rows == 0:
+        return 1024
+    row_bytes = max(1, probe.get_total_buffer_size() // probe.num_rows)
+    return max(1, min(1 << 20, min(TARGET_BATCH_BYTES, shard_bytes // 4) // row_bytes))

@@ -1,0 +1,152 @@
+"""Rows of a Dataset -> RecordBatches.
+
+* ``contiguous``: stored rows ``[start, stop)`` as zero-copy slices of the chunks; a client batch
+  that straddles two chunks is concatenated so every RecordBatch holds whole client batches.
+* ``gather``: arbitrary rows (a shuffled message) in one copy per column. Fixed-width columns
+  (primitives, FixedSizeList, ``arrow.fixed_shape_tensor``) are gathered with numpy straight into
+  the output buffer, per source chunk (``ChunkedArray.take`` on multi-chunk FixedSizeList is two
+  orders of magnitude slower); other columns use Arrow ``take`` per chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from flightfeed.server.catalog import Dataset
+
+__all__ = ["contiguous", "gather", "project"]
+
+_I64 = npt.NDArray[np.int64]
+_Arr = Any  # pyarrow arrays (the stubs type them per scalar type)
+_concat_batches: Callable[[list[pa.RecordBatch]], pa.RecordBatch] = pa.concat_batches  # type: ignore[attr-defined]
+_ROW_LOOP_BYTES = 16 << 10  # rows at least this large are copied one by one (one copy, no temp)
+
+
+def project(batch: pa.RecordBatch, columns: Sequence[str] | None) -> pa.RecordBatch:
+    return batch if not columns else batch.select(list(columns))
+
+
+def contiguous(
+    ds: Dataset, start: int, stop: int, batch_rows: int, columns: Sequence[str] | None
+) -> Iterator[pa.RecordBatch]:
+    """Stored rows ``[start, stop)``; each RecordBatch holds whole ``batch_rows`` batches (the
+    last may be partial). ``batch_rows=0`` means no batch alignment (pure zero-copy slices)."""
+    starts = ds.chunk_starts
+    align = batch_rows or (stop - start)
+    row = start
+    while row < stop:
+        cid = int(np.searchsorted(starts, row, side="right") - 1)
+        c_lo, c_hi = int(starts[cid]), int(starts[cid + 1])
+        whole = ((min(c_hi, stop) - row) // align) * align if batch_rows else min(c_hi, stop) - row
+        if whole > 0 or min(c_hi, stop) == stop:
+            n = whole if whole > 0 else stop - row
+            yield project(ds.chunk(cid).slice(row - c_lo, n), columns)
+            row += n
+            continue
+        # one batch straddles the chunk boundary: concatenate its pieces (copies this batch only)
+        end = min(row + align, stop)
+        pieces = []
+        r = row
+        while r < end:
+            k = int(np.searchsorted(starts, r, side="right") - 1)
+            n = min(int(starts[k + 1]), end) - r
+            pieces.append(project(ds.chunk(k).slice(r - int(starts[k]), n), columns))
+            r += n
+        yield _concat_batches(pieces)
+        row = end
+
+
+@dataclass(frozen=True)
+class _Fixed:
+    """A fixed-width column layout: leaf numpy dtype, values per row, and how to rebuild it."""
+
+    dtype: np.dtype[np.generic]
+    width: int
+    rebuild: Callable[[_Arr], _Arr]
+
+
+def _fixed_layout(t: pa.DataType) -> _Fixed | None:
+    if isinstance(t, pa.ExtensionType):
+        storage = _fixed_layout(t.storage_type)
+        if storage is None:
+            return None
+        return _Fixed(storage.dtype, storage.width, lambda a: pa.ExtensionArray.from_storage(t, storage.rebuild(a)))
+    if pa.types.is_fixed_size_list(t):
+        inner = _fixed_layout(t.value_type)
+        if inner is None:
+            return None
+        list_type: Any = t
+        return _Fixed(
+            inner.dtype,
+            inner.width * t.list_size,
+            lambda a: pa.FixedSizeListArray.from_arrays(inner.rebuild(a), type=list_type),
+        )
+    if pa.types.is_integer(t) or pa.types.is_floating(t):
+        return _Fixed(np.dtype(t.to_pandas_dtype()), 1, lambda a: a)
+    return None
+
+
+def _flat_values(arr: _Arr) -> npt.NDArray[np.generic]:
+    while True:
+        if isinstance(arr, pa.ExtensionArray):
+            arr = arr.storage
+        elif isinstance(arr, pa.FixedSizeListArray):
+            arr = arr.flatten()  # respects the array's offset (.values would not)
+        else:
+            values: npt.NDArray[np.generic] = arr.to_numpy(zero_copy_only=True)
+            return values
+
+
+def gather(ds: Dataset, rows: _I64, columns: Sequence[str] | None) -> pa.RecordBatch:
+    """Stored ``rows`` (in this order) as one RecordBatch."""
+    n = len(rows)
+    cid, local = ds.locate(rows)
+    order = np.argsort(cid, kind="stable")
+    sorted_cid = cid[order]
+    bounds = np.flatnonzero(np.diff(sorted_cid)) + 1
+    groups = [
+        (int(sorted_cid[a]), order[a:b], local[order[a:b]])
+        for a, b in zip(np.r_[0, bounds], np.r_[bounds, n], strict=True)
+    ]
+    chunks = {c: project(ds.chunk(c), columns) for c, _, _ in groups}
+    schema = next(iter(chunks.values())).schema if chunks else ds.schema
+    arrays = []
+    for j, fld in enumerate(schema):
+        layout = _fixed_layout(fld.type)
+        if layout is not None and not any(chunks[c].column(j).null_count for c in chunks):
+            parts = [(chunks[c].column(j), dst, src) for c, dst, src in groups]
+            arrays.append(_gather_fixed(layout, fld.type, parts, n))
+        else:
+            arrays.append(_gather_generic([(chunks[c].column(j), dst, src) for c, dst, src in groups], n))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _gather_fixed(
+    layout: _Fixed, t: pa.DataType, parts: list[tuple[_Arr, _I64, _I64]], n: int
+) -> _Arr:
+    out = np.empty((n, layout.width), dtype=layout.dtype)
+    row_loop = layout.width * layout.dtype.itemsize >= _ROW_LOOP_BYTES
+    for arr, dst, src in parts:
+        vals = _flat_values(arr).reshape(len(arr), layout.width)
+        if row_loop:
+            for d, s in zip(dst.tolist(), src.tolist(), strict=True):
+                out[d] = vals[s]
+        else:
+            out[dst] = vals[src]
+    data = pa.py_buffer(out)  # type: ignore[arg-type]
+    leaf = pa.Array.from_buffers(pa.from_numpy_dtype(layout.dtype), out.size, [None, data])
+    return layout.rebuild(leaf)
+
+
+def _gather_generic(parts: list[tuple[_Arr, _I64, _I64]], n: int) -> _Arr:
+    pieces = [arr.take(src) for arr, _, src in parts]
+    dst = np.concatenate([d for _, d, _ in parts]) if parts else np.empty(0, np.int64)
+    inverse = np.empty(n, dtype=np.int64)
+    inverse[dst] = np.arange(n, dtype=np.int64)
+    return pa.concat_arrays(pieces).take(inverse)

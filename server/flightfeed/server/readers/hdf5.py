@@ -1,0 +1,169 @@
+"""HDF5 shards: the datasets of one group with equal first dimension become columns.
+
+N-d datasets become ``arrow.fixed_shape_tensor`` columns, 1-d datasets primitive columns; dtypes
+are kept unless a per-column cast is asked for. A chunk is a run of whole HDF5 chunks along axis 0
+(about ``target_chunk_bytes`` of rows), read with ``read_direct`` into preallocated buffers.
+Chunks are decoded into fresh memory (``zero_copy = False``); the catalog's ChunkCache keeps them.
+
+h5py holds one global lock for every HDF5 call in a process, so threads of one process read HDF5
+one at a time: parallel reading needs several server worker processes. A reader notices when it
+runs in a forked child and reopens its file there (HDF5 handles must not cross a fork).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import h5py
+import hdf5plugin  # noqa: F401  (registers the blosc/zstd/lz4/bitshuffle filters with HDF5)
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from flightfeed.server.readers.hdf5_layout import Column, find_columns
+from flightfeed.server.readers.ndarray import column_from_ndarray
+from flightfeed.wire.errors import ConfigError, ShardError
+
+__all__ = ["Hdf5Shard", "open_hdf5_shard", "TARGET_CHUNK_BYTES"]
+
+#: rows per served chunk aim at this many bytes (a multiple of the HDF5 chunk rows)
+TARGET_CHUNK_BYTES = 16 << 20
+
+
+def open_hdf5_shard(path: str, uri: str | None = None, **options: object) -> Hdf5Shard:
+    """Open one ``.h5`` file as a shard (see the module docstring); errors name the file.
+
+    Options: ``group`` (str: the group to serve), ``casts`` (mapping column -> NumPy dtype name,
+    e.g. ``{"x": "float32"}``) and ``target_chunk_bytes`` (int).
+    """
+    unknown = sorted(set(options) - {"group", "casts", "target_chunk_bytes"})
+    if unknown:
+        raise ConfigError(f"HDF5 reader: unknown option(s) {', '.join(unknown)} (known: group, casts)")
+    group, casts = options.get("group"), options.get("casts") or {}
+    target = options.get("target_chunk_bytes", TARGET_CHUNK_BYTES)
+    if group is not None and not isinstance(group, str):
+        raise ConfigError(f"HDF5 reader: group must be a string, not {group!r}")
+    if not isinstance(casts, Mapping) or not all(isinstance(v, str) for v in casts.values()):
+        raise ConfigError(f"HDF5 reader: casts must map column names to dtype names, not {casts!r}")
+    if not isinstance(target, int) or target <= 0:
+        raise ConfigError(f"HDF5 reader: target_chunk_bytes must be a positive int, not {target!r}")
+    return Hdf5Shard(path, uri, group=group, casts=casts, target_chunk_bytes=target)
+
+
+class Hdf5Shard:
+    """One HDF5 file read as a table; implements ``ShardReader``."""
+
+    zero_copy = False
+
+    def __init__(
+        self,
+        path: str,
+        uri: str | None = None,
+        *,
+        group: str | None = None,
+        casts: Mapping[str, str] | None = None,
+        target_chunk_bytes: int = TARGET_CHUNK_BYTES,
+    ) -> None:
+        self.path = path
+        self.uri = uri or path
+        self._lock = threading.Lock()
+        self._file = self._open()
+        try:
+            self.group, self.columns = find_columns(self._file, self.uri, group, casts or {})
+        except BaseException:
+            self._file.close()
+            raise
+        self._pid = os.getpid()
+        self._num_rows = self.columns[0].rows if self.columns else 0
+        metadata: dict[bytes | str, bytes | str] = {
+            "flightfeed.source": "hdf5",
+            "flightfeed.hdf5_group": self.group,
+        }
+        fields = [pa.field(c.name, c.arrow_type) for c in self.columns]
+        self._schema = pa.schema(fields, metadata)
+        step = _rows_per_chunk(self.columns, self._num_rows, target_chunk_bytes)
+        bounds = [*range(0, self._num_rows, step), self._num_rows]
+        self._offsets = np.asarray(bounds if self._num_rows else [0], dtype=np.int64)
+        self._nbytes = os.path.getsize(path)
+
+    def _open(self) -> h5py.File:
+        try:
+            return h5py.File(self.path, "r")
+        except (OSError, ValueError) as exc:
+            raise ShardError(f"cannot open HDF5 shard {self.uri}: {exc} (is it an HDF5 file?)") from None
+
+    # -- ShardReader ------------------------------------------------------------------------
+    @property
+    def schema(self) -> pa.Schema:
+        return self._schema
+
+    @property
+    def num_rows(self) -> int:
+        return self._num_rows
+
+    @property
+    def nbytes(self) -> int:
+        return self._nbytes
+
+    @property
+    def chunk_offsets(self) -> npt.NDArray[np.int64]:
+        return self._offsets
+
+    @property
+    def compression(self) -> str:
+        """The filters of the columns' datasets, e.g. ``gzip`` or ``none`` (for ``inspect``)."""
+        found = sorted({c.compression for c in self.columns})
+        return ",".join(found) if found else "none"
+
+    def read_chunk(self, index: int) -> pa.RecordBatch:
+        return self.read_rows(int(self._offsets[index]), int(self._offsets[index + 1]))
+
+    def read_rows(self, start: int, stop: int) -> pa.RecordBatch:
+        """Rows ``[start, stop)`` as one batch (used by ``convert``)."""
+        arrays = [column_from_ndarray(self._read(c, start, stop), c.arrow_type) for c in self.columns]
+        return pa.RecordBatch.from_arrays(arrays, schema=self._schema)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file.id.valid:
+                self._file.close()
+
+    # -- reading ----------------------------------------------------------------------------
+    def _read(self, column: Column, start: int, stop: int) -> npt.NDArray[Any]:
+        out = np.empty((stop - start, *column.row_shape), dtype=column.stored_dtype)
+        with self._lock:
+            if self._pid != os.getpid():  # forked: HDF5 state of the parent is not usable here
+                self._file = self._open()
+                self._pid = os.getpid()
+            try:
+                if out.size:
+                    self._file[column.path].read_direct(out, np.s_[start:stop], None)
+            except (OSError, ValueError, KeyError) as exc:
+                raise ShardError(
+                    f"HDF5 shard {self.uri}: reading rows {start}:{stop} of dataset {column.path!r} failed: "
+                    f"{exc} (corrupt file, or a compression filter this build lacks?)"
+                ) from None
+        if column.cast is not None:
+            return out.astype(column.cast, copy=False)
+        return out
+
+
+def _rows_per_chunk(columns: list[Column], num_rows: int, target_bytes: int) -> int:
+    """Rows per served chunk: a multiple of every dataset's HDF5 chunk rows where that stays
+    near ``target_bytes``, else of the chunk rows of the widest chunked dataset (the bulk of the
+    bytes); never more than ``num_rows``."""
+    if num_rows == 0:
+        return 1
+    row_bytes = max(1, sum(c.row_bytes for c in columns))
+    chunked = [c for c in columns if c.chunk_rows]
+    base = 1
+    if chunked:
+        lcm = math.lcm(*(c.chunk_rows or 1 for c in chunked))
+        widest = max(chunked, key=lambda c: c.row_bytes).chunk_rows or 1
+        base = lcm if lcm * row_bytes <= 2 * target_bytes else widest
+    step = base * max(1, target_bytes // (base * row_bytes))
+    return max(1, min(step, num_rows))

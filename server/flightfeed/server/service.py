@@ -1,0 +1,177 @@
+"""The Flight service: list_flights, get_flight_info (one endpoint per stream), do_get, actions.
+
+Actions: ``stats`` (JSON figures for the sidecar), ``report`` (a client's ClientReport protobuf),
+``health`` (b"ok"). Every handler goes through the error boundary in ``_boundary``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+from urllib.parse import urlparse
+
+import pyarrow as pa
+import pyarrow.flight as flight
+from google.protobuf import json_format
+
+from flightfeed.server._boundary import flight_errors, guarded_stream
+from flightfeed.server.auth import TokenAuthFactory
+from flightfeed.server.catalog import Catalog, Dataset
+from flightfeed.server.metrics import ServerMetrics
+from flightfeed.server.streaming import (
+    StreamSettings,
+    check_columns,
+    make_tickets,
+    stored_order_tickets,
+    ticket_batches,
+)
+from flightfeed.wire.errors import InvalidRequest
+from flightfeed.wire.messages import decode_command, decode_report, decode_ticket
+
+__all__ = ["FlightFeedServer"]
+
+log = logging.getLogger("flightfeed.server")
+
+_ACTIONS = {
+    "stats": "JSON figures: throughput, streams, cache, clients, datasets",
+    "report": "a client's stall/throughput report (flightfeed.v1.ClientReport)",
+    "health": "b'ok' while serving",
+}
+
+
+class FlightFeedServer(flight.FlightServerBase):
+    """Serves the datasets of ``catalog``. Listens as soon as it is constructed (port 0: any)."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        location: str = "grpc://127.0.0.1:0",
+        *,
+        metrics: ServerMetrics | None = None,
+        settings: StreamSettings | None = None,
+        tls_certificates: Sequence[tuple[bytes, bytes]] | None = None,
+        auth_token: str | None = None,
+        stream_locations: Sequence[str] = (),
+    ) -> None:
+        middleware: dict[str, flight.ServerMiddlewareFactory] | None = (
+            {"auth": TokenAuthFactory(auth_token)} if auth_token else None
+        )
+        certs: Any = list(tls_certificates or [])
+        super().__init__(location, tls_certificates=certs, middleware=middleware)
+        self.catalog = catalog
+        self.metrics = metrics or ServerMetrics()
+        self.settings = settings or StreamSettings()
+        self.stream_locations: list[str | flight.Location] = [flight.Location(u) for u in stream_locations]
+        parsed = urlparse(location)
+        host = parsed.hostname or "127.0.0.1"
+        scheme = parsed.scheme or "grpc"
+        self.location = f"{scheme}://{host}:{self.port}"
+
+    # -- discovery ------------------------------------------------------------------------
+    def _info(self, ds: Dataset, descriptor: flight.FlightDescriptor, tickets: list[Any], columns: list[str]) -> Any:
+        schema = _project(ds, columns)
+        endpoints = []
+        for k, t in enumerate(tickets):
+            locs = [self.stream_locations[k % len(self.stream_locations)]] if self.stream_locations else []
+            endpoints.append(flight.FlightEndpoint(t.SerializeToString(), locs))
+        rows = sum(int(t.expected_rows) for t in tickets)
+        return flight.FlightInfo(schema, descriptor, endpoints, total_records=rows, total_bytes=-1, ordered=True)
+
+    @flight_errors
+    def list_flights(self, context: Any, criteria: Any) -> Iterator[Any]:
+        for ds in self.catalog.datasets():
+            yield flight.FlightInfo(
+                ds.schema,
+                flight.FlightDescriptor.for_path(ds.name),
+                [],
+                total_records=ds.num_rows,
+                total_bytes=ds.nbytes,
+            )
+
+    @flight_errors
+    def get_flight_info(self, context: Any, descriptor: flight.FlightDescriptor) -> Any:
+        if descriptor.descriptor_type == flight.DescriptorType.PATH:
+            ds = self._path_dataset(descriptor)
+            return self._info(ds, descriptor, stored_order_tickets(ds, self.settings), [])
+        cmd = decode_command(descriptor.command or b"")
+        ds = self.catalog.get(cmd.dataset)
+        return self._info(ds, descriptor, make_tickets(ds, cmd, self.settings), list(cmd.columns))
+
+    @flight_errors
+    def get_schema(self, context: Any, descriptor: flight.FlightDescriptor) -> Any:
+        if descriptor.descriptor_type == flight.DescriptorType.PATH:
+            return flight.SchemaResult(self._path_dataset(descriptor).schema)
+        cmd = decode_command(descriptor.command or b"")
+        ds = self.catalog.get(cmd.dataset)
+        cols = list(cmd.columns)
+        check_columns(ds, cols)
+        return flight.SchemaResult(_project(ds, cols))
+
+    def _path_dataset(self, descriptor: flight.FlightDescriptor) -> Dataset:
+        path = descriptor.path or []
+        if len(path) != 1:
+            raise InvalidRequest(
+                f"path descriptor must have one element (the dataset name), got {len(path)}",
+                field="descriptor.path",
+            )
+        return self.catalog.get(path[0].decode("utf-8", "replace"))
+
+    # -- data -----------------------------------------------------------------------------
+    @flight_errors
+    def do_get(self, context: Any, ticket: flight.Ticket) -> Any:
+        t = decode_ticket(ticket.ticket)
+        ds = self.catalog.get(t.read.dataset)
+        batches = ticket_batches(ds, t)
+        first = next(batches, None)  # validation errors surface before the stream starts
+        columns = list(t.read.columns)
+        schema = _project(ds, columns)
+        options = pa.ipc.IpcWriteOptions(compression=t.read.compression or None)
+        reader = pa.RecordBatchReader.from_batches(schema, self._counted(ds.name, first, batches))
+        return flight.RecordBatchStream(reader, options=options)
+
+    def _counted(
+        self, name: str, first: pa.RecordBatch | None, rest: Iterator[pa.RecordBatch]
+    ) -> Iterator[pa.RecordBatch]:
+        self.metrics.stream_started(name)
+        outcome = "error"
+        try:
+            if first is not None:
+                self.metrics.batch_sent(name, first.num_rows, first.nbytes)
+                yield first
+            for batch in guarded_stream(rest):
+                self.metrics.batch_sent(name, batch.num_rows, batch.nbytes)
+                yield batch
+            outcome = "ok"
+        except GeneratorExit:
+            outcome = "cancelled"
+            raise
+        finally:
+            self.metrics.stream_finished(name, outcome)
+
+    # -- actions --------------------------------------------------------------------------
+    def list_actions(self, context: Any) -> Any:
+        return list(_ACTIONS.items())
+
+    @flight_errors
+    def do_action(self, context: Any, action: flight.Action) -> Iterator[bytes]:
+        kind = action.type
+        if kind == "health":
+            return iter([b"ok"])
+        if kind == "stats":
+            snapshot = self.metrics.snapshot(datasets=[d.describe() for d in self.catalog.datasets()])
+            return iter([json.dumps(snapshot).encode()])
+        if kind == "report":
+            body = action.body.to_pybytes() if action.body is not None else b""
+            report = json_format.MessageToDict(decode_report(body), preserving_proto_field_name=True)
+            self.metrics.client_report(report)
+            return iter([b"ok"])
+        raise InvalidRequest(f"unknown action {kind!r}; actions: {sorted(_ACTIONS)}", field="action")
+
+
+def _project(ds: Dataset, columns: list[str]) -> pa.Schema:
+    if not columns:
+        return ds.schema
+    meta: Any = ds.schema.metadata
+    return pa.schema([ds.schema.field(c) for c in columns], metadata=meta)

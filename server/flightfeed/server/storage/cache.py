@@ -1,0 +1,368 @@
+"""A bounded local cache of whole remote shards (LRU by bytes).
+
+Layout of the cache directory: ``NAME`` (the shard's bytes) and ``NAME.meta`` (JSON: key, size,
+sha256, remote version, dataset), with downloads staged in ``.tmp/`` and per-shard lock files in
+``.locks/``. The directory is the source of truth, so a cache survives restarts and can be shared
+by the worker processes of one server:
+
+- writes are atomic: download to ``.tmp/``, hash, then rename data, then rename meta;
+- the first use of an entry in a process re-verifies its size and sha256 (a corrupt file is
+  deleted and fetched again); later uses in that process check size and inode only;
+- one download per shard: a per-key thread lock plus an ``flock`` on the shard's lock file;
+- eviction (least recently used first, by the data file's mtime) never removes a pinned shard,
+  i.e. one with a live ``CacheLease`` in this process. Evicting a file another process still has
+  open is safe on POSIX; its space comes back when that process drops it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from flightfeed.server.metrics import ServerMetrics
+from flightfeed.server.storage.cache_files import CacheFiles, sha256_file
+from flightfeed.wire.errors import StorageError
+
+__all__ = ["ShardCache", "CacheLease", "shared_cache", "default_cache_size"]
+
+#: the default size: this fraction of (free disk + bytes already cached) at the cache directory
+DEFAULT_FRACTION = 0.5
+_TOUCH_EVERY_S = 30.0
+
+
+def default_cache_size(directory: str, cached: int = 0) -> int:
+    """Half of the free space (plus what the cache already holds) of ``directory``'s disk."""
+    os.makedirs(directory, exist_ok=True)
+    return int((shutil.disk_usage(directory).free + cached) * DEFAULT_FRACTION)
+
+
+@dataclass
+class _Entry:
+    name: str
+    key: str
+    size: int
+    sha256: str
+    version: str
+    inode: int
+    generation: int
+    pins: int = 0
+    touched: float = 0.0
+    on_evict: list[Callable[[], None]] = field(default_factory=list)
+
+
+class CacheLease:
+    """A pinned cache entry: its file is not evicted until ``release()`` (idempotent)."""
+
+    def __init__(self, cache: ShardCache, entry: _Entry, hit: bool) -> None:
+        self.path = cache.files.data_path(entry.name)
+        self.key = entry.key
+        self.size = entry.size
+        self.sha256 = entry.sha256
+        self.generation = entry.generation
+        self.hit = hit
+        self._cache = cache
+        self._name = entry.name
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._cache._unpin(self._name, self.generation)
+
+    def __enter__(self) -> CacheLease:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class ShardCache:
+    """LRU-by-bytes cache of whole shard files; see the module docstring."""
+
+    def __init__(
+        self,
+        directory: str,
+        max_bytes: int | None = None,
+        metrics: ServerMetrics | None = None,
+        dataset: str = "",
+        *,
+        wait_for_room_s: float = 30.0,
+    ) -> None:
+        self.files = CacheFiles(directory)
+        self.directory = self.files.directory
+        self.metrics = metrics
+        self.dataset = dataset
+        self._lock = threading.Lock()
+        self._room = threading.Condition(self._lock)  # notified when bytes are committed or unpinned
+        self._reserved = 0  # bytes of downloads in flight
+        self.wait_for_room_s = wait_for_room_s
+        self._key_locks: dict[str, threading.Lock] = {}
+        self._entries: dict[str, _Entry] = {}
+        self._generation = 0
+        self.files.recover()
+        if max_bytes is None:
+            max_bytes = default_cache_size(directory, self.files.total())
+        self.max_bytes = max_bytes
+        self._report_bytes()
+
+    # -- public -----------------------------------------------------------------------------
+    def acquire(
+        self,
+        key: str,
+        fetch: Callable[[str], str | None],
+        *,
+        size: int | None = None,
+        version: str = "",
+        sha256: str | None = None,
+        dataset: str | None = None,
+        on_evict: Callable[[], None] | None = None,
+    ) -> CacheLease:
+        """Pin the cached copy of ``key``, downloading it with ``fetch(tmp_path)`` on a miss.
+
+        ``fetch`` writes the whole object to ``tmp_path`` and may return its sha256 (hex) when it
+        hashed the bytes on the way; otherwise the cache hashes the file.
+
+        ``size``/``version`` describe the remote object (a changed version means a new download);
+        ``sha256``, when known (a manifest), must match the bytes. ``on_evict`` is called (without
+        locks held) when the entry is evicted later.
+        """
+        label = dataset if dataset is not None else self.dataset
+        name = self.files.name_for(key)
+        with self._key_lock(name), self.files.locked(name):
+            entry = self._find(name, key, size, version, sha256)
+            hit = entry is not None
+            if entry is None:
+                entry = self._download(name, key, fetch, size, version, sha256, label)
+            with self._lock:
+                entry.pins += 1
+                if on_evict is not None and on_evict not in entry.on_evict:
+                    entry.on_evict.append(on_evict)
+        self._count(label, hit)
+        self._touch(entry)
+        return CacheLease(self, entry, hit)
+
+    def reacquire(self, lease: CacheLease, dataset: str | None = None) -> CacheLease | None:
+        """Pin the entry ``lease`` pinned again if it is still cached unchanged (a hit), else None."""
+        with self._lock:
+            entry = self._entries.get(lease._name)
+            if entry is None or entry.generation != lease.generation:
+                return None
+            entry.pins += 1
+        self._count(dataset if dataset is not None else self.dataset, True)
+        self._touch(entry)
+        return CacheLease(self, entry, True)
+
+    def total_bytes(self) -> int:
+        return self.files.total()
+
+    def pinned(self) -> list[str]:
+        """Keys of the entries pinned now."""
+        with self._lock:
+            return sorted(e.key for e in self._entries.values() if e.pins > 0)
+
+    # -- internals --------------------------------------------------------------------------
+    def _key_lock(self, name: str) -> threading.Lock:
+        with self._lock:
+            return self._key_locks.setdefault(name, threading.Lock())
+
+    def _find(self, name: str, key: str, size: int | None, version: str, sha256: str | None) -> _Entry | None:
+        """The valid cached entry, or None (stale or corrupt copies are deleted)."""
+        meta = self.files.read_meta(name)
+        stat = self.files.stat_data(name)
+        valid = (
+            meta is not None
+            and stat is not None
+            and meta.get("key") == key
+            and stat.st_size == meta.get("size")
+            and (size is None or stat.st_size == size)
+            and (not version or meta.get("version") == version)
+            and (sha256 is None or meta.get("sha256") == sha256)
+        )
+        if not valid or meta is None or stat is None:
+            self._forget(name)
+            return None
+        with self._lock:
+            known = self._entries.get(name)
+        if known is not None and known.inode == stat.st_ino and known.size == stat.st_size:
+            return known
+        if sha256_file(self.files.data_path(name)) != meta.get("sha256"):  # first use in this process
+            self._forget(name)
+            return None
+        with self._lock:
+            self._generation += 1
+            sha = str(meta["sha256"])
+            entry = _Entry(name, key, int(stat.st_size), sha, version, stat.st_ino, self._generation)
+            self._entries[name] = entry
+        return entry
+
+    def _download(
+        self,
+        name: str,
+        key: str,
+        fetch: Callable[[str], str | None],
+        size: int | None,
+        version: str,
+        sha256: str | None,
+        label: str,
+    ) -> _Entry:
+        if size is not None and size > self.max_bytes:
+            raise StorageError(
+                f"shard {key} ({size} bytes) is larger than the shard cache ({self.max_bytes} bytes at "
+                f"{self.directory}); raise --cache-size"
+            )
+        reserved = self._make_room(size or 0, keep=name)
+        try:
+            entry = self._fetch_and_commit(name, key, fetch, size, version, sha256, label)
+        finally:
+            with self._room:
+                self._reserved -= reserved
+                self._room.notify_all()
+        if size is None:
+            self._make_room(0, keep=name)
+        self._report_bytes()
+        return entry
+
+    def _fetch_and_commit(
+        self,
+        name: str,
+        key: str,
+        fetch: Callable[[str], str | None],
+        size: int | None,
+        version: str,
+        sha256: str | None,
+        label: str,
+    ) -> _Entry:
+        with self.files.staging(name) as tmp:
+            start = time.perf_counter()
+            digest = fetch(tmp)
+            seconds = time.perf_counter() - start
+            got = os.path.getsize(tmp)
+            if size is not None and got != size:
+                raise StorageError(f"download of {key} is truncated: {got} of {size} bytes; retry")
+            digest = digest or sha256_file(tmp)
+            if sha256 is not None and digest != sha256:
+                raise StorageError(
+                    f"download of {key} does not match its manifest (sha256 {digest[:12]}... expected "
+                    f"{sha256[:12]}...): the object changed after the manifest was written; re-run convert"
+                )
+            meta = {"key": key, "size": got, "sha256": digest, "version": version, "dataset": label}
+            inode = self.files.commit(name, tmp, meta)
+        if self.metrics is not None:
+            self.metrics.cache_download_seconds.labels(label).inc(seconds)
+            self.metrics.storage_read_seconds.labels(label).observe(seconds)
+        with self._lock:
+            self._generation += 1
+            entry = _Entry(name, key, got, digest, version, inode, self._generation)
+            self._entries[name] = entry
+        return entry
+
+    def _make_room(self, incoming: int, keep: str) -> int:
+        """Reserve ``incoming`` bytes, evicting least recently used unpinned entries. While the
+        room is held by pinned entries or downloads in flight, wait up to ``wait_for_room_s``."""
+        deadline = time.monotonic() + self.wait_for_room_s
+        while True:
+            with self._room:
+                fits, total, pinned, callbacks, evicted = self._evict_for(incoming, keep)
+                if fits:
+                    self._reserved += incoming
+                else:
+                    busy = pinned > 0 or self._reserved > 0
+                    remaining = deadline - time.monotonic()
+                    if busy and remaining > 0 and not evicted:
+                        self._room.wait(min(remaining, 1.0))
+                        continue
+            for label in evicted:
+                if self.metrics is not None:
+                    self.metrics.cache_evictions.labels(label).inc()
+            for callback in callbacks:
+                callback()
+            if evicted:
+                self._report_bytes()
+            if fits:
+                return incoming
+            if not evicted:
+                raise StorageError(
+                    f"shard cache {self.directory} is full: {total} bytes cached or downloading "
+                    f"({pinned} shard(s) in use) + {incoming} needed > {self.max_bytes}; raise --cache-size"
+                )
+
+    def _evict_for(self, incoming: int, keep: str) -> tuple[bool, int, int, list[Callable[[], None]], list[str]]:
+        """Under the lock: evict until ``incoming`` fits -> (fits, total, pinned, callbacks, labels)."""
+        callbacks: list[Callable[[], None]] = []
+        evicted: list[str] = []
+        listing = self.files.listing()
+        total = sum(size for _, size, _, _ in listing) + self._reserved
+        for name, size, _, label in sorted(listing, key=lambda item: item[2]):
+            if total + incoming <= self.max_bytes:
+                break
+            entry = self._entries.get(name)
+            if name == keep or (entry is not None and entry.pins > 0):
+                continue
+            self.files.remove(name)
+            total -= size
+            evicted.append(label)
+            if entry is not None:
+                callbacks.extend(entry.on_evict)
+                del self._entries[name]
+        pinned = sum(1 for e in self._entries.values() if e.pins > 0)
+        return total + incoming <= self.max_bytes, total, pinned, callbacks, evicted
+
+    def _forget(self, name: str) -> None:
+        with self._lock:
+            entry = self._entries.pop(name, None)
+            if entry is not None and entry.pins > 0:  # replaced under a reader: keep its file alive
+                self._entries[name] = entry
+                return
+        self.files.remove(name)
+
+    def _unpin(self, name: str, generation: int) -> None:
+        with self._lock:
+            entry = self._entries.get(name)
+            if entry is not None and entry.generation == generation and entry.pins > 0:
+                entry.pins -= 1
+                if entry.pins == 0:
+                    self._room.notify_all()
+
+    def _touch(self, entry: _Entry) -> None:
+        now = time.time()
+        if now - entry.touched >= _TOUCH_EVERY_S:
+            entry.touched = now
+            with contextlib.suppress(OSError):
+                os.utime(self.files.data_path(entry.name))
+
+    def _count(self, label: str, hit: bool) -> None:
+        if self.metrics is not None:
+            (self.metrics.cache_hits if hit else self.metrics.cache_misses).labels(label).inc()
+
+    def _report_bytes(self) -> None:
+        if self.metrics is None:
+            return
+        per: dict[str, int] = {}
+        for _, size, _, label in self.files.listing():
+            per[label] = per.get(label, 0) + size
+        for label in set(per) | {self.dataset}:
+            self.metrics.cache_bytes.labels(label).set(per.get(label, 0))
+
+
+_SHARED: dict[str, ShardCache] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_cache(directory: str, max_bytes: int | None = None, metrics: ServerMetrics | None = None) -> ShardCache:
+    """One ShardCache per directory in this process, so datasets share its budget and pins.
+
+    The first call fixes ``max_bytes``; a later call may attach metrics when the first had none.
+    """
+    real = os.path.realpath(directory)
+    with _SHARED_LOCK:
+        cache = _SHARED.get(real)
+        if cache is None:
+            cache = _SHARED[real] = ShardCache(real, max_bytes, metrics)
+        elif cache.metrics is None and metrics is not None:
+            cache.metrics = metrics
+        return cache

@@ -1,0 +1,152 @@
+"""A shard that lives in object storage and is read from its whole-file copy in the shard cache.
+
+Its metadata (schema, rows, chunk offsets) comes either from a manifest (nothing is downloaded
+until the first read: *lazy*) or from downloading and opening the shard when the dataset is opened
+(*eager*). Either way the open reader is kept between reads, and the cache pins the file only
+while a chunk is being read, so a dataset larger than the cache still works: an evicted shard's
+reader is dropped, and the next read of it fetches it again.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from flightfeed.server.readers import ShardReader, format_of, open_shard
+from flightfeed.server.storage.cache import CacheLease, ShardCache
+from flightfeed.server.storage.manifest import ManifestShard
+from flightfeed.wire.errors import ShardError
+
+__all__ = ["RemoteShard"]
+
+
+class RemoteShard:
+    """``ShardReader`` over a cached copy of a remote object (see the module docstring)."""
+
+    def __init__(
+        self,
+        uri: str,
+        *,
+        cache: ShardCache,
+        fetch: Callable[[str], str | None],
+        size: int,
+        version: str,
+        dataset: str = "",
+        reader_options: Mapping[str, object] | None = None,
+        manifest: tuple[pa.Schema, ManifestShard] | None = None,
+    ) -> None:
+        self.uri = uri
+        self.zero_copy = format_of(uri) == "arrow"
+        self._cache = cache
+        self._fetch = fetch
+        self._size = size
+        self._version = version
+        self._dataset = dataset
+        self._options = dict(reader_options or {})
+        self._lock = threading.Lock()
+        self._closed = False
+        self.prefetched: Future[None] | None = None  # set when a background prefetch was queued
+        self._reader: ShardReader | None = None
+        self._token: CacheLease | None = None
+        self._sha256: str | None = None
+        if manifest is None:
+            lease, reader = self._open()
+            lease.release()
+            self._schema = reader.schema
+            self._offsets = reader.chunk_offsets
+        else:
+            schema, entry = manifest
+            if entry.bytes != size:
+                raise ShardError(f"{uri} has {size} bytes, its manifest says {entry.bytes}; re-run convert")
+            self._schema = schema
+            rows = np.asarray([n for n in entry.batch_rows if n > 0], dtype=np.int64)
+            self._offsets = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+            self._sha256 = entry.sha256
+
+    # -- ShardReader ------------------------------------------------------------------------
+    @property
+    def schema(self) -> pa.Schema:
+        return self._schema
+
+    @property
+    def num_rows(self) -> int:
+        return int(self._offsets[-1])
+
+    @property
+    def nbytes(self) -> int:
+        return self._size
+
+    @property
+    def chunk_offsets(self) -> npt.NDArray[np.int64]:
+        return self._offsets
+
+    def read_chunk(self, index: int) -> pa.RecordBatch:
+        lease, reader = self._open()
+        try:
+            return reader.read_chunk(index)
+        finally:
+            lease.release()
+
+    def close(self) -> None:
+        self._closed = True  # a queued prefetch of this shard becomes a no-op
+        self._reader = None
+        self._token = None
+
+    def prefetch(self) -> None:
+        """Bring the shard into the cache without opening it (background warm-up)."""
+        if self._closed:
+            return
+        self._acquire().release()
+
+    # -- local copy -------------------------------------------------------------------------
+    def local_reader(self) -> tuple[CacheLease, ShardReader]:
+        """The pinned local copy and its open reader (``inspect``); release the lease when done."""
+        return self._open()
+
+    def _open(self) -> tuple[CacheLease, ShardReader]:
+        with self._lock:
+            reader, token = self._reader, self._token
+            if reader is not None and token is not None:
+                again = self._cache.reacquire(token, self._dataset)
+                if again is not None:
+                    return again, reader
+            lease = self._acquire()
+            try:
+                reader = open_shard(lease.path, self.uri, **self._options)
+                if self._sha256 is not None:
+                    self._check(reader)
+            except BaseException:
+                lease.release()
+                raise
+            self._reader, self._token = reader, lease
+            return lease, reader
+
+    def _acquire(self) -> CacheLease:
+        return self._cache.acquire(
+            self.uri,
+            self._fetch,
+            size=self._size,
+            version=self._version,
+            sha256=self._sha256,
+            dataset=self._dataset,
+            on_evict=self._evicted,
+        )
+
+    def _check(self, reader: ShardReader) -> None:
+        if not reader.schema.equals(self._schema, check_metadata=False) or not np.array_equal(
+            reader.chunk_offsets, self._offsets
+        ):
+            raise ShardError(
+                f"shard {self.uri} does not match its manifest (schema or record batches differ); "
+                "re-run `flightfeed convert` or delete the manifest"
+            )
+
+    def _evicted(self) -> None:
+        # Called by the cache, maybe from another thread: drop the reader without locking (its
+        # memory stays valid for batches still in use; the file's space returns once they go).
+        self._reader = None

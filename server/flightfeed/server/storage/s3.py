@@ -1,0 +1,186 @@
+"""``s3://bucket/prefix`` datasets: list the shards, then read them through the local shard cache.
+
+Shards (``.arrow``/``.h5``/``.parquet`` objects under the prefix, sorted by key) are fetched whole
+into the cache with large sized reads and opened from there (Arrow shards memory-mapped).
+
+When they are fetched: with a ``manifest.json`` from ``flightfeed convert`` that matches the
+listing, nothing is downloaded at start-up (the manifest gives schema, rows and chunk offsets) and
+each shard is fetched on its first read (lazy). Without one, every shard is downloaded and opened
+at start-up to learn its metadata (eager); for datasets larger than the cache the early shards are
+evicted again and re-fetched when read. Either way an evicted shard is fetched again on demand.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+
+import pyarrow.fs as pafs
+
+from flightfeed.server.readers import ShardReader, format_of
+from flightfeed.server.storage.cache import ShardCache, shared_cache
+from flightfeed.server.storage.local import SHARD_SUFFIXES
+from flightfeed.server.storage.manifest import MANIFEST_NAME, Manifest, ManifestShard
+from flightfeed.server.storage.remote import RemoteShard
+from flightfeed.server.storage.resolve import StorageOptions
+from flightfeed.server.storage.s3_client import download, s3_filesystem, split_s3_uri, translate, with_retries
+from flightfeed.wire.errors import DatasetError, StorageError
+
+__all__ = ["open_s3_shards", "filesystem_for", "list_s3_shards", "read_manifest", "default_cache_dir"]
+
+log = logging.getLogger(__name__)
+
+
+def default_cache_dir() -> str:
+    """``~/.cache/flightfeed/shards`` (the CLI may pass another with ``--cache-dir``)."""
+    return os.path.join(os.path.expanduser("~"), ".cache", "flightfeed", "shards")
+
+
+def filesystem_for(opts: StorageOptions, *, allow_bucket_creation: bool = False) -> pafs.S3FileSystem:
+    return s3_filesystem(
+        endpoint=opts.s3_endpoint,
+        region=opts.s3_region,
+        scheme=opts.s3_scheme,
+        access_key=opts.s3_access_key,
+        secret_key=opts.s3_secret_key,
+        session_token=opts.s3_session_token,
+        allow_bucket_creation=allow_bucket_creation,
+    )
+
+
+def open_s3_shards(uri: str, opts: StorageOptions, *, dataset: str = "") -> list[ShardReader]:
+    """The shards under ``uri`` as readers over the shard cache (see the module docstring)."""
+    fs = filesystem_for(opts)
+    infos = list_s3_shards(fs, uri, retries=opts.s3_retries)
+    _, root = split_s3_uri(uri)
+    single_object = len(infos) == 1 and infos[0].path == root
+    manifest = None if single_object else read_manifest(fs, uri, retries=opts.s3_retries)
+    entries = _match_manifest(manifest, infos, root, uri)
+    cache = _cache_for(opts)
+    reader_options: dict[str, object] = {}
+    if opts.hdf5_group is not None:
+        reader_options["group"] = opts.hdf5_group
+    if opts.casts:
+        reader_options["casts"] = opts.casts
+
+    def make(info: pafs.FileInfo) -> RemoteShard:
+        entry = entries.get(info.path)
+        return RemoteShard(
+            f"s3://{info.path}",
+            cache=cache,
+            fetch=partial(_fetch, fs, info.path, info.size, f"s3://{info.path}", opts),
+            size=info.size,
+            version=f"{info.size}:{info.mtime_ns}",
+            dataset=dataset,
+            reader_options=reader_options,
+            manifest=(manifest.schema, entry) if manifest is not None and entry is not None else None,
+        )
+
+    # without a manifest every shard is downloaded here: several at once
+    with ThreadPoolExecutor(max(1, opts.s3_parallel_shards), thread_name_prefix="s3-open") as pool:
+        futures = [pool.submit(make, info) for info in infos]
+    shards = [f.result() for f in futures if f.exception() is None]
+    failed = next((f.exception() for f in futures if f.exception() is not None), None)
+    if failed is not None:
+        for s in shards:
+            s.close()
+        raise failed
+    if entries and opts.s3_prefetch and sum(i.size for i in infos) <= cache.max_bytes:
+        _prefetch(shards, opts.s3_parallel_shards)
+    return list(shards)
+
+
+def _prefetch(shards: list[RemoteShard], parallel: int) -> None:
+    """Fetch lazily opened shards into the cache in the background, in stored order."""
+
+    def fetch(shard: RemoteShard) -> None:
+        try:
+            shard.prefetch()
+        except Exception as exc:  # the read path fetches again and raises a clear error then
+            log.warning("background fetch of %s failed: %s", shard.uri, exc)
+
+    pool = ThreadPoolExecutor(max(1, parallel), thread_name_prefix="s3-prefetch")
+    for shard in shards:
+        shard.prefetched = pool.submit(fetch, shard)
+    pool.shutdown(wait=False)  # the queued fetches still run; the threads end with them
+
+
+def list_s3_shards(fs: pafs.FileSystem, uri: str, *, retries: int = 4) -> list[pafs.FileInfo]:
+    """Shard objects under ``uri`` (or the one object it names), sorted by key; one format only."""
+    bucket, path = split_s3_uri(uri)
+    info = with_retries(lambda: fs.get_file_info(path), uri, retries=retries)
+    if info.type == pafs.FileType.File:
+        format_of(path)  # a clear error for an unknown suffix
+        return [info]
+    if info.type == pafs.FileType.NotFound:
+        root = with_retries(lambda: fs.get_file_info(bucket), uri, retries=retries)
+        if root.type == pafs.FileType.NotFound:
+            raise StorageError(
+                f"{uri}: bucket {bucket!r} does not exist (check the URI and --s3-endpoint/--s3-region)"
+            )
+        raise StorageError(f"{uri}: no such object or prefix in bucket {bucket!r}")
+    selector = pafs.FileSelector(path, recursive=True)
+    listing = with_retries(lambda: fs.get_file_info(selector), uri, retries=retries)
+    hidden = ("/.", "/_")
+    files = sorted(
+        (i for i in listing if i.type == pafs.FileType.File and i.path.lower().endswith(SHARD_SUFFIXES)),
+        key=lambda i: i.path,
+    )
+    files = [i for i in files if not any(h in "/" + i.path[len(path) :] for h in hidden)]
+    if not files:
+        raise DatasetError(
+            f"{uri}: no shard objects found (looked for {', '.join(SHARD_SUFFIXES)}); "
+            "convert other formats with `flightfeed convert SRC s3://...`"
+        )
+    formats = {format_of(i.path) for i in files}
+    if len(formats) > 1:
+        raise DatasetError(f"{uri}: mixes shard formats {sorted(formats)}; a dataset holds one format")
+    return files
+
+
+def read_manifest(fs: pafs.FileSystem, uri: str, *, retries: int = 4) -> Manifest | None:
+    """The dataset's ``manifest.json`` if there is one."""
+    _, root = split_s3_uri(uri)
+    path = f"{root}/{MANIFEST_NAME}"
+
+    def read() -> bytes | None:
+        try:
+            with fs.open_input_file(path) as f:
+                return f.read_buffer(f.size()).to_pybytes()
+        except FileNotFoundError:
+            return None
+
+    text = with_retries(read, f"s3://{path}", retries=retries)
+    return None if text is None else Manifest.from_json(text, f"s3://{path}")
+
+
+def _match_manifest(
+    manifest: Manifest | None, infos: list[pafs.FileInfo], root: str, uri: str
+) -> dict[str, ManifestShard]:
+    """Object path -> manifest entry, when the manifest describes exactly the listed shards."""
+    if manifest is None:
+        return {}
+    by_name = {f"{root}/{s.name}": s for s in manifest.shards}
+    listed = {i.path: i.size for i in infos}
+    if set(by_name) != set(listed) or any(by_name[p].bytes != n for p, n in listed.items()):
+        log.warning("%s: manifest.json does not match the listed shards; reading every shard's metadata", uri)
+        return {}
+    return dict(by_name)
+
+
+def _cache_for(opts: StorageOptions) -> ShardCache:
+    return shared_cache(opts.cache_dir or default_cache_dir(), opts.cache_size, opts.metrics)
+
+
+def _fetch(fs: pafs.FileSystem, path: str, size: int, uri: str, opts: StorageOptions, dest: str) -> str:
+    """Download one object to ``dest``, retrying transient failures (a fetch function for the cache)."""
+
+    def once() -> str:
+        try:
+            return download(fs, path, size, dest, part_size=opts.s3_part_size, parallel=opts.s3_parallel)
+        except FileNotFoundError as exc:
+            raise translate(exc, uri) or StorageError(f"{uri}: object vanished during download") from None
+
+    return with_retries(once, uri, retries=opts.s3_retries)

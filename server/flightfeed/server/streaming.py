@@ -1,0 +1,175 @@
+"""Tickets in, RecordBatches out: the server's side of the message plan.
+
+``make_tickets`` validates a ReadCommand against the dataset and cuts the rank's rows into one
+StreamTicket per stream; ``ticket_batches`` turns a ticket back into the RecordBatches it
+promised. Both are deterministic functions of their inputs, so any process or node holding the
+same dataset can serve any ticket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from flightfeed.server.catalog import Dataset
+from flightfeed.server.gather import contiguous, gather
+from flightfeed.server.order import EpochOrder, default_shuffle
+from flightfeed.wire.errors import InvalidRequest, StaleState
+from flightfeed.wire.messages import WIRE_VERSION, ReadCommand, StreamTicket, span_of
+from flightfeed.wire.plan import Partition, ceil_div, default_message_rows, split_streams
+
+__all__ = ["StreamSettings", "make_tickets", "stored_order_tickets", "ticket_batches", "check_columns"]
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    """Server-side knobs for message sizing."""
+
+    message_bytes: int = 16 << 20  # target bytes per message (4-32 MiB is Flight's sweet spot)
+    path_streams: int = 1  # endpoints for a plain path descriptor
+
+
+def check_columns(ds: Dataset, columns: list[str]) -> None:
+    names = ds.schema.names
+    unknown = [c for c in columns if c not in names]
+    if unknown:
+        raise InvalidRequest(
+            f"unknown column(s) {unknown} in dataset {ds.name!r}; columns: {names}", field="columns"
+        )
+
+
+def _row_bytes(ds: Dataset, columns: list[str]) -> int:
+    if not columns:
+        return ds.row_bytes
+    first = ds.chunk(0).select(columns)
+    return max(1, first.get_total_buffer_size() // max(1, first.num_rows))
+
+
+def make_tickets(ds: Dataset, cmd: Any, settings: StreamSettings) -> list[Any]:
+    """One ticket per stream for a validated ReadCommand."""
+    columns = list(cmd.columns)
+    check_columns(ds, columns)
+    if cmd.fingerprint and cmd.fingerprint != ds.fingerprint:
+        raise StaleState(
+            f"dataset {ds.name!r} has fingerprint {ds.fingerprint}, the request expects {cmd.fingerprint}: "
+            "the data changed since the checkpoint/ticket was made; start a fresh epoch or serve the old data"
+        )
+    if cmd.global_start > ds.num_rows:
+        raise InvalidRequest(
+            f"global_start {cmd.global_start} is past the dataset's {ds.num_rows} rows", field="global_start"
+        )
+    resolved = ReadCommand()
+    resolved.CopyFrom(cmd)
+    if resolved.shuffle.enabled:
+        block, buffer = default_shuffle(_row_bytes(ds, columns), ds.num_rows)
+        resolved.shuffle.block_rows = resolved.shuffle.block_rows or block
+        resolved.shuffle.buffer_rows = resolved.shuffle.buffer_rows or buffer
+    resolved.fingerprint = ds.fingerprint
+    part = _partition(ds, resolved)
+    if cmd.start_row > part.rows:
+        raise InvalidRequest(
+            f"start_row {cmd.start_row} is past this rank's {part.rows} rows", field="start_row"
+        )
+    message_rows = resolved.message_rows or default_message_rows(
+        resolved.batch_rows, _row_bytes(ds, columns), resolved.num_workers, settings.message_bytes
+    )
+    resolved.message_rows = message_rows
+    spans = split_streams(
+        int(cmd.start_row), part.rows, message_rows, resolved.streams, resolved.worker, resolved.num_workers
+    )
+    return [
+        StreamTicket(
+            version=WIRE_VERSION,
+            read=resolved,
+            fingerprint=ds.fingerprint,
+            num_rows=ds.num_rows,
+            start_row=s.start_row,
+            end_row=s.end_row,
+            message_rows=s.message_rows,
+            first_message=s.first_message,
+            message_step=s.message_step,
+            expected_rows=s.expected_rows,
+            stream_index=k,
+        )
+        for k, s in enumerate(spans)
+    ]
+
+
+def stored_order_tickets(ds: Dataset, settings: StreamSettings) -> list[Any]:
+    """Tickets for a plain path descriptor: the whole dataset in stored order, as contiguous ranges
+    (reading the endpoints one after another yields rows 0..N-1)."""
+    k = max(1, min(settings.path_streams, ds.num_rows))
+    per = ceil_div(ds.num_rows, k)
+    message_rows = max(1, settings.message_bytes // ds.row_bytes)
+    read = ReadCommand(version=WIRE_VERSION, dataset=ds.name, world_size=1, batch_rows=1, streams=1, num_workers=1)
+    tickets = []
+    for i in range(k):
+        lo, hi = i * per, min(ds.num_rows, (i + 1) * per)
+        tickets.append(
+            StreamTicket(
+                version=WIRE_VERSION,
+                read=read,
+                fingerprint=ds.fingerprint,
+                num_rows=ds.num_rows,
+                start_row=lo,
+                end_row=hi,
+                message_rows=message_rows,
+                first_message=0,
+                message_step=1,
+                expected_rows=hi - lo,
+                stream_index=i,
+                stored_order=True,
+            )
+        )
+    return tickets
+
+
+def _partition(ds: Dataset, read: Any) -> Partition:
+    return Partition(
+        ds.num_rows,
+        int(read.batch_rows),
+        int(read.rank),
+        int(read.world_size),
+        bool(read.drop_last),
+        int(read.global_start),
+    )
+
+
+def ticket_batches(ds: Dataset, ticket: Any) -> Iterator[pa.RecordBatch]:
+    """The RecordBatches ``ticket`` promised, message by message."""
+    if ticket.fingerprint != ds.fingerprint or ticket.num_rows != ds.num_rows:
+        raise StaleState(
+            f"ticket was made for another version of dataset {ds.name!r} "
+            f"(fingerprint {ticket.fingerprint}, now {ds.fingerprint}); ask get_flight_info again"
+        )
+    read = ticket.read
+    columns = list(read.columns)
+    check_columns(ds, columns)
+    span = span_of(ticket)
+    if ticket.stored_order:
+        if span.end_row > ds.num_rows:
+            raise InvalidRequest(f"ticket rows end at {span.end_row}, past {ds.num_rows}", field="ticket")
+        for lo, hi in span.messages():
+            yield from contiguous(ds, lo, hi, 0, columns)
+        return
+    part = _partition(ds, read)
+    if span.end_row != part.rows:
+        raise InvalidRequest("ticket.end_row does not match the rank's rows; ask get_flight_info again", field="ticket")
+    order = EpochOrder(
+        ds.num_rows,
+        ds.fingerprint,
+        int(read.seed),
+        int(read.epoch),
+        bool(read.shuffle.enabled),
+        int(read.shuffle.block_rows) or 1,
+        int(read.shuffle.buffer_rows) or 1,
+    )
+    for lo, hi in span.messages():
+        if not order.shuffle:
+            for pos, n in part.runs(lo, hi):
+                yield from contiguous(ds, pos, pos + n, int(read.batch_rows), columns)
+        else:
+            yield gather(ds, order.rows(part.positions(lo, hi)), columns)

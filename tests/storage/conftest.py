@@ -1,0 +1,98 @@
+"""Fixtures of the storage tests: an S3 service (moto in server mode on 127.0.0.1, explicit keys,
+``AWS_EC2_METADATA_DISABLED=true``), metrics, and small Arrow datasets."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pytest
+
+from flightfeed.server.catalog import Dataset
+from flightfeed.server.metrics import ServerMetrics
+from flightfeed.server.storage import cache as cache_module
+from flightfeed.server.storage.local_s3 import LocalS3
+
+ArrowShards = Callable[..., tuple[Path, pa.Table]]
+Count = Callable[[str, str], float]
+
+
+@pytest.fixture(scope="session")
+def s3_service() -> Iterator[LocalS3]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        mp.setenv("AWS_ACCESS_KEY_ID", LocalS3.access_key)
+        mp.setenv("AWS_SECRET_ACCESS_KEY", LocalS3.secret_key)
+        with LocalS3() as service:
+            yield service
+
+
+@pytest.fixture
+def s3(s3_service: LocalS3, monkeypatch: pytest.MonkeyPatch) -> LocalS3:
+    """The S3 service; the process-wide shard caches are forgotten, so each test starts fresh."""
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setattr(cache_module, "_SHARED", {})
+    return s3_service
+
+
+@pytest.fixture
+def metrics() -> ServerMetrics:
+    return ServerMetrics()
+
+
+@pytest.fixture
+def count(metrics: ServerMetrics) -> Count:
+    """``count("cache_hits", "ds")``: a metric's value for one dataset label (0 when unset)."""
+
+    def value(name: str, dataset: str) -> float:
+        for suffix in ("_total", ""):
+            got = metrics.registry.get_sample_value(f"flightfeed_{name}{suffix}", {"dataset": dataset})
+            if got is not None:
+                return float(got)
+        return 0.0
+
+    return value
+
+
+def _table(rows: int, seed: int, start: int) -> pa.Table:
+    rng = np.random.default_rng(seed)
+    img = rng.integers(0, 255, (rows, 4, 4), dtype=np.uint8)
+    tensor = pa.ExtensionArray.from_storage(
+        pa.fixed_shape_tensor(pa.uint8(), [4, 4]),
+        pa.FixedSizeListArray.from_arrays(pa.array(img.reshape(-1)), 16),
+    )
+    ids = pa.array(np.arange(start, start + rows, dtype=np.int64))
+    return pa.table({"id": ids, "x": pa.array(rng.random(rows, dtype=np.float32)), "img": tensor})
+
+
+@pytest.fixture
+def arrow_shards(tmp_path: Path) -> ArrowShards:
+    """``arrow_shards(shards=3, rows=500, batch_rows=100)`` -> (directory, all rows in stored order)."""
+
+    def make(
+        shards: int = 3, rows: int = 500, batch_rows: int = 100, name: str = "arrow"
+    ) -> tuple[Path, pa.Table]:
+        root = tmp_path / name
+        root.mkdir(parents=True, exist_ok=True)
+        tables = []
+        for s in range(shards):
+            table = _table(rows, seed=s, start=s * rows)
+            with ipc.new_file(str(root / f"part-{s:05d}.arrow"), table.schema) as writer:
+                writer.write_table(table, max_chunksize=batch_rows)
+            tables.append(table)
+        return root, pa.concat_tables(tables)
+
+    return make
+
+
+def read_all(dataset: Dataset) -> pa.Table:
+    """Every chunk of a catalog Dataset, in order, as one table."""
+    return pa.Table.from_batches([dataset.chunk(c) for c in range(dataset.num_chunks)], schema=dataset.schema)
+
+
+@pytest.fixture
+def read_dataset() -> Callable[[Dataset], pa.Table]:
+    return read_all
