@@ -21,6 +21,7 @@ from flightfeed.client._assemble import ordered_messages, split_batches
 from flightfeed.client._boundary import flight_call
 from flightfeed.client._convert import batch_to_torch
 from flightfeed.client._pool import ConnectionPool, ConnectOptions
+from flightfeed.client._report import Reporter
 from flightfeed.client._state import ReadState
 from flightfeed.client._stats import StallMeter
 from flightfeed.client._streams import StreamReader
@@ -192,6 +193,7 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         batches = split_batches(ordered_messages(readers), self.batch_size)
         stage = _device_stage(self.device)
         self.meter.start()
+        reporter = self._reporter(topo)
         try:
             while True:
                 t0 = time.perf_counter()
@@ -204,11 +206,32 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
                 yield out
         finally:
             self.meter.stop()
+            if reporter is not None:
+                reporter.close(final=True)
             stop.set()
             for r in readers:
                 r.cancel()
             for r in readers:
                 r.join(timeout=5)
+
+    def _reporter(self, topo: Topology) -> Reporter | None:
+        """Send this reader's stall/throughput to the server every ``report_interval`` seconds."""
+        if not self.report_interval:
+            return None
+        static = {
+            "dataset": self.name,
+            "rank": topo.rank,
+            "world_size": topo.world_size,
+            "device": str(self.device or "cpu"),
+        }
+        return Reporter(
+            self.location,
+            self.meter.figures,
+            interval=self.report_interval,
+            static=static,
+            token=self._connect.token,
+            tls_root_certs=self._connect.tls_root_certs,
+        )
 
     # -- adapters -------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:

@@ -134,12 +134,11 @@ class ShardCache:
         label = dataset if dataset is not None else self.dataset
         name = self.files.name_for(key)
         with self._key_lock(name), self.files.locked(name):
-            entry = self._find(name, key, size, version, sha256)
+            entry = self._find(name, key, size, version, sha256)  # pinned when found
             hit = entry is not None
             if entry is None:
-                entry = self._download(name, key, fetch, size, version, sha256, label)
+                entry = self._download(name, key, fetch, size, version, sha256, label)  # pinned
             with self._lock:
-                entry.pins += 1
                 if on_evict is not None and on_evict not in entry.on_evict:
                     entry.on_evict.append(on_evict)
         self._count(label, hit)
@@ -171,7 +170,7 @@ class ShardCache:
             return self._key_locks.setdefault(name, threading.Lock())
 
     def _find(self, name: str, key: str, size: int | None, version: str, sha256: str | None) -> _Entry | None:
-        """The valid cached entry, or None (stale or corrupt copies are deleted)."""
+        """The valid cached entry, pinned; or None (stale or corrupt copies are deleted)."""
         meta = self.files.read_meta(name)
         stat = self.files.stat_data(name)
         valid = (
@@ -188,15 +187,19 @@ class ShardCache:
             return None
         with self._lock:
             known = self._entries.get(name)
-        if known is not None and known.inode == stat.st_ino and known.size == stat.st_size:
-            return known
+            if known is not None and known.inode == stat.st_ino and known.size == stat.st_size:
+                known.pins += 1
+                return known
         if sha256_file(self.files.data_path(name)) != meta.get("sha256"):  # first use in this process
             self._forget(name)
             return None
         with self._lock:
+            now = self.files.stat_data(name)
+            if now is None or now.st_ino != stat.st_ino:  # evicted while it was being verified
+                return None
             self._generation += 1
             sha = str(meta["sha256"])
-            entry = _Entry(name, key, int(stat.st_size), sha, version, stat.st_ino, self._generation)
+            entry = _Entry(name, key, int(stat.st_size), sha, version, stat.st_ino, self._generation, pins=1)
             self._entries[name] = entry
         return entry
 
@@ -215,12 +218,12 @@ class ShardCache:
                 f"shard {key} ({size} bytes) is larger than the shard cache ({self.max_bytes} bytes at "
                 f"{self.directory}); raise --cache-size"
             )
-        reserved = self._make_room(size or 0, keep=name)
+        reserved = [self._make_room(size or 0, keep=name)]  # given back when committed
         try:
-            entry = self._fetch_and_commit(name, key, fetch, size, version, sha256, label)
+            entry = self._fetch_and_commit(name, key, fetch, size, version, sha256, label, reserved)
         finally:
             with self._room:
-                self._reserved -= reserved
+                self._reserved -= reserved[0]
                 self._room.notify_all()
         if size is None:
             self._make_room(0, keep=name)
@@ -236,6 +239,7 @@ class ShardCache:
         version: str,
         sha256: str | None,
         label: str,
+        reserved: list[int],
     ) -> _Entry:
         with self.files.staging(name) as tmp:
             start = time.perf_counter()
@@ -251,14 +255,16 @@ class ShardCache:
                     f"{sha256[:12]}...): the object changed after the manifest was written; re-run convert"
                 )
             meta = {"key": key, "size": got, "sha256": digest, "version": version, "dataset": label}
-            inode = self.files.commit(name, tmp, meta)
+            with self._lock:  # publish and pin at once: no eviction may see it unpinned
+                inode = self.files.commit(name, tmp, meta)
+                self._reserved -= reserved[0]
+                reserved[0] = 0
+                self._generation += 1
+                entry = _Entry(name, key, got, digest, version, inode, self._generation, pins=1)
+                self._entries[name] = entry
         if self.metrics is not None:
             self.metrics.cache_download_seconds.labels(label).inc(seconds)
             self.metrics.storage_read_seconds.labels(label).observe(seconds)
-        with self._lock:
-            self._generation += 1
-            entry = _Entry(name, key, got, digest, version, inode, self._generation)
-            self._entries[name] = entry
         return entry
 
     def _make_room(self, incoming: int, keep: str) -> int:

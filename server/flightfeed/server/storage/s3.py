@@ -78,8 +78,9 @@ def open_s3_shards(uri: str, opts: StorageOptions, *, dataset: str = "") -> list
             manifest=(manifest.schema, entry) if manifest is not None and entry is not None else None,
         )
 
-    # without a manifest every shard is downloaded here: several at once
-    with ThreadPoolExecutor(max(1, opts.s3_parallel_shards), thread_name_prefix="s3-open") as pool:
+    # without a manifest every shard is downloaded here: several at once, as many as the cache holds
+    parallel = max(1, min(opts.s3_parallel_shards, cache.max_bytes // max(1, max(i.size for i in infos))))
+    with ThreadPoolExecutor(parallel, thread_name_prefix="s3-open") as pool:
         futures = [pool.submit(make, info) for info in infos]
     shards = [f.result() for f in futures if f.exception() is None]
     failed = next((f.exception() for f in futures if f.exception() is not None), None)
