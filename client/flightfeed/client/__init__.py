@@ -8,7 +8,9 @@
             ...
 """
 
+from flightfeed.client._datapipe import FlightDataPipe
 from flightfeed.client._dataset import FlightDataset
+from flightfeed.client._node import FlightNode
 from flightfeed.wire.errors import (
     ConfigError,
     DatasetNotFound,
@@ -22,6 +24,8 @@ from flightfeed.wire.errors import (
 
 __all__ = [
     "FlightDataset",
+    "FlightNode",
+    "FlightDataPipe",
     "FlightFeedError",
     "ConfigError",
     "InvalidRequest",

@@ -20,6 +20,9 @@ import torch.utils.data
 from flightfeed.client._assemble import ordered_messages, split_batches
 from flightfeed.client._boundary import flight_call
 from flightfeed.client._convert import batch_to_torch
+from flightfeed.client._datapipe import FlightDataPipe
+from flightfeed.client._device import DeviceStage
+from flightfeed.client._node import FlightNode
 from flightfeed.client._pool import ConnectionPool, ConnectOptions
 from flightfeed.client._report import Reporter
 from flightfeed.client._state import ReadState
@@ -191,7 +194,7 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         for r in readers:
             r.start()
         batches = split_batches(ordered_messages(readers), self.batch_size)
-        stage = _device_stage(self.device)
+        stage = _device_stage(self.device, self.meter)
         self.meter.start()
         reporter = self._reporter(topo)
         try:
@@ -213,6 +216,7 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
                 r.cancel()
             for r in readers:
                 r.join(timeout=5)
+            stage.close()
 
     def _reporter(self, topo: Topology) -> Reporter | None:
         """Send this reader's stall/throughput to the server every ``report_interval`` seconds."""
@@ -244,13 +248,20 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         self.__dict__.update(state)
         self.meter = StallMeter()
 
+    def as_node(self, initial_epoch: int | None = None) -> FlightNode:
+        """This dataset as a ``torchdata.nodes.BaseNode`` whose state is ``state_dict()`` (exact resume)."""
+        return FlightNode(self, initial_epoch)
+
+    def as_datapipe(self) -> FlightDataPipe:
+        """This dataset as a ``torch.utils.data.IterDataPipe`` (the same batches)."""
+        return FlightDataPipe(self)
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.close()
             self._pool = None
 
 
-def _device_stage(device: torch.device | None) -> Any:
-    if device is None or device.type == "cpu":
-        return lambda batch: batch
-    return lambda batch: {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+def _device_stage(device: torch.device | None, meter: StallMeter) -> DeviceStage:
+    """CPU: batches stay on Arrow memory. CUDA: pinned ring + side-stream copies (``_device``)."""
+    return DeviceStage(device, timer=meter.spent)

@@ -17,6 +17,7 @@ class StallMeter:
     bytes: int = 0
     batches: int = 0
     wait_s: float = 0.0
+    stages: dict[str, float] = field(default_factory=dict)  # seconds per pipeline stage (e.g. device)
     _start: float | None = None
     _offset: float = 0.0
     _end: float | None = None
@@ -36,6 +37,11 @@ class StallMeter:
             self.bytes += nbytes
             self.batches += 1
 
+    def spent(self, stage: str, seconds: float) -> None:
+        """Add ``seconds`` to ``stage`` (part of the consumer's wait; reported as ``<stage>_s``)."""
+        with self._lock:
+            self.stages[stage] = self.stages.get(stage, 0.0) + seconds
+
     def stop(self) -> None:
         with self._lock:
             if self._start is not None and self._end is None:
@@ -50,6 +56,8 @@ class StallMeter:
 
     def figures(self) -> dict[str, float]:
         elapsed = self.elapsed_s
+        with self._lock:
+            stages = dict(self.stages)
         return {
             "rows": float(self.rows),
             "bytes": float(self.bytes),
@@ -59,4 +67,5 @@ class StallMeter:
             "stall_ratio": self.wait_s / elapsed if elapsed > 0 else 0.0,
             "rows_per_s": self.rows / elapsed if elapsed > 0 else 0.0,
             "bytes_per_s": self.bytes / elapsed if elapsed > 0 else 0.0,
+            **{f"{stage}_s": seconds for stage, seconds in stages.items()},
         }

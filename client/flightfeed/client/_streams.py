@@ -21,7 +21,7 @@ import pyarrow.flight as flight
 
 from flightfeed.client._boundary import is_transient, translate
 from flightfeed.client._pool import ConnectionPool
-from flightfeed.wire.errors import FlightFeedError, StreamError, StreamTruncated
+from flightfeed.wire.errors import FlightFeedError, StorageError, StreamError, StreamTruncated
 from flightfeed.wire.messages import StreamTicket, span_of
 
 __all__ = ["StreamReader", "END"]
@@ -50,6 +50,7 @@ class StreamReader(threading.Thread):
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth))
         self.retries, self.stop = retries, stop
         self.retried = 0
+        self.delivered = 0
         self._active: flight.FlightStreamReader | None = None
         self._lock = threading.Lock()
 
@@ -71,12 +72,13 @@ class StreamReader(threading.Thread):
     def run(self) -> None:
         span = span_of(self.ticket)
         messages = [hi - lo for lo, hi in span.messages()]
-        done = 0
+        self.delivered = 0  # whole messages handed to the consumer: a retry resumes after them
         attempt = 0
-        while done < len(messages) and not self.stop.is_set():
+        while self.delivered < len(messages) and not self.stop.is_set():
             location = self.locations[attempt % len(self.locations)]
             try:
-                done = self._read(span, messages, done, location)
+                self._read(span, messages, location)
+                done = self.delivered
                 if done < len(messages) and not self.stop.is_set():
                     raise StreamTruncated(
                         f"stream {self.slot} ended after {done} of {len(messages)} messages "
@@ -86,7 +88,11 @@ class StreamReader(threading.Thread):
                 if self.stop.is_set():
                     return
                 err = translate(exc)
-                retryable = is_transient(exc) or isinstance(err, StreamTruncated)
+                # untagged failures (connection lost, server died mid-stream), storage hiccups and
+                # truncation are retried; errors the server tagged as permanent are not
+                retryable = is_transient(exc) or isinstance(err, StreamError | StorageError) or not isinstance(
+                    err, FlightFeedError
+                )
                 if retryable and attempt < self.retries:
                     attempt += 1
                     self.retried += 1
@@ -101,7 +107,8 @@ class StreamReader(threading.Thread):
         if not self.stop.is_set():
             self._put(END)
 
-    def _read(self, span: Any, messages: list[int], done: int, location: str) -> int:
+    def _read(self, span: Any, messages: list[int], location: str) -> None:
+        done = self.delivered
         ticket = StreamTicket()
         ticket.CopyFrom(self.ticket)
         rest = span.advanced(done)
@@ -122,7 +129,7 @@ class StreamReader(threading.Thread):
                 if batch is None:  # a metadata-only message
                     continue
                 if self.stop.is_set():
-                    return done
+                    return
                 off = 0
                 while off < batch.num_rows:
                     if done == len(messages):
@@ -133,9 +140,9 @@ class StreamReader(threading.Thread):
                     off += take
                     if have == messages[done]:
                         if not self._put(pending):
-                            return done
+                            return
                         pending, have, done = [], 0, done + 1
-            return done
+                        self.delivered = done
         finally:
             with self._lock:
                 self._active = None

@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from flightfeed.server.metrics import ServerMetrics
 from flightfeed.server.storage.cache_files import CacheFiles, sha256_file
@@ -102,6 +103,7 @@ class ShardCache:
         self._reserved = 0  # bytes of downloads in flight
         self.wait_for_room_s = wait_for_room_s
         self._key_locks: dict[str, threading.Lock] = {}
+        self._counters: dict[tuple[str, bool], Any] = {}
         self._entries: dict[str, _Entry] = {}
         self._generation = 0
         self.files.recover()
@@ -342,8 +344,13 @@ class ShardCache:
                 os.utime(self.files.data_path(entry.name))
 
     def _count(self, label: str, hit: bool) -> None:
-        if self.metrics is not None:
-            (self.metrics.cache_hits if hit else self.metrics.cache_misses).labels(label).inc()
+        if self.metrics is None:
+            return
+        child = self._counters.get((label, hit))
+        if child is None:  # labels() costs more than inc(): keep the children
+            child = (self.metrics.cache_hits if hit else self.metrics.cache_misses).labels(label)
+            self._counters[(label, hit)] = child
+        child.inc()
 
     def _report_bytes(self) -> None:
         if self.metrics is None:
