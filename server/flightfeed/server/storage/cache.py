@@ -378,4 +378,5 @@ def shared_cache(directory: str, max_bytes: int | None = None, metrics: ServerMe
             cache = _SHARED[real] = ShardCache(real, max_bytes, metrics)
         elif cache.metrics is None and metrics is not None:
             cache.metrics = metrics
+            cache._counters.clear()
         return cache
