@@ -11,6 +11,7 @@ import json
 import platform
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -23,7 +24,7 @@ CASES = [  # (rows, bytes per row, what)
 ]
 
 
-def measure(n: int, row_bytes: int, batch: int = 64, classes: int = 10) -> dict[str, float]:
+def measure(n: int, row_bytes: int, batch: int = 64, classes: int = 10) -> dict[str, Any]:
     labels = np.arange(n) * classes // n
     block, buffer = default_shuffle(row_bytes, n)
     order = EpochOrder(n, "ab" * 10, 0, 0, True, block, buffer)
@@ -52,12 +53,12 @@ def measure(n: int, row_bytes: int, batch: int = 64, classes: int = 10) -> dict[
 
 
 def main() -> None:
-    results = {"machine": platform.processor() or platform.machine(), "batch": 64, "classes": 10, "cases": []}
+    results: dict[str, Any] = {"machine": platform.processor() or platform.machine(), "batch": 64, "classes": 10, "cases": []}
     print(f"{'case':38} {'buffer':>16} {'classes/batch':>14} {'vs random':>9} {'|corr|':>7} {'ns/row':>7}")
     for n, row_bytes, what in CASES:
         r = measure(n, row_bytes)
         r["case"] = what
-        results["cases"].append(r)  # type: ignore[attr-defined]
+        results["cases"].append(r)
         print(
             f"{what:38} {r['buffer_rows']:>7} rows {r['buffer_bytes'] / 2**20:>5.0f}M "
             f"{r['distinct_classes_per_batch']:>8.2f}/{r['random_sampling_distinct_classes']:.2f} "

@@ -73,7 +73,7 @@ def image_dataset(
                 writer.write_batch(
                     pa.record_batch(
                         [
-                            pa.ExtensionArray.from_storage(tensor, pa.FixedSizeListArray.from_arrays(pixels, width)),
+                            pa.ExtensionArray.from_storage(tensor, pa.FixedSizeListArray.from_arrays(pa.array(pixels), width)),
                             pa.array(index % 1000),
                             pa.array(index),
                         ],
@@ -91,7 +91,8 @@ class ServerProcess:
 
     def __init__(self, cmd: list[str], *, timeout: float = 120.0) -> None:
         self.cmd = cmd
-        self._stderr = tempfile.TemporaryFile(mode="w+")  # a pipe nobody reads could fill and block it
+        # stderr to a file: a pipe nobody reads could fill up and block the server
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115  (closed in stop())
         self.proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=self._stderr, text=True, cwd=ROOT, env=_child_env()
         )

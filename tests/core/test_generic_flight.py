@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -25,7 +26,8 @@ def read_path(location: str, name: str) -> pa.Table:
 def check_exact(table: pa.Table, rows: int) -> None:
     idx = np.asarray(table.column("index"))
     assert idx.tolist() == list(range(rows))
-    images = np.asarray(table.column("image").combine_chunks().storage.flatten()).reshape(rows, 48)
+    column: Any = table.column("image").combine_chunks()
+    images = np.asarray(column.storage.flatten()).reshape(rows, 48)
     assert (images == image_of(idx)).all()
     assert np.asarray(table.column("x")).tolist() == (idx * 0.5).astype(np.float32).tolist()
     assert table.column("name").to_pylist() == [f"row-{i}" for i in idx]
@@ -45,7 +47,8 @@ def test_list_flights_reports_schema_rows_bytes(server: RunningServer, small_dir
     assert info.total_records == SMALL_ROWS
     assert info.total_bytes == sum(p.stat().st_size for p in small_dir.iterdir())
     assert info.schema.names == ["image", "label", "index", "x", "name"]
-    assert client.get_schema(flight.FlightDescriptor.for_path("small")).schema.names == info.schema.names
+    result: Any = client.get_schema(flight.FlightDescriptor.for_path("small"))
+    assert result.schema.names == info.schema.names
 
 
 def test_several_path_endpoints_concatenate_in_stored_order(small_dir: Path) -> None:

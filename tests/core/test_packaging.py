@@ -22,7 +22,7 @@ def run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_generated_protobuf_code_is_current(tmp_path: Path) -> None:
-    from grpc_tools import protoc
+    from grpc_tools import protoc  # type: ignore[import-untyped]
 
     args = ["protoc", f"-I{PROTO_DIR}", f"--python_out={tmp_path}", f"--pyi_out={tmp_path}"]
     assert protoc.main([*args, "flightfeed/wire/feed.proto"]) == 0
@@ -31,7 +31,8 @@ def test_generated_protobuf_code_is_current(tmp_path: Path) -> None:
         committed = (PROTO_DIR / "flightfeed/wire" / name).read_text()
         assert fresh == committed, (
             f"proto_schemas/flightfeed/wire/{name} is stale: regenerate with "
-            "`cd proto_schemas && python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. flightfeed/wire/feed.proto`"
+            "`cd proto_schemas && python -m grpc_tools.protoc -I. --python_out=. --pyi_out=. "
+            "flightfeed/wire/feed.proto`"
         )
 
 

@@ -72,9 +72,7 @@ def _table(rows: int, seed: int, start: int) -> pa.Table:
 def arrow_shards(tmp_path: Path) -> ArrowShards:
     """``arrow_shards(shards=3, rows=500, batch_rows=100)`` -> (directory, all rows in stored order)."""
 
-    def make(
-        shards: int = 3, rows: int = 500, batch_rows: int = 100, name: str = "arrow"
-    ) -> tuple[Path, pa.Table]:
+    def make(shards: int = 3, rows: int = 500, batch_rows: int = 100, name: str = "arrow") -> tuple[Path, pa.Table]:
         root = tmp_path / name
         root.mkdir(parents=True, exist_ok=True)
         tables = []

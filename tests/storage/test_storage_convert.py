@@ -20,9 +20,10 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from flightfeed.server import convert as convert_cli
 from flightfeed.server.catalog import Dataset
+from flightfeed.server.cli import main as flightfeed_main
 from flightfeed.server.convert import ConvertSettings, convert
+from flightfeed.server.convert import cli as convert_cli
 from flightfeed.server.readers.ipc_meta import ipc_compression
 from flightfeed.server.storage import open_dataset
 from flightfeed.server.storage.local_s3 import LocalS3
@@ -86,9 +87,7 @@ def test_hdf5_group_and_cast(tmp_path: Path, read_dataset: ReadAll) -> None:
         f.create_dataset("test/x", data=np.arange(5, dtype=np.float64))
     with pytest.raises(DatasetError, match="--hdf5-group"):
         convert(str(tmp_path / "src.h5"), str(tmp_path / "out"), _quiet())
-    convert(
-        str(tmp_path / "src.h5"), str(tmp_path / "out"), _quiet(hdf5_group="train", casts={"x": "float32"})
-    )
+    convert(str(tmp_path / "src.h5"), str(tmp_path / "out"), _quiet(hdf5_group="train", casts={"x": "float32"}))
     column = _served(tmp_path / "out", read_dataset).column("x")
     assert column.type == pa.float32()
     assert column.to_pylist() == list(range(50))
@@ -157,9 +156,7 @@ def test_image_folder_decoded(tmp_path: Path, read_dataset: ReadAll) -> None:
     assert table.schema.field("image").type == pa.fixed_shape_tensor(pa.uint8(), [6, 8, 3])
     pixels = _tensor(table.column("image"))
     first = (
-        Image.open(io.BytesIO(files["cat"][0].read_bytes()))
-        .convert("RGB")
-        .resize((8, 6), Image.Resampling.BILINEAR)
+        Image.open(io.BytesIO(files["cat"][0].read_bytes())).convert("RGB").resize((8, 6), Image.Resampling.BILINEAR)
     )
     assert np.array_equal(pixels[0], np.asarray(first))
     with pytest.raises(ConfigError, match="--resize"):
@@ -214,3 +211,12 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str], read_dataset: R
     assert "no such file or directory" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parser.parse_args(["a", "b", "--shard-size", "lots"])
+
+
+def test_flightfeed_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    np.save(tmp_path / "x.npy", np.arange(10, dtype=np.int32))
+    assert flightfeed_main(["convert", str(tmp_path / "x.npy"), str(tmp_path / "out"), "--no-progress"]) == 0
+    assert flightfeed_main(["inspect", str(tmp_path / "out"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.split("\n", 1)[1])  # after convert's one line
+    assert report["rows"] == 10
+    assert report["schema"] == [{"name": "x", "type": "int32"}]

@@ -174,9 +174,7 @@ def test_reopens_after_fork(tmp_path: Path) -> None:
     data = _write(path, chunks=True)
     shard = open_hdf5_shard(str(path))
     shard._pid = -1  # as if this process were a forked child of the one that opened it
-    assert np.array_equal(
-        shard.read_chunk(0).column("label").to_numpy(), data["label"][: shard.chunk_offsets[1]]
-    )
+    assert np.array_equal(shard.read_chunk(0).column("label").to_numpy(), data["label"][: shard.chunk_offsets[1]])
     assert shard._pid > 0
 
 

@@ -48,9 +48,7 @@ def test_local_dataset_text_and_json(arrow_shards: ArrowShards, capsys: pytest.C
 def test_compression_is_reported(tmp_path: Path) -> None:
     np.save(tmp_path / "x.npy", np.arange(1000))
     for codec in ("lz4", "zstd"):
-        convert(
-            str(tmp_path / "x.npy"), str(tmp_path / codec), ConvertSettings(compression=codec, progress=False)
-        )
+        convert(str(tmp_path / "x.npy"), str(tmp_path / codec), ConvertSettings(compression=codec, progress=False))
         assert inspect_dataset(str(tmp_path / codec))["compression"] == codec
         assert ipc_compression(str(tmp_path / codec / "part-00000.arrow")) == codec
     import h5py

@@ -150,9 +150,7 @@ def test_manifest_prefetches_in_the_background(
 ) -> None:
     np.save(tmp_path / "x.npy", np.random.default_rng(0).random(4000))
     uri = f"s3://{s3.new_bucket()}/prefetched"
-    convert(
-        str(tmp_path / "x.npy"), uri, ConvertSettings(shard_bytes=8_000, progress=False, storage=s3.options())
-    )
+    convert(str(tmp_path / "x.npy"), uri, ConvertSettings(shard_bytes=8_000, progress=False, storage=s3.options()))
     ds = open_dataset("pre", uri, s3.options(tmp_path / "cache", metrics=metrics))
     for shard in ds.shards:
         assert isinstance(shard, RemoteShard)
@@ -165,9 +163,7 @@ def test_manifest_prefetches_in_the_background(
     ds.close()
 
 
-def test_single_object_and_parallel_ranged_download(
-    s3: LocalS3, tmp_path: Path, arrow_shards: ArrowShards
-) -> None:
+def test_single_object_and_parallel_ranged_download(s3: LocalS3, tmp_path: Path, arrow_shards: ArrowShards) -> None:
     local, _table = arrow_shards(shards=1, rows=3000, batch_rows=500)
     uri = f"s3://{s3.new_bucket()}/one"
     s3.upload_dir(local, uri)
@@ -176,18 +172,14 @@ def test_single_object_and_parallel_ranged_download(
     ds = open_dataset("one", f"{uri}/part-00000.arrow", opts)
     assert ds.num_rows == 3000
     dest = tmp_path / "copy.arrow"
-    download(
-        s3.fs(), uri[len("s3://") :] + "/part-00000.arrow", size, str(dest), part_size=size // 7, parallel=4
-    )
+    download(s3.fs(), uri[len("s3://") :] + "/part-00000.arrow", size, str(dest), part_size=size // 7, parallel=4)
     assert dest.read_bytes() == (local / "part-00000.arrow").read_bytes()
     ds.close()
 
 
 def test_missing_bucket_prefix_and_key(s3: LocalS3, tmp_path: Path) -> None:
     opts = s3.options(tmp_path / "cache")
-    with pytest.raises(
-        StorageError, match=r"s3://no-such-bucket-here/x.*bucket 'no-such-bucket-here' does not exist"
-    ):
+    with pytest.raises(StorageError, match=r"s3://no-such-bucket-here/x.*bucket 'no-such-bucket-here' does not exist"):
         open_dataset("ds", "s3://no-such-bucket-here/x", opts)
     bucket = s3.new_bucket()
     with pytest.raises(StorageError, match=rf"s3://{bucket}/missing: no such object or prefix"):
@@ -245,8 +237,6 @@ def test_error_translation_and_retries() -> None:
     assert with_retries(flaky, "s3://bkt/key", retries=3, backoff_s=0.0) == "ok"
     assert len(attempts) == 3
     with pytest.raises(StorageError, match="after 2 attempts"):
-        with_retries(
-            lambda: (_ for _ in ()).throw(OSError("timeout")), "s3://bkt/key", retries=1, backoff_s=0.0
-        )
+        with_retries(lambda: (_ for _ in ()).throw(OSError("timeout")), "s3://bkt/key", retries=1, backoff_s=0.0)
     with pytest.raises(StorageError, match="access denied"):
         with_retries(lambda: (_ for _ in ()).throw(denied), "s3://bkt/key", retries=5, backoff_s=0.0)

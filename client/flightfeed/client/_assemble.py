@@ -14,7 +14,6 @@ from typing import cast
 
 import pyarrow as pa
 
-
 from flightfeed.client._streams import END, StreamReader
 from flightfeed.wire.errors import StreamError
 from flightfeed.wire.messages import span_of

@@ -59,7 +59,11 @@ def make_demo_dataset(root: Path, rows: int, size: int, shards: int, seed: int =
                 storage = pa.FixedSizeListArray.from_arrays(pa.array(imgs.reshape(-1)), size * size * 3)
                 writer.write_batch(
                     pa.record_batch(
-                        [pa.ExtensionArray.from_storage(image_type, storage), pa.array(labels), pa.array(np.arange(b, b + n))],
+                        [
+                            pa.ExtensionArray.from_storage(image_type, storage),
+                            pa.array(labels),
+                            pa.array(np.arange(b, b + n)),
+                        ],
                         schema=schema,
                     )
                 )
@@ -103,7 +107,9 @@ def run(args: argparse.Namespace) -> int:
         batches = 0
         for batch in ds:
             image, index = batch["image"], batch["index"]
-            assert image.dtype == torch.uint8 and image.shape[1:] == (args.size, args.size, 3)
+            if image.dtype != torch.uint8 or image.shape[1:] != (args.size, args.size, 3):
+                print(f"error: unexpected image batch {image.dtype} {tuple(image.shape)}", file=sys.stderr)
+                return 1
             np.add.at(seen, index.numpy(), 1)
             batches += 1
         ds.close()

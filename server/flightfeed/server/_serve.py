@@ -110,7 +110,8 @@ def _start_workers(argv: list[str], n: int) -> tuple[list[subprocess.Popen[str]]
     """Start n worker processes (this same command, one worker each, no sidecar, port 0)."""
     procs, locations = [], []
     for _ in range(n):
-        cmd = [sys.executable, "-m", "flightfeed.server", "serve", *argv, "--workers", "1", "--no-sidecar", "--port", "0"]
+        cmd = [sys.executable, "-m", "flightfeed.server", "serve", *argv]
+        cmd += ["--workers", "1", "--no-sidecar", "--port", "0"]
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         procs.append(proc)
     for proc in procs:
@@ -193,7 +194,9 @@ def run(args: argparse.Namespace) -> int:
         catalog.close()
 
 
-def _serve(server: FlightFeedServer, args: argparse.Namespace, config: dict[str, Any], host: str, token: str | None) -> int:
+def _serve(
+    server: FlightFeedServer, args: argparse.Namespace, config: dict[str, Any], host: str, token: str | None
+) -> int:
     handle: Any = None
     source: Any = None
     if not args.no_sidecar and not config.get("no_sidecar", False):

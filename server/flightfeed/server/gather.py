@@ -72,7 +72,7 @@ class _Fixed:
 
 
 def _fixed_layout(t: pa.DataType) -> _Fixed | None:
-    if isinstance(t, pa.ExtensionType):
+    if isinstance(t, pa.BaseExtensionType):  # FixedShapeTensorType is not an ExtensionType subclass
         storage = _fixed_layout(t.storage_type)
         if storage is None:
             return None

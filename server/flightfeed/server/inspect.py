@@ -110,9 +110,7 @@ def _compressions(uri: str, shards: Sequence[ShardReader], opts: StorageOptions)
         return [of(s) for s in shards]
     from flightfeed.server.storage.s3 import filesystem_for, read_manifest
 
-    manifest = (
-        read_manifest(filesystem_for(opts), uri, retries=opts.s3_retries) if uri.startswith("s3://") else None
-    )
+    manifest = read_manifest(filesystem_for(opts), uri, retries=opts.s3_retries) if uri.startswith("s3://") else None
     if manifest is not None:
         return [manifest.compression]
     lease, reader = first.local_reader()
@@ -159,9 +157,7 @@ def inspect_server(target: str, *, token: str | None = None, timeout_s: float = 
                 entry["streams"] = len(streams.endpoints)
             datasets.append(entry)
     except flight.FlightUnavailableError as exc:
-        raise StorageError(
-            f"cannot reach a flightfeed server at {location}: {str(exc).splitlines()[0]}"
-        ) from None
+        raise StorageError(f"cannot reach a flightfeed server at {location}: {str(exc).splitlines()[0]}") from None
     except flight.FlightError as exc:
         raise StorageError(f"{location}: {str(exc).splitlines()[0]}") from None
     finally:

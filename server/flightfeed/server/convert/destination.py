@@ -44,9 +44,7 @@ class LocalDestination:
         if os.path.exists(directory) and not os.path.isdir(directory):
             raise ConfigError(f"{directory} exists and is not a directory; DST must be a directory")
         os.makedirs(directory, exist_ok=True)
-        old = glob.glob(os.path.join(directory, "part-*.arrow")) + glob.glob(
-            os.path.join(directory, "part-*.tmp")
-        )
+        old = glob.glob(os.path.join(directory, "part-*.arrow")) + glob.glob(os.path.join(directory, "part-*.tmp"))
         old += glob.glob(os.path.join(directory, MANIFEST_NAME))
         if old and not overwrite:
             raise ConfigError(
@@ -87,10 +85,7 @@ class S3Destination:
             i.path
             for i in listing
             if i.type == pafs.FileType.File
-            and (
-                i.base_name == MANIFEST_NAME
-                or (i.base_name.startswith("part-") and i.base_name.endswith(".arrow"))
-            )
+            and (i.base_name == MANIFEST_NAME or (i.base_name.startswith("part-") and i.base_name.endswith(".arrow")))
         ]
         if old and not overwrite:
             raise ConfigError(

@@ -27,9 +27,7 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 
 
 def looks_like_image_folder(src: str) -> bool:
-    return os.path.isdir(src) and any(
-        f.lower().endswith(IMAGE_SUFFIXES) for _, _, names in os.walk(src) for f in names
-    )
+    return os.path.isdir(src) and any(f.lower().endswith(IMAGE_SUFFIXES) for _, _, names in os.walk(src) for f in names)
 
 
 class ImageFolderSource:
@@ -44,9 +42,7 @@ class ImageFolderSource:
             for base, dirs, names in os.walk(os.path.join(root, name)):
                 dirs[:] = sorted(d for d in dirs if not d.startswith("."))
                 items.extend(
-                    (os.path.join(base, n), label)
-                    for n in sorted(names)
-                    if n.lower().endswith(IMAGE_SUFFIXES)
+                    (os.path.join(base, n), label) for n in sorted(names) if n.lower().endswith(IMAGE_SUFFIXES)
                 )
         if not items:
             raise DatasetError(
@@ -72,9 +68,7 @@ class ImageFolderSource:
         self._image_type = image_type
         self.schema = pa.schema([pa.field("image", image_type), pa.field("label", pa.int64())], metadata)
         self.num_rows = len(self._items)
-        self._pool = ThreadPoolExecutor(
-            max_workers=max(1, min(8, os.cpu_count() or 1)), thread_name_prefix="decode"
-        )
+        self._pool = ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1)), thread_name_prefix="decode")
 
     def batches(self, rows: int) -> Iterator[pa.RecordBatch]:
         for start in range(0, self.num_rows, rows):

@@ -54,9 +54,7 @@ def open_source(src: str, settings: ConvertSettings) -> Source:
     if kind == "auto":
         kind = _detect(src)
     if kind == "hdf5":
-        return Hdf5Source(
-            require(find_files(src, HDF5_SUFFIXES), src, "HDF5"), settings.hdf5_group, settings.casts
-        )
+        return Hdf5Source(require(find_files(src, HDF5_SUFFIXES), src, "HDF5"), settings.hdf5_group, settings.casts)
     if settings.casts or settings.hdf5_group:
         raise ConfigError("--cast and --hdf5-group apply to HDF5 sources only")
     if kind == "parquet":
@@ -120,9 +118,7 @@ def convert(src: str, dst: str, settings: ConvertSettings | None = None) -> Mani
                 bar.close()
             written = sum(s.rows for s in shards)
             if written != source.num_rows:
-                raise ShardError(
-                    f"converted {written} rows but {src} has {source.num_rows}; output is incomplete"
-                )
+                raise ShardError(f"converted {written} rows but {src} has {source.num_rows}; output is incomplete")
             manifest = Manifest(
                 source.schema,
                 shards,

@@ -126,9 +126,7 @@ class NumpySource:
         lengths = {k: a.shape[0] for k, a in arrays.items()}
         if len(set(lengths.values())) > 1:
             shown = ", ".join(f"{k}: {n}" for k, n in lengths.items())
-            raise DatasetError(
-                f"NumPy arrays have different first dimensions ({shown}); columns need one row count"
-            )
+            raise DatasetError(f"NumPy arrays have different first dimensions ({shown}); columns need one row count")
         self._arrays = arrays
         self._types = {k: arrow_type_for(a.dtype, a.shape[1:]) for k, a in arrays.items()}
         self.schema = pa.schema([pa.field(k, t) for k, t in self._types.items()])
@@ -142,18 +140,13 @@ class NumpySource:
             raise DatasetError(f"{path}: array {key!r} is a scalar; columns need a first (row) dimension")
         why = unsupported_dtype_reason(array.dtype)
         if why is not None:
-            raise DatasetError(
-                f"{path}: array {key!r} has {why}; only fixed-size numeric/bool arrays convert"
-            )
+            raise DatasetError(f"{path}: array {key!r} has {why}; only fixed-size numeric/bool arrays convert")
         arrays[key] = array
 
     def batches(self, rows: int) -> Iterator[pa.RecordBatch]:
         for start in range(0, self.num_rows, rows):
             stop = min(start + rows, self.num_rows)
-            columns = [
-                column_from_ndarray(np.asarray(a[start:stop]), self._types[k])
-                for k, a in self._arrays.items()
-            ]
+            columns = [column_from_ndarray(np.asarray(a[start:stop]), self._types[k]) for k, a in self._arrays.items()]
             yield pa.RecordBatch.from_arrays(columns, schema=self.schema)
 
     def close(self) -> None:

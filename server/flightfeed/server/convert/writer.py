@@ -76,11 +76,7 @@ class ShardWriter:
 
     def write(self, batch: pa.RecordBatch) -> None:
         sink, writer = self._sink, self._writer
-        if (
-            sink is not None
-            and self._batch_rows
-            and sink.tell() + batch.get_total_buffer_size() > self.shard_bytes
-        ):
+        if sink is not None and self._batch_rows and sink.tell() + batch.get_total_buffer_size() > self.shard_bytes:
             self._finish()
             sink = writer = None
         if sink is None or writer is None:

@@ -59,18 +59,14 @@ def candidate_groups(file: h5py.File) -> dict[str, list[str]]:
     return found
 
 
-def find_columns(
-    file: h5py.File, uri: str, group: str | None, casts: Mapping[str, str]
-) -> tuple[str, list[Column]]:
+def find_columns(file: h5py.File, uri: str, group: str | None, casts: Mapping[str, str]) -> tuple[str, list[Column]]:
     """``(group name, columns)`` for ``file``; clear errors name the file, group and datasets."""
     candidates = candidate_groups(file)
     listing = "; ".join(f"{g} ({', '.join(names)})" for g, names in candidates.items()) or "(none)"
     if group is None:
         if len(candidates) != 1:
             why = "has no datasets with rows" if not candidates else "has several groups with datasets"
-            raise DatasetError(
-                f"HDF5 shard {uri} {why}: {listing}. Choose the group to serve with --hdf5-group GROUP."
-            )
+            raise DatasetError(f"HDF5 shard {uri} {why}: {listing}. Choose the group to serve with --hdf5-group GROUP.")
         group = next(iter(candidates))
     name = group if group.startswith("/") else "/" + group
     obj = file.get(name)

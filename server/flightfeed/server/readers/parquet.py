@@ -27,9 +27,7 @@ class ParquetShard:
         try:
             self._file = pq.ParquetFile(path, memory_map=True)
         except (OSError, pa.ArrowException) as exc:
-            raise ShardError(
-                f"cannot open Parquet shard {self.uri}: {exc} (corrupt, or not Parquet?)"
-            ) from None
+            raise ShardError(f"cannot open Parquet shard {self.uri}: {exc} (corrupt, or not Parquet?)") from None
         meta = self._file.metadata
         sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
         self._groups = [i for i, n in enumerate(sizes) if n > 0]

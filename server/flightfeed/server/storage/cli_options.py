@@ -59,17 +59,13 @@ def size_argument(text: str) -> int:
 
 def add_s3_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("object storage (s3://)")
-    group.add_argument(
-        "--s3-endpoint", metavar="URL", help="S3-compatible endpoint, e.g. http://127.0.0.1:9000"
-    )
+    group.add_argument("--s3-endpoint", metavar="URL", help="S3-compatible endpoint, e.g. http://127.0.0.1:9000")
     group.add_argument("--s3-region", metavar="REGION", help="S3 region (default: AWS_REGION or the SDK's)")
 
 
 def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("shard cache (for s3:// datasets)")
-    group.add_argument(
-        "--cache-dir", metavar="DIR", help="local shard cache (default ~/.cache/flightfeed/shards)"
-    )
+    group.add_argument("--cache-dir", metavar="DIR", help="local shard cache (default ~/.cache/flightfeed/shards)")
     group.add_argument(
         "--cache-size",
         metavar="BYTES",
@@ -93,13 +89,9 @@ def add_reader_arguments(parser: argparse.ArgumentParser) -> None:
 def storage_options_from_args(args: argparse.Namespace, environ: Mapping[str, str]) -> StorageOptions:
     """StorageOptions from the flags above (where the parser has them) and AWS variables."""
     endpoint = (
-        getattr(args, "s3_endpoint", None)
-        or environ.get("AWS_ENDPOINT_URL_S3")
-        or environ.get("AWS_ENDPOINT_URL")
+        getattr(args, "s3_endpoint", None) or environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL")
     )
-    region = (
-        getattr(args, "s3_region", None) or environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION")
-    )
+    region = getattr(args, "s3_region", None) or environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION")
     return StorageOptions(
         s3_endpoint=endpoint or None,
         s3_region=region or None,

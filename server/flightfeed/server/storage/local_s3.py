@@ -52,9 +52,7 @@ class LocalS3:
     def __enter__(self) -> LocalS3:
         return self.start()
 
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         self.stop()
 
     # -- clients ----------------------------------------------------------------------------

@@ -94,8 +94,7 @@ class Manifest:
             ]
         except (ValueError, KeyError, TypeError, AttributeError, pa.ArrowException) as exc:
             raise DatasetError(
-                f"{where} is not a valid flightfeed manifest ({exc}); "
-                "delete it or re-run `flightfeed convert`"
+                f"{where} is not a valid flightfeed manifest ({exc}); delete it or re-run `flightfeed convert`"
             ) from None
         for s in shards:
             if sum(s.batch_rows) != s.rows:

@@ -118,9 +118,7 @@ def list_s3_shards(fs: pafs.FileSystem, uri: str, *, retries: int = 4) -> list[p
     if info.type == pafs.FileType.NotFound:
         root = with_retries(lambda: fs.get_file_info(bucket), uri, retries=retries)
         if root.type == pafs.FileType.NotFound:
-            raise StorageError(
-                f"{uri}: bucket {bucket!r} does not exist (check the URI and --s3-endpoint/--s3-region)"
-            )
+            raise StorageError(f"{uri}: bucket {bucket!r} does not exist (check the URI and --s3-endpoint/--s3-region)")
         raise StorageError(f"{uri}: no such object or prefix in bucket {bucket!r}")
     selector = pafs.FileSelector(path, recursive=True)
     listing = with_retries(lambda: fs.get_file_info(selector), uri, retries=retries)

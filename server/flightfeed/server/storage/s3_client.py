@@ -76,11 +76,11 @@ def split_s3_uri(uri: str) -> tuple[str, str]:
     """``s3://bucket/prefix`` -> ``("bucket", "bucket/prefix")`` (the pyarrow path)."""
     if not uri.startswith("s3://"):
         raise ConfigError(f"{uri}: not an s3:// URI")
-    path = uri[len("s3://") :].strip("/")
-    bucket = path.split("/", 1)[0]
+    bucket, _, key = uri[len("s3://") :].partition("/")
     if not bucket:
         raise ConfigError(f"{uri}: no bucket in the URI (expected s3://bucket/prefix)")
-    return bucket, path
+    key = key.strip("/")
+    return bucket, f"{bucket}/{key}" if key else bucket
 
 
 def translate(exc: OSError, uri: str) -> StorageError | None:
@@ -88,9 +88,7 @@ def translate(exc: OSError, uri: str) -> StorageError | None:
     text = str(exc)
     bucket = uri[len("s3://") :].split("/", 1)[0] if uri.startswith("s3://") else uri
     if any(s in text for s in _MISSING_BUCKET):
-        return StorageError(
-            f"{uri}: bucket {bucket!r} does not exist (check the URI and --s3-endpoint/--s3-region)"
-        )
+        return StorageError(f"{uri}: bucket {bucket!r} does not exist (check the URI and --s3-endpoint/--s3-region)")
     if any(s in text for s in _DENIED):
         return StorageError(
             f"{uri}: access denied by the S3 service; check the credentials (AWS_ACCESS_KEY_ID/"

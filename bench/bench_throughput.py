@@ -1,0 +1,232 @@
+"""Throughput on one machine, all on the same image-like data, in one run -> bench/out/throughput.json
+
+(a) raw pyarrow Flight ceiling: the shards served by ``bench/raw_flight.py`` (RecordBatchStream,
+    zero-copy slices), K streams each with its own FlightClient, read in threads;
+(b) flightfeed through FlightDataset, stored order and shuffled (same K, same message size);
+(c) local ``.arrow`` memory map -> torch, one copy per batch (what the pinned stage costs);
+(d) the seed recipe: one HDF5 file, a torch Dataset that opens it per item,
+    DataLoader(num_workers=2, persistent_workers=True, batch_size=B).
+Both servers run in their own processes. (a) and (b) run interleaved, ``--rounds`` times; every
+figure is a median. Ratios and targets (DESIGN.md §6, issue 4): flightfeed >= 0.9x raw,
+shuffled >= 0.8x stored order, flightfeed >= 5x the seed recipe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import h5py
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as flight
+import pyarrow.ipc as ipc
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from bench.common import flightfeed_server, image_dataset, machine, median, raw_flight_server, write_json
+from flightfeed.client import FlightDataset
+from flightfeed.client._bench import measure_epoch
+from flightfeed.client._convert import batch_to_torch
+from flightfeed.wire.plan import default_message_rows
+
+TARGETS = {"flightfeed_vs_raw": 0.9, "shuffled_vs_stored": 0.8, "flightfeed_vs_seed": 5.0}
+
+
+# -- (a) raw Flight -----------------------------------------------------------------------------
+class RawReader:
+    """K FlightClients (one connection each), kept across epochs like FlightDataset's pool."""
+
+    def __init__(self, location: str, streams: int) -> None:
+        self.streams = streams
+        self.clients = [flight.FlightClient(location) for _ in range(streams)]
+
+    def epoch(self) -> tuple[int, float]:
+        got = [0] * self.streams
+
+        def read(k: int) -> None:
+            reader = self.clients[k].do_get(flight.Ticket(f"{k}/{self.streams}".encode()))
+            n = 0
+            while True:
+                try:
+                    chunk = reader.read_chunk()
+                except StopIteration:
+                    break
+                if chunk.data is not None:
+                    n += chunk.data.nbytes
+            got[k] = n
+
+        t0 = time.perf_counter()
+        threads = [threading.Thread(target=read, args=(k,)) for k in range(self.streams)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return sum(got), time.perf_counter() - t0
+
+    def close(self) -> None:
+        for c in self.clients:
+            c.close()
+
+
+# -- (c) local memory map ------------------------------------------------------------------------
+def mmap_epoch(directory: Path, batch_rows: int) -> tuple[int, float]:
+    """Every shard memory-mapped, cut into batches, viewed as torch and copied once."""
+    buffers: dict[str, torch.Tensor] = {}
+    total = 0
+    t0 = time.perf_counter()
+    for path in sorted(directory.glob("*.arrow")):
+        table = ipc.open_file(pa.memory_map(str(path))).read_all()
+        for rb in table.to_batches(max_chunksize=batch_rows):
+            for name, t in batch_to_torch(rb).items():
+                buf = buffers.get(name)
+                if buf is None or buf.shape != t.shape:
+                    buf = buffers[name] = torch.empty_like(t)
+                buf.copy_(t)
+            total += rb.nbytes
+    return total, time.perf_counter() - t0
+
+
+# -- (d) the seed recipe -------------------------------------------------------------------------
+def write_h5(directory: Path, path: Path, rows: int) -> Path:
+    """The first ``rows`` rows of the .arrow shards as one HDF5 file (contiguous datasets)."""
+    if path.exists():
+        with h5py.File(path, "r") as f:
+            if f["image"].shape[0] == rows:
+                return path
+    tables = [ipc.open_file(pa.memory_map(str(p))).read_all() for p in sorted(directory.glob("*.arrow"))]
+    table = pa.concat_tables(tables).slice(0, rows)
+    image: Any = table.column("image").combine_chunks()  # arrow.fixed_shape_tensor
+    pixels = image.to_numpy_ndarray()
+    with h5py.File(path, "w") as f:
+        f.create_dataset("image", data=pixels)
+        f.create_dataset("label", data=table.column("label").to_numpy())
+    return path
+
+
+class H5PerItem(Dataset[dict[str, Any]]):
+    """The recipe trainers start from: open the file in every ``__getitem__``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+        with h5py.File(self.path, "r") as f:
+            self.rows = int(f["label"].shape[0])
+
+    def __len__(self) -> int:
+        return self.rows
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        with h5py.File(self.path, "r") as f:
+            return {"image": torch.from_numpy(f["image"][i]), "label": int(f["label"][i])}
+
+
+def seed_recipe(path: Path, batch_rows: int, epochs: int) -> list[float]:
+    """GB/s per epoch after the first (worker start-up) of the HDF5 + DataLoader recipe."""
+    loader = DataLoader(
+        H5PerItem(path), batch_size=batch_rows, shuffle=True, num_workers=2, persistent_workers=True
+    )
+    rates = []
+    for e in range(epochs + 1):
+        t0 = time.perf_counter()
+        nbytes = sum(int(b["image"].nbytes) + int(b["label"].nbytes) for b in loader)
+        if e:
+            rates.append(nbytes / (time.perf_counter() - t0) / 1e9)
+    del loader
+    return rates
+
+
+# -- the run -------------------------------------------------------------------------------------
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--rows", type=int, default=8192, help="rows of 224x224x3 uint8 (default 8192 = 1.2 GB)")
+    p.add_argument("--size", type=int, default=224, help="image side (default 224)")
+    p.add_argument("--batch-size", type=int, default=64, help="rows per batch (default 64 = 9.6 MB)")
+    p.add_argument("--streams", type=int, default=4, help="Flight streams K (default 4)")
+    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds of (a)+(b) (default 7)")
+    p.add_argument("--seed-rows", type=int, default=2048, help="rows the seed recipe reads per epoch")
+    p.add_argument("--seed-epochs", type=int, default=3, help="seed recipe epochs after the first")
+    p.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "flightfeed-bench")
+    args = p.parse_args()
+    B, K = args.batch_size, args.streams
+    t_start = time.perf_counter()
+    shape = (args.size, args.size, 3)
+    data = image_dataset(args.data_dir / f"images-{args.rows}-{args.size}", args.rows, shape=shape, chunk_rows=256)
+    row_bytes = int(np.prod(shape)) + 16
+    M = default_message_rows(B, row_bytes, 1, 16 << 20)
+    print(f"data: {args.rows} rows of {shape} uint8 ({args.rows * row_bytes / 1e9:.2f} GB) in {data}", flush=True)
+    print(f"batch {B} rows, messages of {M} rows ({M * row_bytes / 2**20:.1f} MiB), {K} streams", flush=True)
+
+    h5 = write_h5(data, args.data_dir / f"seed-{args.seed_rows}-{args.size}.h5", min(args.seed_rows, args.rows))
+    seed = seed_recipe(h5, B, args.seed_epochs)  # first: it forks workers before this process uses gRPC
+    print(f"(d) seed recipe (HDF5 per item, 2 workers): {median(seed):.3f} GB/s", flush=True)
+
+    local = []
+    for _ in range(3):
+        n, dt = mmap_epoch(data, B)
+        local.append(n / dt / 1e9)
+    print(f"(c) local .arrow mmap -> torch (one copy): {median(local):.2f} GB/s", flush=True)
+
+    figures: dict[str, list[dict[str, float]]] = {"raw": [], "stored": [], "shuffled": []}
+    with raw_flight_server(data, M) as raw_srv, flightfeed_server({"images": data}) as ff_srv:
+        raw = RawReader(raw_srv.location, K)
+        readers = {
+            mode: FlightDataset(
+                ff_srv.location, "images", batch_size=B, shuffle=mode == "shuffled", streams=K,
+                message_rows=M, report_interval=None,
+            )
+            for mode in ("stored", "shuffled")
+        }
+        try:
+            for r in range(args.rounds):
+                n, dt = raw.epoch()
+                figures["raw"].append({"gb_per_s": n / dt / 1e9, "seconds": dt, "bytes": float(n)})
+                for mode, ds in readers.items():
+                    figures[mode].append(measure_epoch(ds, r))
+                line = "  ".join(f"{k} {v[-1]['gb_per_s']:.2f}" for k, v in figures.items())
+                print(f"round {r}: GB/s  {line}", flush=True)
+        finally:
+            raw.close()
+            for ds in readers.values():
+                ds.close()
+
+    gbs = {k: median([e["gb_per_s"] for e in v]) for k, v in figures.items()}
+    gbs["local_mmap"], gbs["seed_recipe"] = median(local), median(seed)
+    ratios = {
+        "flightfeed_vs_raw": gbs["stored"] / gbs["raw"],
+        "shuffled_vs_stored": gbs["shuffled"] / gbs["stored"],
+        "flightfeed_vs_seed": gbs["shuffled"] / gbs["seed_recipe"],
+    }
+    result = {
+        "machine": machine(),
+        "params": {
+            "rows": args.rows, "shape": list(shape), "batch_rows": B, "message_rows": M, "streams": K,
+            "rounds": args.rounds, "seed_rows": args.seed_rows,
+        },
+        "gb_per_s_median": gbs,
+        "rows_per_s_median": {k: v * 1e9 / row_bytes for k, v in gbs.items()},
+        "ratios": ratios,
+        "targets": TARGETS,
+        "met": {k: ratios[k] >= TARGETS[k] for k in TARGETS},
+        "runs": figures,
+        "seed_recipe_runs": seed,
+        "local_mmap_runs": local,
+        "seconds": time.perf_counter() - t_start,
+    }
+    out = write_json("throughput", result)
+    print("\nmedian GB/s: " + "  ".join(f"{k} {v:.2f}" for k, v in gbs.items()))
+    for k, v in ratios.items():
+        print(f"{k:>20}: {v:5.2f}x  (target >= {TARGETS[k]}x: {'met' if v >= TARGETS[k] else 'MISSED'})")
+    print(f"wrote {out} in {result['seconds']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

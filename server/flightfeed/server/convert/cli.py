@@ -1,0 +1,91 @@
+"""The ``flightfeed convert`` subcommand: ``add_arguments(parser)`` and ``run(args) -> int``.
+
+The one place where convert's settings enter, including the AWS variables for an s3:// DST.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+
+from flightfeed.server.convert.pipeline import ConvertSettings, convert
+from flightfeed.server.storage.cli_options import (
+    add_reader_arguments,
+    add_s3_arguments,
+    parse_casts,
+    size_argument,
+    storage_options_from_args,
+)
+from flightfeed.wire.errors import FlightFeedError
+
+__all__ = ["add_arguments", "run"]
+
+
+_DESCRIPTION = (
+    "Convert HDF5, Parquet, NumPy (.npy/.npz) or an image folder (CLASS/*.jpg|png) into sharded .arrow "
+    "files plus manifest.json; DST may be s3://bucket/prefix."
+)
+
+
+def _resize(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
+    if match is None or 0 in (int(match.group(1)), int(match.group(2))):
+        raise argparse.ArgumentTypeError(f"--resize {text!r}: expected WIDTHxHEIGHT, e.g. 224x224")
+    return int(match.group(1)), int(match.group(2))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = _DESCRIPTION
+    parser.add_argument(
+        "src", metavar="SRC", help="a file, directory or glob of HDF5/Parquet/NumPy, or an image folder"
+    )
+    parser.add_argument("dst", metavar="DST", help="output directory or s3://bucket/prefix")
+    parser.add_argument("--shard-size", type=size_argument, default="512MB", help="bytes per shard (default 512MB)")
+    parser.add_argument(
+        "--compression",
+        choices=("lz4", "zstd", "none"),
+        default="none",
+        help="IPC body compression (default none: shards stay memory-mappable without decoding)",
+    )
+    parser.add_argument("--rows-per-batch", type=int, metavar="N", help="rows per record batch (default: ~8 MiB)")
+    parser.add_argument(
+        "--from",
+        dest="kind",
+        choices=("auto", "hdf5", "parquet", "numpy", "images"),
+        default="auto",
+        help="source kind (default: detected)",
+    )
+    parser.add_argument("--decode", action="store_true", help="images: store decoded uint8 HxWx3 tensors")
+    parser.add_argument("--resize", type=_resize, metavar="WxH", help="images: resize to WxH (with --decode)")
+    parser.add_argument("--overwrite", action="store_true", help="replace a dataset already converted into DST")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_reader_arguments(parser)
+    add_s3_arguments(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        settings = ConvertSettings(
+            shard_bytes=args.shard_size,
+            compression=args.compression,
+            rows_per_batch=args.rows_per_batch,
+            kind=args.kind,
+            hdf5_group=args.hdf5_group,
+            casts=parse_casts(args.cast),
+            decode=args.decode,
+            resize=args.resize,
+            overwrite=args.overwrite,
+            progress=not args.no_progress,
+            storage=storage_options_from_args(args, os.environ),
+        )
+        manifest = convert(args.src, args.dst, settings)
+    except FlightFeedError as exc:
+        print(f"flightfeed convert: error: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"wrote {manifest.rows} rows in {len(manifest.shards)} shard(s), {manifest.nbytes / 1e6:.1f} MB, "
+        f"to {args.dst} (manifest.json)"
+    )
+    return 0

@@ -1,0 +1,44 @@
+"""Fixtures of the client pipeline tests: one small real dataset served on 127.0.0.1 port 0."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flightfeed.client import FlightDataset
+from flightfeed.server.testing import RunningServer, running_server
+from tests.client.support import LAYOUT, NAME
+from tests.datasets import write_dataset
+
+
+@pytest.fixture(scope="session")
+def pics_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("pics")
+    write_dataset(root, LAYOUT)
+    return root
+
+
+@pytest.fixture(scope="session")
+def pics_server(pics_dir: Path) -> Iterator[RunningServer]:
+    with running_server({NAME: str(pics_dir)}) as srv:
+        yield srv
+
+
+@pytest.fixture
+def make_ds(pics_server: RunningServer) -> Iterator[Callable[..., FlightDataset]]:
+    """``make_ds(**kwargs)``: a FlightDataset of the test dataset (closed after the test)."""
+    made: list[FlightDataset] = []
+
+    def make(**kwargs: Any) -> FlightDataset:
+        opts: dict[str, Any] = {"batch_size": 32, "streams": 3, "report_interval": None, "message_rows": 64}
+        opts.update(kwargs)
+        ds = FlightDataset(pics_server.location, NAME, **opts)
+        made.append(ds)
+        return ds
+
+    yield make
+    for ds in made:
+        ds.close()

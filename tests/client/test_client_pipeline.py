@@ -1,0 +1,129 @@
+"""The one pipeline on CPU against a real server: content, order, bounded prefetch, the device
+stage in place, and a clean shutdown when the consumer stops early."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Generator
+from typing import Any, cast
+
+import pytest
+import torch
+
+import flightfeed.client._dataset as dataset_module
+from flightfeed.client import FlightDataset
+from flightfeed.client._device import DeviceStage
+from flightfeed.client._stats import StallMeter
+from flightfeed.client._streams import StreamReader
+from flightfeed.server.testing import RunningServer
+from flightfeed.wire.errors import ConfigError
+from tests.client.support import ROWS, active_streams, check_content, eventually, flat, indices, stream_threads
+from tests.client.test_client_ring import LazyEngine
+
+MakeDs = Callable[..., FlightDataset]
+
+
+def test_stored_order_and_content(make_ds: MakeDs) -> None:
+    ds = make_ds(shuffle=False)
+    batches = list(ds)
+    assert [len(b) for b in indices(batches)] == [32] * (ROWS // 32) + [ROWS % 32]
+    assert flat(indices(batches)) == list(range(ROWS))
+    for b in batches:
+        check_content(b)
+        assert b["image"].dtype == torch.uint8
+        assert b["image"].device.type == "cpu"
+
+
+def test_shuffled_is_a_permutation_with_exact_content(make_ds: MakeDs) -> None:
+    ds = make_ds(shuffle=True, seed=3)
+    ds.set_epoch(2)
+    batches = list(ds)
+    rows = flat(indices(batches))
+    assert sorted(rows) == list(range(ROWS))
+    assert rows != list(range(ROWS))
+    for b in batches:
+        check_content(b)
+
+
+@pytest.mark.parametrize("prefetch", [1, 2])
+def test_prefetch_is_bounded(make_ds: MakeDs, prefetch: int) -> None:
+    """However slowly the consumer reads, each stream holds at most ``prefetch`` messages."""
+    ds = make_ds(shuffle=False, prefetch=prefetch, batch_size=8, message_rows=16, streams=2)
+    seen: list[StreamReader] = []
+    opened = ds.open_streams
+
+    def capture(*args: Any) -> list[StreamReader]:
+        readers = opened(*args)
+        seen.extend(readers)
+        return readers
+
+    ds.open_streams = capture  # type: ignore[method-assign,assignment]
+    most = 0
+    rows = []
+    for b in ds:
+        eventually(lambda: all(r.queue.full() or not r.is_alive() for r in seen), within=2.0)
+        most = max(most, *(r.queue.qsize() for r in seen))
+        rows.extend(b["index"].tolist())
+    assert rows == list(range(ROWS))
+    assert 1 <= most <= prefetch
+    assert all(r.queue.maxsize == prefetch for r in seen)
+
+
+def test_consumer_stopping_early_leaves_no_threads_or_server_streams(
+    make_ds: MakeDs, pics_server: RunningServer
+) -> None:
+    ds = make_ds(shuffle=True, prefetch=1, batch_size=8, message_rows=8)
+    it = cast(Generator[dict[str, Any], None, None], iter(ds))
+    first = next(it)
+    check_content(first)
+    assert stream_threads()  # the streams are running, blocked on their full queues
+    it.close()  # what a `break` out of the for loop does once the iterator is dropped
+    assert not stream_threads()
+    assert eventually(lambda: active_streams(pics_server) == 0)
+    # the next epoch starts cleanly
+    assert sorted(flat(indices(ds))) == list(range(ROWS))
+
+
+def test_break_in_a_for_loop_cleans_up(make_ds: MakeDs, pics_server: RunningServer) -> None:
+    ds = make_ds(shuffle=False, prefetch=1, batch_size=8, message_rows=8)
+    for i, _ in enumerate(ds):
+        if i == 2:
+            break
+    gc.collect()
+    assert not stream_threads()
+    assert eventually(lambda: active_streams(pics_server) == 0)
+
+
+def test_device_stage_runs_in_the_pipeline(make_ds: MakeDs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ring in place (lazy copies on CPU): same batches, device time reported, ring drained."""
+    engines: list[LazyEngine] = []
+
+    def stage(device: torch.device | None, meter: StallMeter) -> DeviceStage:
+        def engine(_: torch.device) -> LazyEngine:
+            engines.append(LazyEngine())
+            return engines[-1]
+
+        return DeviceStage(torch.device("cpu"), slots=2, engine=engine, timer=meter.spent)
+
+    expected = indices(make_ds(shuffle=True, seed=1))
+    monkeypatch.setattr(dataset_module, "_device_stage", stage)
+    ds = make_ds(shuffle=True, seed=1)
+    got = []
+    for b in ds:
+        engines[-1].finish()  # the consumer's stream waits on the copy before using the batch
+        check_content(b)
+        got.append(b["index"].tolist())
+    assert got == expected
+    assert engines[-1].closed
+    assert engines[-1].pending() == 0
+    assert ds.stats()["device_s"] > 0
+
+
+def test_cuda_request_without_cuda_fails_cleanly(make_ds: MakeDs, pics_server: RunningServer) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this torch has CUDA")
+    ds = make_ds(device="cuda")
+    with pytest.raises(ConfigError, match="no CUDA device"):
+        next(iter(ds))
+    assert not stream_threads()
+    assert eventually(lambda: active_streams(pics_server) == 0)
