@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -40,5 +41,6 @@ def make_ds(pics_server: RunningServer) -> Iterator[Callable[..., FlightDataset]
         return ds
 
     yield make
+    gc.collect()  # iterations a test abandoned (e.g. inside a torchdata Loader cycle) stop here
     for ds in made:
         ds.close()

@@ -73,12 +73,14 @@ def test_consumer_stopping_early_leaves_no_threads_or_server_streams(
     make_ds: MakeDs, pics_server: RunningServer
 ) -> None:
     ds = make_ds(shuffle=True, prefetch=1, batch_size=8, message_rows=8)
+    gc.collect()
+    before = set(stream_threads())
     it = cast(Generator[dict[str, Any], None, None], iter(ds))
     first = next(it)
     check_content(first)
-    assert stream_threads()  # the streams are running, blocked on their full queues
+    assert set(stream_threads()) - before  # the streams are running, blocked on their full queues
     it.close()  # what a `break` out of the for loop does once the iterator is dropped
-    assert not stream_threads()
+    assert not set(stream_threads()) - before
     assert eventually(lambda: active_streams(pics_server) == 0)
     # the next epoch starts cleanly
     assert sorted(flat(indices(ds))) == list(range(ROWS))
@@ -86,11 +88,12 @@ def test_consumer_stopping_early_leaves_no_threads_or_server_streams(
 
 def test_break_in_a_for_loop_cleans_up(make_ds: MakeDs, pics_server: RunningServer) -> None:
     ds = make_ds(shuffle=False, prefetch=1, batch_size=8, message_rows=8)
+    gc.collect()
+    before = set(stream_threads())
     for i, _ in enumerate(ds):
         if i == 2:
             break
-    gc.collect()
-    assert not stream_threads()
+    assert not set(stream_threads()) - before
     assert eventually(lambda: active_streams(pics_server) == 0)
 
 
@@ -123,7 +126,9 @@ def test_cuda_request_without_cuda_fails_cleanly(make_ds: MakeDs, pics_server: R
     if torch.cuda.is_available():
         pytest.skip("this torch has CUDA")
     ds = make_ds(device="cuda")
+    gc.collect()
+    before = set(stream_threads())
     with pytest.raises(ConfigError, match="no CUDA device"):
         next(iter(ds))
-    assert not stream_threads()
+    assert not set(stream_threads()) - before
     assert eventually(lambda: active_streams(pics_server) == 0)

@@ -108,3 +108,11 @@ def test_missing_and_empty_sources(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(DatasetError, match=r"no shard files found"):
         open_dataset("d", str(tmp_path / "empty"))
+
+
+def test_hdf5_only_options_on_arrow_data_are_refused(small_dir: Path) -> None:
+    from flightfeed.server.storage import StorageOptions
+    from flightfeed.wire.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--cast only apply to HDF5 shards; this dataset is arrow"):
+        open_dataset("d", str(small_dir), StorageOptions(casts={"x": "float64"}))

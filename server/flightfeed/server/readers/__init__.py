@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from flightfeed.server.readers.arrow_ipc import ARROW_SUFFIXES, ArrowShard
 from flightfeed.server.readers.base import ShardReader
-from flightfeed.wire.errors import DatasetError
+from flightfeed.wire.errors import ConfigError, DatasetError
 
 __all__ = ["ShardReader", "ArrowShard", "open_shard", "format_of", "ARROW_SUFFIXES"]
+
+
+_FLAGS = {"group": "--hdf5-group", "casts": "--cast"}
 
 
 def format_of(path: str) -> str:
@@ -23,6 +26,11 @@ def format_of(path: str) -> str:
 def open_shard(path: str, uri: str | None = None, **options: object) -> ShardReader:
     """Open one local shard file; ``uri`` is the name shown in errors (e.g. its s3:// origin)."""
     fmt = format_of(path)
+    if options and fmt != "hdf5":
+        raise ConfigError(
+            f"{uri or path}: {', '.join(_FLAGS.get(k, k) for k in sorted(options))} only apply to "
+            f"HDF5 shards; this dataset is {fmt} (convert it or drop the option)"
+        )
     if fmt == "arrow":
         return ArrowShard(path, uri)
     if fmt == "hdf5":
