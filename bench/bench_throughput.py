@@ -14,6 +14,7 @@ shuffled >= 0.8x stored order, flightfeed >= 5x the seed recipe.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import threading
@@ -39,6 +40,12 @@ from flightfeed.client._convert import batch_to_torch
 from flightfeed.wire.plan import default_message_rows
 
 TARGETS = {"flightfeed_vs_raw": 0.9, "shuffled_vs_stored": 0.8, "flightfeed_vs_seed": 5.0}
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of another process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # -- (a) raw Flight -----------------------------------------------------------------------------
@@ -143,15 +150,24 @@ def seed_recipe(path: Path, batch_rows: int, epochs: int) -> list[float]:
     return rates
 
 
+def cpu(run: dict[str, float], client_start: float, server_s: float) -> None:
+    """CPU seconds per GB of the client (this process) and the server: a view of the cost that
+    other load on the machine disturbs less than the wall-clock rate does."""
+    gb = run["bytes"] / 1e9
+    run["client_cpu_s_per_gb"] = (time.process_time() - client_start) / gb
+    run["server_cpu_s_per_gb"] = server_s / gb
+
+
 # -- the run -------------------------------------------------------------------------------------
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--rows", type=int, default=8192, help="rows of 224x224x3 uint8 (default 8192 = 1.2 GB)")
+    p.add_argument("--rows", type=int, default=12288, help="rows of 224x224x3 uint8 (default 12288 = 1.85 GB)")
     p.add_argument("--size", type=int, default=224, help="image side (default 224)")
     p.add_argument("--batch-size", type=int, default=64, help="rows per batch (default 64 = 9.6 MB)")
     p.add_argument("--streams", type=int, default=4, help="Flight streams K (default 4)")
-    p.add_argument("--rounds", type=int, default=7, help="interleaved rounds of (a)+(b) (default 7)")
-    p.add_argument("--seed-rows", type=int, default=2048, help="rows the seed recipe reads per epoch")
+    p.add_argument("--rounds", type=int, default=11, help="interleaved rounds of (a)+(b) (default 11)")
+    p.add_argument("--prefetch", type=int, default=2, help="FlightDataset prefetch, messages per stream (default 2)")
+    p.add_argument("--seed-rows", type=int, default=3072, help="rows the seed recipe reads per epoch")
     p.add_argument("--seed-epochs", type=int, default=3, help="seed recipe epochs after the first")
     p.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "flightfeed-bench")
     args = p.parse_args()
@@ -180,16 +196,20 @@ def main() -> int:
         readers = {
             mode: FlightDataset(
                 ff_srv.location, "images", batch_size=B, shuffle=mode == "shuffled", streams=K,
-                message_rows=M, report_interval=None,
+                message_rows=M, prefetch=args.prefetch, report_interval=None,
             )
             for mode in ("stored", "shuffled")
         }
         try:
             for r in range(args.rounds):
+                c0, s0 = time.process_time(), process_cpu_s(raw_srv.pid)
                 n, dt = raw.epoch()
                 figures["raw"].append({"gb_per_s": n / dt / 1e9, "seconds": dt, "bytes": float(n)})
+                cpu(figures["raw"][-1], c0, process_cpu_s(raw_srv.pid) - s0)
                 for mode, ds in readers.items():
+                    c0, s0 = time.process_time(), process_cpu_s(ff_srv.pid)
                     figures[mode].append(measure_epoch(ds, r))
+                    cpu(figures[mode][-1], c0, process_cpu_s(ff_srv.pid) - s0)
                 line = "  ".join(f"{k} {v[-1]['gb_per_s']:.2f}" for k, v in figures.items())
                 print(f"round {r}: GB/s  {line}", flush=True)
         finally:
@@ -198,6 +218,10 @@ def main() -> int:
                 ds.close()
 
     gbs = {k: median([e["gb_per_s"] for e in v]) for k, v in figures.items()}
+    cpu_per_gb = {
+        k: {side: median([e[f"{side}_cpu_s_per_gb"] for e in v]) for side in ("client", "server")}
+        for k, v in figures.items()
+    }
     gbs["local_mmap"], gbs["seed_recipe"] = median(local), median(seed)
     ratios = {
         "flightfeed_vs_raw": gbs["stored"] / gbs["raw"],
@@ -208,10 +232,11 @@ def main() -> int:
         "machine": machine(),
         "params": {
             "rows": args.rows, "shape": list(shape), "batch_rows": B, "message_rows": M, "streams": K,
-            "rounds": args.rounds, "seed_rows": args.seed_rows,
+            "rounds": args.rounds, "seed_rows": args.seed_rows, "prefetch": args.prefetch,
         },
         "gb_per_s_median": gbs,
         "rows_per_s_median": {k: v * 1e9 / row_bytes for k, v in gbs.items()},
+        "cpu_s_per_gb_median": cpu_per_gb,
         "ratios": ratios,
         "targets": TARGETS,
         "met": {k: ratios[k] >= TARGETS[k] for k in TARGETS},
@@ -222,6 +247,9 @@ def main() -> int:
     }
     out = write_json("throughput", result)
     print("\nmedian GB/s: " + "  ".join(f"{k} {v:.2f}" for k, v in gbs.items()))
+    print("CPU s/GB (client + server): " + "  ".join(
+        f"{k} {c['client']:.2f}+{c['server']:.2f}" for k, c in cpu_per_gb.items()
+    ))
     for k, v in ratios.items():
         print(f"{k:>20}: {v:5.2f}x  (target >= {TARGETS[k]}x: {'met' if v >= TARGETS[k] else 'MISSED'})")
     print(f"wrote {out} in {result['seconds']:.0f} s")

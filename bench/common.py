@@ -68,12 +68,13 @@ def image_dataset(
         with ipc.new_file(str(root / f"part-{s:05d}.arrow"), schema) as writer:
             for lo in range(0, n_shard, chunk_rows):
                 n = min(chunk_rows, n_shard - lo)
-                pixels = rng.integers(0, 256, n * width, dtype=np.uint8)
+                flat = pa.array(rng.integers(0, 256, n * width, dtype=np.uint8))
+                pixels = pa.FixedSizeListArray.from_arrays(flat, width)
                 index = np.arange(row + lo, row + lo + n, dtype=np.int64)
                 writer.write_batch(
                     pa.record_batch(
                         [
-                            pa.ExtensionArray.from_storage(tensor, pa.FixedSizeListArray.from_arrays(pa.array(pixels), width)),
+                            pa.ExtensionArray.from_storage(tensor, pixels),
                             pa.array(index % 1000),
                             pa.array(index),
                         ],

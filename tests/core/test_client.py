@@ -163,3 +163,14 @@ def test_stall_figures(server: RunningServer) -> None:
     figures = ds.stats()
     assert figures["rows"] == SMALL_ROWS and figures["batches"] == 7
     assert 0.0 <= figures["stall_ratio"] <= 1.0 and figures["wait_s"] <= figures["elapsed_s"]
+
+
+def test_close_stops_an_iteration_in_progress(server: RunningServer) -> None:
+    import threading
+
+    ds = FlightDataset(server.location, "small", batch_size=8, streams=3, prefetch=1, report_interval=None)
+    it = iter(ds)
+    next(it)  # streams are open and blocked on their full queues
+    ds.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("flightfeed-stream")]
+    del it

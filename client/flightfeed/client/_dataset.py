@@ -92,6 +92,7 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         self._state = ReadState.fresh(self._settings())
         self._resume: ReadState | None = None
         self._pool: ConnectionPool | None = None
+        self._running: list[tuple[threading.Event, list[StreamReader]]] = []
         self.meter = StallMeter()
 
     # -- settings and state -----------------------------------------------------------------
@@ -190,6 +191,8 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             start = ReadState.fresh(self._settings(), epoch=self.epoch)
         stop = threading.Event()
         readers = self.open_streams(topo, start, stop)
+        running = (stop, readers)
+        self._running.append(running)
         self._state = start.pinned(readers[0].ticket if readers else None, topo.rank, topo.world_size)
         for r in readers:
             r.start()
@@ -217,6 +220,8 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             for r in readers:
                 r.join(timeout=5)
             stage.close()
+            if running in self._running:
+                self._running.remove(running)
 
     def _reporter(self, topo: Topology) -> Reporter | None:
         """Send this reader's stall/throughput to the server every ``report_interval`` seconds."""
@@ -242,6 +247,7 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         state = self.__dict__.copy()
         state["_pool"] = None  # connections are per process
         state["meter"] = None
+        state["_running"] = []
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -257,6 +263,14 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         return FlightDataPipe(self)
 
     def close(self) -> None:
+        """Stop iterations in progress (their streams are cancelled) and close the connections."""
+        for stop, readers in list(self._running):
+            stop.set()
+            for r in readers:
+                r.cancel()
+        for _, readers in list(self._running):
+            for r in readers:
+                r.join(timeout=5)
         if self._pool is not None:
             self._pool.close()
             self._pool = None

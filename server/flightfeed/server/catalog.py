@@ -94,6 +94,9 @@ class Dataset:
         self.nbytes = sum(s.nbytes for s in self.shards)
         self.fingerprint = _fingerprint(self.shards, self.schema)
         self._row_bytes: int | None = None
+        #: derived per-chunk data (e.g. gather's flat numpy views), for zero-copy chunks only
+        self.views: OrderedDict[tuple[int, str], object] = OrderedDict()
+        self.views_lock = threading.Lock()
 
     # -- addressing -------------------------------------------------------------------------
     @property
@@ -109,6 +112,9 @@ class Dataset:
         """``(chunk_id, row_in_chunk)`` for global rows."""
         cid = np.searchsorted(self._chunk_starts, rows, side="right") - 1
         return cid.astype(np.int64), (rows - self._chunk_starts[cid]).astype(np.int64)
+
+    def chunk_zero_copy(self, cid: int) -> bool:
+        return self.shards[self._chunk_refs[cid][0]].zero_copy
 
     def chunk(self, cid: int) -> pa.RecordBatch:
         s, c = self._chunk_refs[cid]

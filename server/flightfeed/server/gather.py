@@ -25,7 +25,9 @@ __all__ = ["contiguous", "gather", "project"]
 _I64 = npt.NDArray[np.int64]
 _Arr = Any  # pyarrow arrays (the stubs type them per scalar type)
 _concat_batches: Callable[[list[pa.RecordBatch]], pa.RecordBatch] = pa.concat_batches  # type: ignore[attr-defined]
-_ROW_LOOP_BYTES = 16 << 10  # rows at least this large are copied one by one (one copy, no temp)
+_ROW_LOOP_BYTES = 16 << 10
+_VIEW_ENTRIES = 8192  # memoised (chunk, column) views per dataset
+_MISS = object()  # rows at least this large are copied one by one (one copy, no temp)
 
 
 def project(batch: pa.RecordBatch, columns: Sequence[str] | None) -> pa.RecordBatch:
@@ -103,6 +105,27 @@ def _flat_values(arr: _Arr) -> npt.NDArray[np.generic]:
             return values
 
 
+def _flat_view(ds: Dataset, cid: int, name: str, width: int) -> npt.NDArray[np.generic] | None:
+    """Chunk ``cid``'s column ``name`` as a 2-d numpy view (rows, width); None when it has nulls.
+    Memoised per dataset for zero-copy (memory-mapped) chunks: deriving it costs more than
+    copying a small column's rows."""
+    key = (cid, name)
+    cacheable = ds.chunk_zero_copy(cid)
+    if cacheable:
+        with ds.views_lock:
+            hit = ds.views.get(key, _MISS)
+        if hit is not _MISS:
+            return hit  # type: ignore[return-value]
+    arr = ds.chunk(cid).column(name)
+    view = None if arr.null_count else _flat_values(arr).reshape(len(arr), width)
+    if cacheable:
+        with ds.views_lock:
+            ds.views[key] = view
+            if len(ds.views) > _VIEW_ENTRIES:
+                ds.views.popitem(last=False)
+    return view
+
+
 def gather(ds: Dataset, rows: _I64, columns: Sequence[str] | None) -> pa.RecordBatch:
     """Stored ``rows`` (in this order) as one RecordBatch."""
     n = len(rows)
@@ -114,26 +137,24 @@ def gather(ds: Dataset, rows: _I64, columns: Sequence[str] | None) -> pa.RecordB
         (int(sorted_cid[a]), order[a:b], local[order[a:b]])
         for a, b in zip(np.r_[0, bounds], np.r_[bounds, n], strict=True)
     ]
-    chunks = {c: project(ds.chunk(c), columns) for c, _, _ in groups}
-    schema = next(iter(chunks.values())).schema if chunks else ds.schema
+    schema = ds.schema if not columns else pa.schema([ds.schema.field(c) for c in columns])
     arrays = []
-    for j, fld in enumerate(schema):
+    for fld in schema:
         layout = _fixed_layout(fld.type)
-        if layout is not None and not any(chunks[c].column(j).null_count for c in chunks):
-            parts = [(chunks[c].column(j), dst, src) for c, dst, src in groups]
-            arrays.append(_gather_fixed(layout, fld.type, parts, n))
-        else:
-            arrays.append(_gather_generic([(chunks[c].column(j), dst, src) for c, dst, src in groups], n))
+        if layout is not None:
+            views = [_flat_view(ds, c, fld.name, layout.width) for c, _, _ in groups]
+            if all(v is not None for v in views):
+                parts = [(v, dst, src) for v, (_, dst, src) in zip(views, groups, strict=True)]
+                arrays.append(_gather_fixed(layout, parts, n))  # type: ignore[arg-type]
+                continue
+        arrays.append(_gather_generic([(ds.chunk(c).column(fld.name), dst, src) for c, dst, src in groups], n))
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def _gather_fixed(
-    layout: _Fixed, t: pa.DataType, parts: list[tuple[_Arr, _I64, _I64]], n: int
-) -> _Arr:
+def _gather_fixed(layout: _Fixed, parts: list[tuple[npt.NDArray[np.generic], _I64, _I64]], n: int) -> _Arr:
     out = np.empty((n, layout.width), dtype=layout.dtype)
     row_loop = layout.width * layout.dtype.itemsize >= _ROW_LOOP_BYTES
-    for arr, dst, src in parts:
-        vals = _flat_values(arr).reshape(len(arr), layout.width)
+    for vals, dst, src in parts:
         if row_loop:
             for d, s in zip(dst.tolist(), src.tolist(), strict=True):
                 out[d] = vals[s]
