@@ -217,7 +217,8 @@ def main() -> int:
     args = p.parse_args()
     if args.smoke:
         device, size = torch.device("cpu"), 32
-        args.rows, args.batch_size, args.rounds, args.steps, args.server_workers = 512, 32, 1, 2, 1
+        args.rows, args.batch_size, args.rounds, args.steps = 512, 32, 1, 2
+        args.server_workers = min(args.server_workers, 2)
         warmup, h2d_bytes = 1, 1 << 20
     else:
         if not torch.cuda.is_available():
@@ -233,7 +234,7 @@ def main() -> int:
     t_start = time.perf_counter()
     data = image_dataset(args.data_dir / f"images-{args.rows}-{size}", args.rows, shape=shape, chunk_rows=B)
     row_bytes = int(np.prod(shape)) + 16
-    M = default_message_rows(B, row_bytes, 1, 16 << 20)
+    M = 2 * B if args.smoke else default_message_rows(B, row_bytes, 1, 16 << 20)  # smoke: several messages
     info = machine()
     print(f"{info.get('gpu', 'no GPU')}; {args.rows} rows of {shape}, batch {B}, messages of {M} rows, {K} streams")
 

@@ -53,7 +53,8 @@ def measure(n: int, row_bytes: int, batch: int = 64, classes: int = 10) -> dict[
 
 
 def main() -> None:
-    results: dict[str, Any] = {"machine": platform.processor() or platform.machine(), "batch": 64, "classes": 10, "cases": []}
+    machine = platform.processor() or platform.machine()
+    results: dict[str, Any] = {"machine": machine, "batch": 64, "classes": 10, "cases": []}
     print(f"{'case':38} {'buffer':>16} {'classes/batch':>14} {'vs random':>9} {'|corr|':>7} {'ns/row':>7}")
     for n, row_bytes, what in CASES:
         r = measure(n, row_bytes)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -26,7 +27,8 @@ def test_gather_returns_rows_in_the_asked_order(small_dir: Path) -> None:
     batch = gather(ds, rows, None)
     assert batch.schema.field("image").type == IMAGE
     assert np.asarray(batch.column("index")).tolist() == rows.tolist()
-    images = np.asarray(batch.column("image").storage.flatten()).reshape(-1, 48)
+    column: Any = batch.column("image")
+    images = np.asarray(column.storage.flatten()).reshape(-1, 48)
     assert (images == image_of(rows)).all()
     assert batch.column("name").to_pylist() == [f"row-{i}" for i in rows]
     ds.close()

@@ -58,7 +58,7 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         *,
         block_rows: int = 0,
         buffer_rows: int = 0,
-        prefetch: int = 2,
+        prefetch: int = 1,
         retries: int = 3,
         token: str | None = None,
         tls_root_certs: bytes | None = None,
@@ -206,7 +206,11 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
                 rb = next(batches, None)
                 if rb is None:
                     break
-                out = stage(batch_to_torch(rb))
+                t1 = time.perf_counter()
+                self.meter.spent("fetch", t1 - t0)
+                tensors = batch_to_torch(rb)
+                self.meter.spent("convert", time.perf_counter() - t1)
+                out = stage(tensors)  # the device stage reports its own time
                 self.meter.waited(time.perf_counter() - t0, rb.num_rows, rb.nbytes)
                 self._state = self._state.advanced(rb.num_rows)
                 yield out
