@@ -155,7 +155,8 @@ def _gather_fixed(layout: _Fixed, parts: list[tuple[npt.NDArray[np.generic], _I6
     # allocate from Arrow's pool (mimalloc reuses freed pages: no page faults per message) and
     # gather straight into the buffer the RecordBatch will own
     buf = pa.allocate_buffer(max(1, n * layout.width * layout.dtype.itemsize))
-    out = np.frombuffer(buf, dtype=layout.dtype, count=n * layout.width).reshape(n, layout.width)
+    memory: Any = buf  # a mutable Arrow buffer exposes the buffer protocol (the stubs do not say so)
+    out = np.frombuffer(memory, dtype=layout.dtype, count=n * layout.width).reshape(n, layout.width)
     row_loop = layout.width * layout.dtype.itemsize >= _ROW_LOOP_BYTES
     for vals, dst, src in parts:
         if row_loop:
