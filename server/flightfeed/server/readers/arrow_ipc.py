@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from flightfeed.server.readers.base import ShardFields
 from flightfeed.wire.errors import ShardError
 
 __all__ = ["ArrowShard", "ARROW_SUFFIXES"]
@@ -14,7 +14,7 @@ __all__ = ["ArrowShard", "ARROW_SUFFIXES"]
 ARROW_SUFFIXES = (".arrow", ".arrows", ".feather", ".ipc")
 
 
-class ArrowShard:
+class ArrowShard(ShardFields):
     """One Arrow IPC shard, memory-mapped; chunks are its record batches (zero-copy)."""
 
     zero_copy = True
@@ -55,22 +55,6 @@ class ArrowShard:
             except pa.ArrowInvalid as exc:
                 raise ShardError(f"shard {self.uri}: record batch {i} is invalid: {exc}") from None
         return [b for b in batches if b.num_rows]
-
-    @property
-    def schema(self) -> pa.Schema:
-        return self._schema
-
-    @property
-    def num_rows(self) -> int:
-        return int(self._offsets[-1])
-
-    @property
-    def nbytes(self) -> int:
-        return self._nbytes
-
-    @property
-    def chunk_offsets(self) -> npt.NDArray[np.int64]:
-        return self._offsets
 
     def read_chunk(self, index: int) -> pa.RecordBatch:
         return self._batches[index]

@@ -14,7 +14,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-__all__ = ["ShardReader"]
+__all__ = ["ShardReader", "ShardFields"]
 
 
 @runtime_checkable
@@ -45,3 +45,28 @@ class ShardReader(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class ShardFields:
+    """The metadata half of a ShardReader, derived from three attributes its ``__init__`` sets:
+    ``_schema``, ``_offsets`` (chunk row offsets, ``[0, ..., num_rows]``) and ``_nbytes``."""
+
+    _schema: pa.Schema
+    _offsets: npt.NDArray[np.int64]
+    _nbytes: int
+
+    @property
+    def schema(self) -> pa.Schema:
+        return self._schema
+
+    @property
+    def num_rows(self) -> int:
+        return int(self._offsets[-1])
+
+    @property
+    def nbytes(self) -> int:
+        return self._nbytes
+
+    @property
+    def chunk_offsets(self) -> npt.NDArray[np.int64]:
+        return self._offsets

@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from flightfeed.server.readers.base import ShardFields
 from flightfeed.server.readers.hdf5_layout import Column, find_columns
 from flightfeed.server.readers.ndarray import column_from_ndarray
 from flightfeed.wire.errors import ConfigError, ShardError
@@ -54,7 +55,7 @@ def open_hdf5_shard(path: str, uri: str | None = None, **options: object) -> Hdf
     return Hdf5Shard(path, uri, group=group, casts=casts, target_chunk_bytes=target)
 
 
-class Hdf5Shard:
+class Hdf5Shard(ShardFields):
     """One HDF5 file read as a table; implements ``ShardReader``."""
 
     zero_copy = False
@@ -78,16 +79,16 @@ class Hdf5Shard:
             self._file.close()
             raise
         self._pid = os.getpid()
-        self._num_rows = self.columns[0].rows if self.columns else 0
+        num_rows = self.columns[0].rows if self.columns else 0
         metadata: dict[bytes | str, bytes | str] = {
             "flightfeed.source": "hdf5",
             "flightfeed.hdf5_group": self.group,
         }
         fields = [pa.field(c.name, c.arrow_type) for c in self.columns]
         self._schema = pa.schema(fields, metadata)
-        step = _rows_per_chunk(self.columns, self._num_rows, target_chunk_bytes)
-        bounds = [*range(0, self._num_rows, step), self._num_rows]
-        self._offsets = np.asarray(bounds if self._num_rows else [0], dtype=np.int64)
+        step = _rows_per_chunk(self.columns, num_rows, target_chunk_bytes)
+        bounds = [*range(0, num_rows, step), num_rows]
+        self._offsets = np.asarray(bounds if num_rows else [0], dtype=np.int64)
         self._nbytes = os.path.getsize(path)
 
     def _open(self) -> h5py.File:
@@ -97,22 +98,6 @@ class Hdf5Shard:
             raise ShardError(f"cannot open HDF5 shard {self.uri}: {exc} (is it an HDF5 file?)") from None
 
     # -- ShardReader ------------------------------------------------------------------------
-    @property
-    def schema(self) -> pa.Schema:
-        return self._schema
-
-    @property
-    def num_rows(self) -> int:
-        return self._num_rows
-
-    @property
-    def nbytes(self) -> int:
-        return self._nbytes
-
-    @property
-    def chunk_offsets(self) -> npt.NDArray[np.int64]:
-        return self._offsets
-
     @property
     def compression(self) -> str:
         """The filters of the columns' datasets, e.g. ``gzip`` or ``none`` (for ``inspect``)."""

@@ -6,16 +6,16 @@ import os
 import threading
 
 import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from flightfeed.server.readers.base import ShardFields
 from flightfeed.wire.errors import ShardError
 
 __all__ = ["ParquetShard"]
 
 
-class ParquetShard:
+class ParquetShard(ShardFields):
     """One Parquet file; implements ``ShardReader``. Empty row groups are skipped."""
 
     zero_copy = False
@@ -35,22 +35,6 @@ class ParquetShard:
         self._offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self._schema = self._file.schema_arrow
         self._nbytes = os.path.getsize(path)
-
-    @property
-    def schema(self) -> pa.Schema:
-        return self._schema
-
-    @property
-    def num_rows(self) -> int:
-        return int(self._offsets[-1])
-
-    @property
-    def nbytes(self) -> int:
-        return self._nbytes
-
-    @property
-    def chunk_offsets(self) -> npt.NDArray[np.int64]:
-        return self._offsets
 
     @property
     def compression(self) -> str:

@@ -14,10 +14,10 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 
 import numpy as np
-import numpy.typing as npt
 import pyarrow as pa
 
 from flightfeed.server.readers import ShardReader, format_of, open_shard
+from flightfeed.server.readers.base import ShardFields
 from flightfeed.server.storage.cache import CacheLease, ShardCache
 from flightfeed.server.storage.manifest import ManifestShard
 from flightfeed.wire.errors import ShardError
@@ -25,7 +25,7 @@ from flightfeed.wire.errors import ShardError
 __all__ = ["RemoteShard"]
 
 
-class RemoteShard:
+class RemoteShard(ShardFields):
     """``ShardReader`` over a cached copy of a remote object (see the module docstring)."""
 
     def __init__(
@@ -44,7 +44,7 @@ class RemoteShard:
         self.zero_copy = format_of(uri) == "arrow"
         self._cache = cache
         self._fetch = fetch
-        self._size = size
+        self._nbytes = size
         self._version = version
         self._dataset = dataset
         self._options = dict(reader_options or {})
@@ -69,22 +69,6 @@ class RemoteShard:
             self._sha256 = entry.sha256
 
     # -- ShardReader ------------------------------------------------------------------------
-    @property
-    def schema(self) -> pa.Schema:
-        return self._schema
-
-    @property
-    def num_rows(self) -> int:
-        return int(self._offsets[-1])
-
-    @property
-    def nbytes(self) -> int:
-        return self._size
-
-    @property
-    def chunk_offsets(self) -> npt.NDArray[np.int64]:
-        return self._offsets
-
     def read_chunk(self, index: int) -> pa.RecordBatch:
         lease, reader = self._open()
         try:
@@ -130,7 +114,7 @@ class RemoteShard:
         return self._cache.acquire(
             self.uri,
             self._fetch,
-            size=self._size,
+            size=self._nbytes,
             version=self._version,
             sha256=self._sha256,
             dataset=self._dataset,
