@@ -7,6 +7,7 @@ reused across epochs; a pool is never pickled (DataLoader workers make their own
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from dataclasses import dataclass
@@ -72,10 +73,12 @@ class ConnectionPool:
         with self._lock:
             c = self._clients.pop((location or self.location, slot), None)
         if c is not None:
-            c.close()
+            with contextlib.suppress(Exception):  # a broken connection may fail to close
+                c.close()
 
     def close(self) -> None:
         with self._lock:
             clients, self._clients = list(self._clients.values()), {}
         for c in clients:
-            c.close()
+            with contextlib.suppress(Exception):
+                c.close()

@@ -9,7 +9,6 @@ level, never raised.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
@@ -21,6 +20,7 @@ from typing import Any
 
 import pyarrow.flight as flight
 
+from flightfeed.client._pool import ConnectionPool, ConnectOptions
 from flightfeed.wire.messages import ClientReport
 
 __all__ = ["Reporter", "report_message"]
@@ -84,11 +84,10 @@ class Reporter:
         self.client_id = client_id or _default_client_id()
         self._figures = figures
         self._static = dict(static or {})
-        self._tls_root_certs = tls_root_certs
-        # pyarrow wants bytes here (its stubs say str)
-        headers: Any = [(b"authorization", f"Bearer {token}".encode())] if token else []
-        self._options = flight.FlightCallOptions(timeout=timeout, headers=headers)
-        self._client: flight.FlightClient | None = None
+        # its own connection (slot 0 of its own pool), never one of the data streams
+        connect = ConnectOptions(token=token, tls_root_certs=tls_root_certs, timeout=timeout)
+        self._pool = ConnectionPool(location, connect)
+        self._options = self._pool.options.call_options()
         self._stop = threading.Event()
         self._send_lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -113,26 +112,15 @@ class Reporter:
             try:
                 fields = {**self._static, **dict(self._figures()), "client_id": self.client_id}
                 body = report_message(fields).SerializeToString()
-                if self._client is None:
-                    kwargs: dict[str, Any] = {}
-                    if self._tls_root_certs:
-                        kwargs["tls_root_certs"] = self._tls_root_certs
-                    self._client = flight.FlightClient(self.location, **kwargs)
-                for _ in self._client.do_action(flight.Action("report", body), self._options):
+                for _ in self._pool.client(0).do_action(flight.Action("report", body), self._options):
                     pass
             except Exception as exc:  # a trainer must never die because reporting failed
                 self.errors += 1
                 log.debug("report to %s failed (%d so far): %s", self.location, self.errors, exc)
-                self._drop_client()
+                self._pool.discard(0)  # reconnect on the next report
                 return False
             self.sent += 1
             return True
-
-    def _drop_client(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            with contextlib.suppress(Exception):
-                client.close()
 
     def close(self, *, final: bool = False) -> None:
         """Stop reporting promptly; ``final``: send one last report first (at most ``timeout`` s)."""
@@ -144,7 +132,7 @@ class Reporter:
         if final:
             self.report_now()
         with self._send_lock:
-            self._drop_client()
+            self._pool.close()
 
     def __enter__(self) -> Reporter:
         return self
