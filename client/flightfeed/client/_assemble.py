@@ -8,7 +8,6 @@ zero-copy slices; a batch that spans two RecordBatches (a server that re-chunks)
 from __future__ import annotations
 
 import queue
-import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import cast
 
@@ -71,14 +70,3 @@ def split_batches(messages: Iterator[list[pa.RecordBatch]], batch_rows: int) -> 
                     pending, need = [], batch_rows
     if pending:
         yield pending[0] if len(pending) == 1 else _concat_batches(pending)
-
-
-def timed(it: Iterator[pa.RecordBatch]) -> Iterator[tuple[pa.RecordBatch, float]]:
-    """Each item with the seconds spent producing it (the consumer's wait when nothing is ready)."""
-    while True:
-        t0 = time.perf_counter()
-        try:
-            item = next(it)
-        except StopIteration:
-            return
-        yield item, time.perf_counter() - t0

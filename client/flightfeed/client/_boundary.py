@@ -12,24 +12,17 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from flightfeed.wire.errors import FlightFeedError, StreamError, error_from_message
+from flightfeed.wire.errors import FlightFeedError, StorageError, StreamError, error_from_message
 
-__all__ = ["translate", "flight_call", "is_transient"]
-
-_TRANSIENT = (flight.FlightUnavailableError, flight.FlightTimedOutError, flight.FlightCancelledError)
+__all__ = ["translate", "flight_call", "retryable"]
 
 
-def is_transient(exc: BaseException) -> bool:
-    """Worth retrying (possibly against another location): the server went away or timed out."""
-    if isinstance(exc, _TRANSIENT):
-        return True
-    if isinstance(exc, flight.FlightInternalError):
-        # unreachable / reset connections surface as internal errors in some gRPC paths
-        text = str(exc)
-        return "[flightfeed:" not in text and any(
-            s in text for s in ("Connection reset", "unavailable", "Socket closed", "failed to connect", "EOF")
-        )
-    return isinstance(exc, OSError | pa.ArrowIOError) and not isinstance(exc, flight.FlightError)
+
+def retryable(err: BaseException) -> bool:
+    """Worth retrying (possibly at another location), given a *translated* error: untagged failures
+    (connection lost, server died mid-stream, timeouts), storage hiccups and short streams. Errors
+    the server tagged as permanent (bad request, stale state, auth, corrupt shard) are not."""
+    return not isinstance(err, FlightFeedError) or isinstance(err, StreamError | StorageError)
 
 
 def translate(exc: BaseException) -> BaseException:

@@ -19,9 +19,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from flightfeed.client._boundary import is_transient, translate
+from flightfeed.client._boundary import retryable, translate
 from flightfeed.client._pool import ConnectionPool
-from flightfeed.wire.errors import FlightFeedError, StorageError, StreamError, StreamTruncated
+from flightfeed.wire.errors import FlightFeedError, StreamError, StreamTruncated
 from flightfeed.wire.messages import StreamTicket, span_of
 
 __all__ = ["StreamReader", "END"]
@@ -88,12 +88,7 @@ class StreamReader(threading.Thread):
                 if self.stop.is_set():
                     return
                 err = translate(exc)
-                # untagged failures (connection lost, server died mid-stream), storage hiccups and
-                # truncation are retried; errors the server tagged as permanent are not
-                retryable = is_transient(exc) or isinstance(err, StreamError | StorageError) or not isinstance(
-                    err, FlightFeedError
-                )
-                if retryable and attempt < self.retries:
+                if retryable(err) and attempt < self.retries:
                     attempt += 1
                     self.retried += 1
                     log.warning("stream %d failed (%s); retry %d/%d", self.slot, err, attempt, self.retries)
