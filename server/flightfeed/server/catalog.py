@@ -93,7 +93,7 @@ class Dataset:
         self._chunk_refs = refs
         self.nbytes = sum(s.nbytes for s in self.shards)
         self.fingerprint = _fingerprint(self.shards, self.schema)
-        self._row_bytes: int | None = None
+        self._row_bytes: dict[tuple[str, ...], int] = {}
         #: derived per-chunk data (e.g. gather's flat numpy views), for zero-copy chunks only
         self.views: OrderedDict[tuple[int, str], object] = OrderedDict()
         self.views_lock = threading.Lock()
@@ -127,13 +127,21 @@ class Dataset:
             self.chunk_cache.put(cid, batch)
         return batch
 
-    @property
-    def row_bytes(self) -> int:
-        """Approximate bytes per row in memory (message sizing)."""
-        if self._row_bytes is None:
-            first = self.chunk(0)
-            self._row_bytes = max(1, first.get_total_buffer_size() // max(1, first.num_rows))
-        return self._row_bytes
+    def row_bytes(self, columns: Sequence[str] = ()) -> int:
+        """Approximate bytes per row in memory of ``columns`` (all when empty), memoised."""
+        key = tuple(columns)
+        size = self._row_bytes.get(key)
+        if size is None:
+            first = self.chunk(0).select(list(key)) if key else self.chunk(0)
+            size = self._row_bytes[key] = max(1, first.get_total_buffer_size() // max(1, first.num_rows))
+        return size
+
+    def project_schema(self, columns: Sequence[str] = ()) -> pa.Schema:
+        """The schema of ``columns`` (all when empty), keeping the dataset's metadata."""
+        if not columns:
+            return self.schema
+        meta: dict[bytes, bytes] | None = self.schema.metadata
+        return pa.schema([self.schema.field(c) for c in columns], metadata=meta)  # type: ignore[arg-type]
 
     def describe(self) -> dict[str, object]:
         return {

@@ -137,7 +137,7 @@ def gather(ds: Dataset, rows: _I64, columns: Sequence[str] | None) -> pa.RecordB
         (int(sorted_cid[a]), order[a:b], local[order[a:b]])
         for a, b in zip(np.r_[0, bounds], np.r_[bounds, n], strict=True)
     ]
-    schema = ds.schema if not columns else pa.schema([ds.schema.field(c) for c in columns])
+    schema = ds.project_schema(columns or ())
     arrays = []
     for fld in schema:
         layout = _fixed_layout(fld.type)

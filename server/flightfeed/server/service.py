@@ -71,7 +71,7 @@ class FlightFeedServer(flight.FlightServerBase):
 
     # -- discovery ------------------------------------------------------------------------
     def _info(self, ds: Dataset, descriptor: flight.FlightDescriptor, tickets: list[Any], columns: list[str]) -> Any:
-        schema = _project(ds, columns)
+        schema = ds.project_schema(columns)
         endpoints = []
         for k, t in enumerate(tickets):
             locs = [self.stream_locations[k % len(self.stream_locations)]] if self.stream_locations else []
@@ -107,7 +107,7 @@ class FlightFeedServer(flight.FlightServerBase):
         ds = self.catalog.get(cmd.dataset)
         cols = list(cmd.columns)
         check_columns(ds, cols)
-        return flight.SchemaResult(_project(ds, cols))
+        return flight.SchemaResult(ds.project_schema(cols))
 
     def _path_dataset(self, descriptor: flight.FlightDescriptor) -> Dataset:
         path = descriptor.path or []
@@ -126,7 +126,7 @@ class FlightFeedServer(flight.FlightServerBase):
         batches = ticket_batches(ds, t)
         first = next(batches, None)  # validation errors surface before the stream starts
         columns = list(t.read.columns)
-        schema = _project(ds, columns)
+        schema = ds.project_schema(columns)
         options = pa.ipc.IpcWriteOptions(compression=t.read.compression or None)
         reader = pa.RecordBatchReader.from_batches(schema, self._counted(ds.name, first, batches))
         return flight.RecordBatchStream(reader, options=options)
@@ -169,9 +169,3 @@ class FlightFeedServer(flight.FlightServerBase):
             return iter([b"ok"])
         raise InvalidRequest(f"unknown action {kind!r}; actions: {sorted(_ACTIONS)}", field="action")
 
-
-def _project(ds: Dataset, columns: list[str]) -> pa.Schema:
-    if not columns:
-        return ds.schema
-    meta: Any = ds.schema.metadata
-    return pa.schema([ds.schema.field(c) for c in columns], metadata=meta)

@@ -41,13 +41,6 @@ def check_columns(ds: Dataset, columns: list[str]) -> None:
         )
 
 
-def _row_bytes(ds: Dataset, columns: list[str]) -> int:
-    if not columns:
-        return ds.row_bytes
-    first = ds.chunk(0).select(columns)
-    return max(1, first.get_total_buffer_size() // max(1, first.num_rows))
-
-
 def make_tickets(ds: Dataset, cmd: Any, settings: StreamSettings) -> list[Any]:
     """One ticket per stream for a validated ReadCommand."""
     columns = list(cmd.columns)
@@ -64,7 +57,7 @@ def make_tickets(ds: Dataset, cmd: Any, settings: StreamSettings) -> list[Any]:
     resolved = ReadCommand()
     resolved.CopyFrom(cmd)
     if resolved.shuffle.enabled:
-        block, buffer = default_shuffle(_row_bytes(ds, columns), ds.num_rows)
+        block, buffer = default_shuffle(ds.row_bytes(columns), ds.num_rows)
         resolved.shuffle.block_rows = resolved.shuffle.block_rows or block
         resolved.shuffle.buffer_rows = resolved.shuffle.buffer_rows or buffer
     resolved.fingerprint = ds.fingerprint
@@ -74,7 +67,7 @@ def make_tickets(ds: Dataset, cmd: Any, settings: StreamSettings) -> list[Any]:
             f"start_row {cmd.start_row} is past this rank's {part.rows} rows", field="start_row"
         )
     message_rows = resolved.message_rows or default_message_rows(
-        resolved.batch_rows, _row_bytes(ds, columns), resolved.num_workers, settings.message_bytes
+        resolved.batch_rows, ds.row_bytes(columns), resolved.num_workers, settings.message_bytes
     )
     resolved.message_rows = message_rows
     spans = split_streams(
@@ -103,7 +96,7 @@ def stored_order_tickets(ds: Dataset, settings: StreamSettings) -> list[Any]:
     (reading the endpoints one after another yields rows 0..N-1)."""
     k = max(1, min(settings.path_streams, ds.num_rows))
     per = ceil_div(ds.num_rows, k)
-    message_rows = max(1, settings.message_bytes // ds.row_bytes)
+    message_rows = max(1, settings.message_bytes // ds.row_bytes())
     read = ReadCommand(version=WIRE_VERSION, dataset=ds.name, world_size=1, batch_rows=1, streams=1, num_workers=1)
     tickets = []
     for i in range(k):
