@@ -12,8 +12,8 @@ import torch
 
 from flightfeed.client import DatasetNotFound, FlightDataset, InvalidRequest, StreamTruncated, Unauthenticated
 from flightfeed.server.service import FlightFeedServer
-from flightfeed.server.testing import RunningServer, build_catalog, running_server
-from flightfeed.server.testing import RunningServer as Handle
+from flightfeed.server.storage import open_catalog
+from flightfeed.server.testing import RunningServer, running_server
 from tests.datasets import SMALL_ROWS, image_of
 
 
@@ -108,9 +108,9 @@ class FlakyServer(FlightFeedServer):
 
 
 def test_truncated_stream_is_detected(small_dir: Path) -> None:
-    catalog = build_catalog({"small": str(small_dir)})
+    catalog = open_catalog({"small": str(small_dir)})
     server = TruncatingServer(catalog, "grpc://127.0.0.1:0")
-    handle = Handle(server)
+    handle = RunningServer(server)
     try:
         ds = FlightDataset(server.location, "small", batch_size=16, streams=2, message_rows=32, retries=1)
         with pytest.raises(StreamTruncated, match=r"stream \d ended after \d+ of \d+ messages"):
@@ -122,9 +122,9 @@ def test_truncated_stream_is_detected(small_dir: Path) -> None:
 
 def test_failed_stream_is_retried_without_loss_or_duplicates(small_dir: Path, server: RunningServer) -> None:
     reference = epoch_indices(FlightDataset(server.location, "small", batch_size=16, seed=9, streams=3))
-    catalog = build_catalog({"small": str(small_dir)})
+    catalog = open_catalog({"small": str(small_dir)})
     flaky = FlakyServer(catalog, "grpc://127.0.0.1:0")
-    handle = Handle(flaky)
+    handle = RunningServer(flaky)
     try:
         ds = FlightDataset(flaky.location, "small", batch_size=16, seed=9, streams=3, message_rows=32)
         assert epoch_indices(ds) == reference

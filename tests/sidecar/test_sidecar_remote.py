@@ -17,7 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from flightfeed.server.service import FlightFeedServer
 from flightfeed.server.sidecar import LocalSource, RemoteSource, SidecarHandle, StatsSource
-from flightfeed.server.testing import RunningServer, build_catalog, running_server
+from flightfeed.server.storage import open_catalog
+from flightfeed.server.testing import RunningServer, running_server
 
 Counted = tuple[int, int]
 TOTAL_ROWS = 3 * 600  # conftest.dataset_dir
@@ -189,7 +190,7 @@ def _self_signed() -> tuple[bytes, bytes]:
 def test_sidecars_of_a_tls_server(dataset_dir: Path, sidecar: Callable[[StatsSource], SidecarHandle]) -> None:
     pytest.importorskip("cryptography", reason="generating a test certificate needs `cryptography`")
     cert, key = _self_signed()
-    catalog = build_catalog({"demo": str(dataset_dir)})
+    catalog = open_catalog({"demo": str(dataset_dir)})
     srv = RunningServer(FlightFeedServer(catalog, "grpc+tls://127.0.0.1:0", tls_certificates=[(cert, key)]))
     try:
         assert srv.location.startswith("grpc+tls://")

@@ -22,7 +22,7 @@ from typing import Any
 from flightfeed.server.catalog import Catalog
 from flightfeed.server.metrics import ServerMetrics
 from flightfeed.server.service import FlightFeedServer
-from flightfeed.server.storage import StorageOptions, open_dataset
+from flightfeed.server.storage import StorageOptions, open_catalog
 from flightfeed.server.storage.cli_options import (
     add_cache_arguments,
     add_reader_arguments,
@@ -90,19 +90,13 @@ def _setting(args: argparse.Namespace, config: dict[str, Any], key: str, default
 
 
 def _open_catalog(datasets: dict[str, str], options: StorageOptions) -> Catalog:
-    catalog = Catalog()
-    try:
-        for name, uri in datasets.items():
-            ds = open_dataset(name, uri, options)
-            catalog.add(ds)
-            print(
-                f"dataset {name}: {ds.num_rows:,} rows in {len(ds.shards)} shard(s), "
-                f"{ds.nbytes / 1e9:.2f} GB, fingerprint {ds.fingerprint}  ({uri})",
-                flush=True,
-            )
-    except Exception:
-        catalog.close()
-        raise
+    catalog = open_catalog(datasets, options)
+    for ds in catalog.datasets():
+        print(
+            f"dataset {ds.name}: {ds.num_rows:,} rows in {len(ds.shards)} shard(s), "
+            f"{ds.nbytes / 1e9:.2f} GB, fingerprint {ds.fingerprint}  ({ds.uri})",
+            flush=True,
+        )
     return catalog
 
 

@@ -10,20 +10,9 @@ from typing import Any
 from flightfeed.server.catalog import Catalog
 from flightfeed.server.metrics import ServerMetrics
 from flightfeed.server.service import FlightFeedServer
-from flightfeed.server.storage import StorageOptions, open_dataset
+from flightfeed.server.storage import StorageOptions, open_catalog
 
-__all__ = ["RunningServer", "running_server", "build_catalog"]
-
-
-def build_catalog(datasets: Mapping[str, str], options: StorageOptions | None = None) -> Catalog:
-    catalog = Catalog()
-    try:
-        for name, uri in datasets.items():
-            catalog.add(open_dataset(name, uri, options))
-    except Exception:
-        catalog.close()
-        raise
-    return catalog
+__all__ = ["RunningServer", "running_server"]
 
 
 class RunningServer:
@@ -52,7 +41,7 @@ def running_server(
     **kwargs: Any,
 ) -> Iterator[RunningServer]:
     """A FlightFeedServer on ``grpc://host:0`` serving ``datasets`` (name -> URI, or a Catalog)."""
-    catalog = datasets if isinstance(datasets, Catalog) else build_catalog(datasets, storage)
+    catalog = datasets if isinstance(datasets, Catalog) else open_catalog(datasets, storage)
     scheme = "grpc+tls" if kwargs.get("tls_certificates") else "grpc"
     server = FlightFeedServer(catalog, f"{scheme}://{host}:0", **kwargs)
     handle = RunningServer(server)

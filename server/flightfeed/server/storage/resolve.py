@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from flightfeed.server.catalog import ChunkCache, Dataset
+from flightfeed.server.catalog import Catalog, ChunkCache, Dataset
 from flightfeed.server.metrics import ServerMetrics
 from flightfeed.server.readers import ShardReader, open_shard
 from flightfeed.server.storage.local import list_local_shards
 
-__all__ = ["StorageOptions", "open_dataset"]
+__all__ = ["StorageOptions", "open_dataset", "open_catalog"]
 
 
 @dataclass
@@ -61,3 +62,15 @@ def open_dataset(name: str, uri: str, options: StorageOptions | None = None) -> 
                 s.close()
             raise
     return Dataset(name, uri, shards, chunk_cache=ChunkCache(opts.chunk_cache_bytes))
+
+
+def open_catalog(datasets: Mapping[str, str], options: StorageOptions | None = None) -> Catalog:
+    """Open every ``name -> uri``; on any failure, close what was opened and re-raise."""
+    catalog = Catalog()
+    try:
+        for name, uri in datasets.items():
+            catalog.add(open_dataset(name, uri, options))
+    except Exception:
+        catalog.close()
+        raise
+    return catalog
