@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.flight as flight
@@ -12,20 +10,11 @@ import pyarrow.flight as flight
 from flightfeed.client import FlightDataset
 from flightfeed.wire.messages import WIRE_VERSION, ReadCommand
 from tests.datasets import SMALL_ROWS, write_dataset
-
-
-def start(*args: str) -> tuple[subprocess.Popen[str], str]:
-    cmd = [sys.executable, "-m", "flightfeed.server", "serve", *args, "--port", "0", "--no-sidecar"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith("flight: "):
-            return proc, line.split()[1]
-    raise AssertionError(f"server did not start: {proc.wait()} {proc.stderr.read() if proc.stderr else ''}")
+from tests.processes import start_serve
 
 
 def test_workers_serve_streams_behind_one_coordinator(small_dir: Path) -> None:
-    proc, location = start(f"small={small_dir}", "--workers", "2")
+    proc, location = start_serve(f"small={small_dir}", "--workers", "2")
     try:
         client = flight.FlightClient(location)
         cmd = ReadCommand(version=WIRE_VERSION, dataset="small", world_size=1, batch_rows=16, streams=4, num_workers=1)
@@ -42,7 +31,7 @@ def test_workers_serve_streams_behind_one_coordinator(small_dir: Path) -> None:
 
 def test_sigterm_lets_in_flight_streams_finish(tmp_path: Path) -> None:
     rows = write_dataset(tmp_path / "big", [[4000] * 5])
-    proc, location = start(f"big={tmp_path / 'big'}")
+    proc, location = start_serve(f"big={tmp_path / 'big'}")
     ds = FlightDataset(location, "big", batch_size=100, shuffle=False, streams=2, prefetch=1, report_interval=None)
     it = iter(ds)
     got = next(it)["index"].tolist()

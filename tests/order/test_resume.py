@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,6 +14,7 @@ import pytest
 from flightfeed.client import FlightDataset, StaleState
 from flightfeed.server.testing import RunningServer
 from tests.datasets import SMALL_ROWS, write_dataset
+from tests.processes import start_serve
 
 
 def indices(batches: Any) -> list[list[int]]:
@@ -99,16 +99,8 @@ def test_state_from_other_settings_or_data_is_refused(server: RunningServer, tmp
 
 @contextmanager
 def serve_process(name: str, path: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    cmd = [sys.executable, "-m", "flightfeed.server", "serve", f"{name}={path}", "--port", "0", "--no-sidecar"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    location = ""
-    for line in proc.stdout:
-        if line.startswith("flight: "):
-            location = line.split()[1]
-            break
+    proc, location = start_serve(f"{name}={path}")
     try:
-        assert location, "server did not start"
         yield proc, location
     finally:
         if proc.poll() is None:
