@@ -49,9 +49,16 @@ def test_window_is_bounded() -> None:
 
 
 def test_default_shuffle_is_bounded_by_bytes() -> None:
-    assert default_shuffle(150_000, 10**6) == (64, 2048)
-    assert default_shuffle(64, 10**6) == (64, 65536)
-    assert default_shuffle(64, 100) == (64, 100)
+    # blocks of ~8 MiB, at most 1/32 of the window; the window keeps its ~256 MiB bound
+    assert default_shuffle(150_000, 10**6) == (55, 2048)
+    assert default_shuffle(16_384, 10**6) == (512, 16384)
+    assert default_shuffle(4096, 10**6) == (2048, 65536)
+    assert default_shuffle(64, 10**6) == (2048, 65536)
+    assert default_shuffle(64, 100) == (100, 100)
+    for row_bytes in (1, 64, 4096, 16_384, 150_000, 1 << 20, 1 << 26):
+        block, buffer = default_shuffle(row_bytes, 10**7)
+        assert block * row_bytes <= 8 << 20 or block == 1
+        assert buffer >= 32 * block
 
 
 @given(

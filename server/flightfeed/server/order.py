@@ -26,9 +26,14 @@ from functools import lru_cache
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["EpochOrder", "default_shuffle", "DEFAULT_BLOCK_ROWS"]
+__all__ = ["EpochOrder", "default_shuffle", "DEFAULT_BLOCK_ROWS", "BLOCK_BYTES", "MIN_BLOCKS_PER_WINDOW"]
 
+#: the block size of the first release (64 rows whatever their width); checkpoints made then carry it
 DEFAULT_BLOCK_ROWS = 64
+#: target bytes per block: one block is one random read of the shards (see bench/RESULTS.md)
+BLOCK_BYTES = 8 << 20
+#: a window holds at least this many blocks (mixing of a label-sorted dataset, bench_shuffle.py)
+MIN_BLOCKS_PER_WINDOW = 32
 _MIN_BUFFER_ROWS = 2048
 _MAX_BUFFER_ROWS = 1 << 16
 _BUFFER_BYTES = 256 << 20
@@ -37,10 +42,16 @@ _I64 = npt.NDArray[np.int64]
 
 
 def default_shuffle(row_bytes: int, num_rows: int) -> tuple[int, int]:
-    """Default ``(block_rows, buffer_rows)``: 64-row blocks, a window of ~256 MiB of rows clamped
-    to [2048, 65536] rows (at least 32 blocks: enough mixing for a label-sorted dataset)."""
-    block = DEFAULT_BLOCK_ROWS
-    buffer = int(np.clip(_BUFFER_BYTES // max(1, row_bytes), _MIN_BUFFER_ROWS, _MAX_BUFFER_ROWS))
+    """Default ``(block_rows, buffer_rows)`` for rows of ``row_bytes``.
+
+    The window (buffer) is ~256 MiB of rows clamped to [2048, 65536] rows: the memory bound.
+    A block is ~``BLOCK_BYTES`` of rows (a large random read for any row width), but at most
+    ``1/MIN_BLOCKS_PER_WINDOW`` of the window so every window still mixes >= 32 random blocks.
+    The values are resolved once into the ticket and the client's checkpoint, so changing these
+    defaults never changes the order of an epoch already started."""
+    rb = max(1, row_bytes)
+    buffer = int(np.clip(_BUFFER_BYTES // rb, _MIN_BUFFER_ROWS, _MAX_BUFFER_ROWS))
+    block = max(1, min(BLOCK_BYTES // rb, buffer // MIN_BLOCKS_PER_WINDOW, max(num_rows, 1)))
     return block, max(block, min(buffer, max(num_rows, 1)))
 
 
