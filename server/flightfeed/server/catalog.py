@@ -8,10 +8,11 @@ made against another fingerprint is refused.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,9 +20,11 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from flightfeed.server.readers import ShardReader
-from flightfeed.wire.errors import DatasetError, DatasetNotFound
+from flightfeed.wire.errors import DatasetError, DatasetNotFound, ShardError, StaleState
 
 __all__ = ["Dataset", "Catalog", "ChunkCache"]
+
+log = logging.getLogger("flightfeed.server")
 
 _DEFAULT_CHUNK_CACHE = 512 << 20
 
@@ -97,6 +100,38 @@ class Dataset:
         #: derived per-chunk data (e.g. gather's flat numpy views), for zero-copy chunks only
         self.views: OrderedDict[tuple[int, str], object] = OrderedDict()
         self.views_lock = threading.Lock()
+        #: why the data changed on disk while served (None while it has not): see ``check_unchanged``
+        self.changed: str | None = None
+        self._change_listeners: list[Callable[[Dataset, str], None]] = []
+        for shard in self.shards:
+            watch = getattr(shard, "watch", None)
+            if watch is not None:
+                watch(self._shard_changed)
+
+    # -- shards changed in place while served ---------------------------------------------------
+    def on_change(self, listener: Callable[[Dataset, str], None]) -> None:
+        """Call ``listener(dataset, reason)`` when a shard is found changed in place."""
+        self._change_listeners.append(listener)
+
+    def _shard_changed(self, reason: str) -> None:
+        if self.changed is not None:
+            return
+        self.changed = reason
+        log.error("dataset %r: %s; its streams fail and new requests get StaleState", self.name, reason)
+        for listener in list(self._change_listeners):
+            listener(self, reason)
+
+    def check_unchanged(self, *, stale: bool = False) -> None:
+        """Raise if a shard changed on disk while served: ``StaleState`` for a new request
+        (``stale=True``), ``ShardError`` (naming the shard) for a stream in progress."""
+        if self.changed is None:
+            return
+        what = f"dataset {self.name!r} changed on disk while served ({self.changed})"
+        if stale:
+            raise StaleState(
+                f"{what}; restart the server (or serve the new data under a new name) and start a fresh epoch"
+            )
+        raise ShardError(f"{what}; this stream cannot go on with the data it was planned on")
 
     # -- addressing -------------------------------------------------------------------------
     @property

@@ -20,6 +20,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
+from flightfeed.server.metrics_io import IoMetrics
 from flightfeed.server.metrics_window import RateWindow
 
 __all__ = ["ServerMetrics"]
@@ -95,6 +96,7 @@ class ServerMetrics:
             ["dataset", "client"],
             registry=r,
         )
+        self.io = IoMetrics(r)  # read-ahead, read wait, changed/verified shards
         self._lock = threading.Lock()
         self._clients: dict[str, dict[str, Any]] = {}
         self._sent_children: dict[str, tuple[Any, Any, Any]] = {}

@@ -170,6 +170,7 @@ def build_snapshot(m: ServerMetrics, datasets: Sequence[Mapping[str, Any]] = ())
             "max": max(stalls) if stalls else None,
             "clients": len(stalls),
         },
+        "io": {"totals": m.io.totals(), "datasets": m.io.snapshot()},
         "datasets": ds_rows,
         "clients": client_rows,
         "history": m.window.history(),

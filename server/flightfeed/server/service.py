@@ -62,6 +62,8 @@ class FlightFeedServer(flight.FlightServerBase):
         super().__init__(location, tls_certificates=certs, middleware=middleware)
         self.catalog = catalog
         self.metrics = metrics or ServerMetrics()
+        for ds in catalog.datasets():  # a shard changed in place while served: count it
+            ds.on_change(lambda d, _reason: self.metrics.io.shard_changes.labels(d.name).inc())
         self.settings = settings or StreamSettings()
         self.stream_locations: list[str | flight.Location] = [flight.Location(u) for u in stream_locations]
         parsed = urlparse(location)

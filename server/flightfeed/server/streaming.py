@@ -45,6 +45,7 @@ def make_tickets(ds: Dataset, cmd: Any, settings: StreamSettings) -> list[Any]:
     """One ticket per stream for a validated ReadCommand."""
     columns = list(cmd.columns)
     check_columns(ds, columns)
+    ds.check_unchanged(stale=True)
     if cmd.fingerprint and cmd.fingerprint != ds.fingerprint:
         raise StaleState(
             f"dataset {ds.name!r} has fingerprint {ds.fingerprint}, the request expects {cmd.fingerprint}: "
@@ -138,6 +139,7 @@ def ticket_batches(ds: Dataset, ticket: Any) -> Iterator[pa.RecordBatch]:
             f"ticket was made for another version of dataset {ds.name!r} "
             f"(fingerprint {ticket.fingerprint}, now {ds.fingerprint}); ask get_flight_info again"
         )
+    ds.check_unchanged(stale=True)
     read = ticket.read
     columns = list(read.columns)
     check_columns(ds, columns)
@@ -146,6 +148,7 @@ def ticket_batches(ds: Dataset, ticket: Any) -> Iterator[pa.RecordBatch]:
         if span.end_row > ds.num_rows:
             raise InvalidRequest(f"ticket rows end at {span.end_row}, past {ds.num_rows}", field="ticket")
         for lo, hi in span.messages():
+            ds.check_unchanged()
             yield from contiguous(ds, lo, hi, 0, columns)
         return
     part = _partition(ds, read)
@@ -161,6 +164,7 @@ def ticket_batches(ds: Dataset, ticket: Any) -> Iterator[pa.RecordBatch]:
         int(read.shuffle.buffer_rows) or 1,
     )
     for lo, hi in span.messages():
+        ds.check_unchanged()
         if not order.shuffle:
             for pos, n in part.runs(lo, hi):
                 yield from contiguous(ds, pos, pos + n, int(read.batch_rows), columns)

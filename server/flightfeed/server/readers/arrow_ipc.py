@@ -1,64 +1,196 @@
-"""Memory-mapped Arrow IPC shards (file format ``.arrow``/``.feather`` and stream format ``.arrows``)."""
+"""Arrow IPC shards (file format ``.arrow``/``.feather`` and stream format ``.arrows``).
+
+``io="mmap"`` (default): memory-mapped under a read lease (see ``mapped``); chunks are zero-copy
+views of the map. A writer truncating or overwriting the file in place is held back by the kernel
+until the mapping has been swapped for a private copy, so the server never gets SIGBUS; the shard
+then reports itself changed (``watch`` callbacks) and the dataset stops handing out its data.
+
+``io="read"`` (the fallback where no lease can be taken): chunks are read with positioned reads
+into memory (not zero-copy: they go through the dataset's chunk LRU), and the file's
+(size, mtime, inode) is checked around every read, so an in-place change fails the read with a
+ShardError naming the shard instead of serving mixed bytes.
+"""
 
 from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from flightfeed.server.readers.base import ShardFields
-from flightfeed.wire.errors import ShardError
+from flightfeed.server.readers.lease_watch import watcher
+from flightfeed.server.readers.mapped import LeaseUnavailable, MappedFile
+from flightfeed.wire.errors import ConfigError, ShardError
 
-__all__ = ["ArrowShard", "ARROW_SUFFIXES"]
+__all__ = ["ArrowShard", "ARROW_SUFFIXES", "ARROW_IO_MODES"]
+
+log = logging.getLogger("flightfeed.server")
 
 ARROW_SUFFIXES = (".arrow", ".arrows", ".feather", ".ipc")
+ARROW_IO_MODES = ("mmap", "read")
+
+OnChange = Callable[[str], None]
 
 
 class ArrowShard(ShardFields):
-    """One Arrow IPC shard, memory-mapped; chunks are its record batches (zero-copy)."""
+    """One Arrow IPC shard; chunks are its record batches (see the module docstring)."""
 
-    zero_copy = True
-
-    def __init__(self, path: str, uri: str | None = None) -> None:
+    def __init__(self, path: str, uri: str | None = None, *, io: str = "mmap") -> None:
+        if io not in ARROW_IO_MODES:
+            raise ConfigError(f"arrow io mode {io!r}: expected one of {', '.join(ARROW_IO_MODES)}")
         self.path = path
         self.uri = uri or path
+        self.changed: str | None = None
+        self._listeners: list[OnChange] = []
+        self._lock = threading.Lock()
+        self._mapped: MappedFile | None = None
+        self._file: pa.NativeFile | None = None
+        self._file_reader: ipc.RecordBatchFileReader | None = None
+        self._stat: tuple[int, int, int] = (0, 0, 0)
+        self._counts: list[int] = []
+        if io == "mmap":
+            try:
+                self._mapped = MappedFile(path)
+            except LeaseUnavailable as exc:
+                log.warning("%s; reading this shard with positioned reads instead of a memory map", exc)
+                io = "read"
+            except OSError as exc:
+                raise ShardError(f"cannot open shard {self.uri}: {exc}") from None
+        self.io = io
         try:
-            self._map = pa.memory_map(path, "r")
+            if self._mapped is not None:
+                self.zero_copy = True
+                self._batches = self._read_all(pa.BufferReader(self._mapped.buffer))
+                self._nbytes = self._mapped.size
+                watcher().register(self._mapped, self._lease_broke)
+            else:
+                self._open_for_reads()
         except (OSError, pa.ArrowException) as exc:
-            raise ShardError(f"cannot open shard {self.uri}: {exc}") from None
-        try:
-            self._batches = self._read_all()
-        except (OSError, pa.ArrowException) as exc:
-            self._map.close()
+            self.close()
             raise ShardError(
                 f"shard {self.uri} is not a readable Arrow IPC file or stream (corrupt or truncated?): {exc}"
             ) from None
-        sizes = np.fromiter((b.num_rows for b in self._batches), dtype=np.int64, count=len(self._batches))
+        except BaseException:
+            self.close()
+            raise
+        counts = self._counts if self._file_reader is not None else [b.num_rows for b in self._batches]
+        sizes = np.asarray(counts, dtype=np.int64)
         self._offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        self._nbytes = int(self._map.size())
 
-    def _read_all(self) -> list[pa.RecordBatch]:
+    def _read_all(self, source: pa.NativeFile) -> list[pa.RecordBatch]:
         # File format first (footer, random access); fall back to the stream format.
         try:
-            reader = ipc.open_file(self._map)
+            reader = ipc.open_file(source)
         except pa.ArrowInvalid:
-            self._map.seek(0)
-            stream = ipc.open_stream(self._map)
+            source.seek(0)
+            stream = ipc.open_stream(source)
             self._schema = stream.schema
+            self._indices = None
             return [b for b in stream if b.num_rows]
         self._schema = reader.schema
         batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
         for i, b in enumerate(batches):
-            # validate cheaply: buffer bounds against the mapped file (catches truncation)
+            # validate cheaply: buffer bounds against the file (catches truncation)
             try:
                 b.validate()
             except pa.ArrowInvalid as exc:
                 raise ShardError(f"shard {self.uri}: record batch {i} is invalid: {exc}") from None
+        self._indices = [i for i, b in enumerate(batches) if b.num_rows]
         return [b for b in batches if b.num_rows]
 
+    def _open_for_reads(self) -> None:
+        self._file = pa.OSFile(self.path, "r")
+        self._stat = self._fstat()
+        self._nbytes = self._stat[0]
+        with pa.memory_map(self.path, "r") as source:  # metadata only: the batches' row counts
+            counts = [b.num_rows for b in self._read_all(source)]
+        if self._indices is None:
+            self.zero_copy = True  # stream format: no random access, read the batches into memory
+            self._batches = [b for b in ipc.open_stream(self._file) if b.num_rows]
+            return
+        self.zero_copy = False
+        self._file_reader = ipc.open_file(self._file)
+        self._batches = []
+        self._counts = counts
+
+    def _fstat(self) -> tuple[int, int, int]:
+        assert self._file is not None
+        st = os.fstat(self._file.fileno())
+        return st.st_size, st.st_mtime_ns, st.st_ino
+
     def read_chunk(self, index: int) -> pa.RecordBatch:
-        return self._batches[index]
+        if self._file_reader is None:
+            return self._batches[index]
+        assert self._indices is not None
+        with self._lock:
+            if self.changed is None and self._fstat() != self._stat:
+                self._changed(f"shard {self.uri} was truncated or overwritten in place while served")
+            if self.changed is not None:
+                raise ShardError(self.changed)
+            try:
+                batch = self._file_reader.get_batch(self._indices[index])
+            except (OSError, pa.ArrowException) as exc:
+                raise ShardError(f"shard {self.uri}: cannot read record batch {index}: {exc}") from None
+            if self._fstat() != self._stat:
+                self._changed(f"shard {self.uri} was truncated or overwritten in place while served")
+                raise ShardError(str(self.changed))
+        return batch
+
+    # -- changes ----------------------------------------------------------------------------
+    def watch(self, on_change: OnChange) -> None:
+        """Call ``on_change(reason)`` once if the file is changed in place while served."""
+        self._listeners.append(on_change)
+
+    def _lease_broke(self, mapped: MappedFile) -> None:
+        self._changed(f"shard {self.uri} was truncated or overwritten in place while served")
+
+    def _changed(self, reason: str) -> None:
+        if self.changed is not None:
+            return
+        self.changed = reason
+        for listener in list(self._listeners):
+            listener(reason)
+
+    def willneed(self, chunk: int, first: int, stop: int) -> int:
+        """Ask the kernel to read rows ``[first, stop)`` of ``chunk`` ahead; returns the bytes asked for."""
+        mapped = self._mapped
+        if mapped is None or mapped.address == 0:
+            return 0
+        total = 0
+        for lo, length in _row_ranges(self._batches[chunk], first, stop):
+            mapped.willneed(lo - mapped.address, length)
+            total += length
+        return total
 
     def close(self) -> None:
         self._batches = []
-        self._map.close()
+        self._file_reader = None
+        if self._mapped is not None:
+            watcher().unregister(self._mapped)
+            self._mapped.close()
+        if self._file is not None:
+            self._file.close()
+
+
+def _row_ranges(batch: pa.RecordBatch, first: int, stop: int) -> list[tuple[int, int]]:
+    """(address, length) of the bytes that hold rows ``[first, stop)`` of ``batch``: per
+    fixed-width buffer the rows' slice, per variable-width buffer the whole buffer."""
+    out: list[tuple[int, int]] = []
+    n = batch.num_rows
+    if n == 0:
+        return out
+    for column in batch.columns:
+        for buf in column.buffers():
+            if buf is None or buf.size == 0:
+                continue
+            per_row = buf.size // n if buf.size % n == 0 else 0
+            if per_row >= 8:
+                out.append((buf.address + first * per_row, (stop - first) * per_row))
+            else:
+                out.append((buf.address, buf.size))
+    return out

@@ -1,0 +1,167 @@
+"""A read-only memory map that survives its file being truncated or overwritten in place.
+
+A shared file mapping faults its pages in from the file; once another process truncates the file
+(``truncate``, or ``cp`` onto it: ``open(O_TRUNC)``), touching a page past the new end raises
+SIGBUS, which kills the whole process (Python cannot catch it). Linux read leases prevent that
+without a copy on the read path:
+
+* the shard is opened read-only, mapped, and a read lease is taken (``F_SETLEASE``);
+* a writer's ``open(O_WRONLY|O_RDWR|O_TRUNC)`` or ``truncate(2)`` then *blocks* in the kernel
+  (up to ``/proc/sys/fs/lease-break-time``) and the lease turns "breaking";
+* :class:`~flightfeed.server.readers.lease_watch.LeaseWatcher` notices (``F_GETLEASE``),
+  calls :meth:`MappedFile.detach`: the mapped bytes are copied to anonymous memory that is moved
+  over the very same addresses (``mremap(MREMAP_FIXED)``), so every Arrow buffer in flight keeps
+  reading the old, consistent bytes; only then is the lease released and the writer proceeds.
+
+The lease break signal is set to SIGURG (default action: ignore), so a break never kills a
+process that has no handler; the watcher polls instead. Where no lease can be taken (not the
+file's owner without CAP_LEASE, a filesystem without leases, the file open for writing), the
+caller falls back to positioned reads (see ``arrow_ipc``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import mmap
+import os
+import signal
+import threading
+
+import pyarrow as pa
+
+__all__ = ["MappedFile", "LeaseUnavailable"]
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.munmap.restype = ctypes.c_int
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mremap.restype = ctypes.c_void_p
+_libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
+_libc.mprotect.restype = ctypes.c_int
+_libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+_libc.madvise.restype = ctypes.c_int
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+_MAP_FAILED = ctypes.c_void_p(-1).value
+_MREMAP_MAYMOVE, _MREMAP_FIXED = 1, 2
+_MADV_WILLNEED = 3
+PAGE = mmap.PAGESIZE
+
+
+class LeaseUnavailable(OSError):
+    """No read lease could be taken on the file (the reason is in the message)."""
+
+
+class _Region:
+    """Owns ``size`` mapped bytes at ``address``; unmapped when the last Arrow buffer goes."""
+
+    def __init__(self, address: int, size: int) -> None:
+        self.address = address
+        self.size = size
+
+    def __del__(self) -> None:
+        _libc.munmap(self.address, self.size)
+
+
+class MappedFile:
+    """``path`` mapped read-only under a read lease. ``buffer`` is a zero-copy Arrow view."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self.fd: int | None = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            self._lease()
+            self.size = os.fstat(self.fd).st_size
+            if self.size == 0:
+                self._region: _Region | None = None
+                self.buffer = pa.py_buffer(b"")
+                return
+            address = _libc.mmap(None, self.size, mmap.PROT_READ, mmap.MAP_SHARED, self.fd, 0)
+            if address in (None, _MAP_FAILED):
+                err = ctypes.get_errno()
+                raise OSError(err, f"mmap failed: {os.strerror(err)}")
+            self._region = _Region(int(address), self.size)
+            self.buffer = pa.foreign_buffer(int(address), self.size, base=self._region)
+        except BaseException:
+            self._release()
+            raise
+
+    def _lease(self) -> None:
+        assert self.fd is not None
+        try:
+            fcntl.fcntl(self.fd, fcntl.F_SETSIG, signal.SIGURG)  # default action: ignore
+            fcntl.fcntl(self.fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+        except OSError as exc:
+            why = {
+                errno.EACCES: "not the file's owner and no CAP_LEASE",
+                errno.EAGAIN: "the file is open for writing",
+                errno.EINVAL: "the filesystem does not support leases",
+            }.get(exc.errno or 0, exc.strerror or str(exc))
+            raise LeaseUnavailable(exc.errno or 0, f"no read lease on {self.path}: {why}") from None
+
+    @property
+    def address(self) -> int:
+        return self._region.address if self._region is not None else 0
+
+    def breaking(self) -> bool:
+        """True once a writer wants the file (the lease is being broken) or it was detached."""
+        with self._lock:
+            if self.fd is None:
+                return True
+            try:
+                return fcntl.fcntl(self.fd, fcntl.F_GETLEASE) != fcntl.F_RDLCK
+            except OSError:
+                return True
+
+    def detach(self) -> None:
+        """Swap the mapping for an anonymous copy of its bytes at the same addresses, then release
+        the lease (the blocked writer goes on). Readers never see a page fault on the file again."""
+        with self._lock:
+            if self.fd is None:
+                return
+            region = self._region
+            if region is not None:
+                _swap_for_copy(region.address, region.size)
+            self._release()
+
+    def willneed(self, offset: int, length: int) -> None:
+        """Ask the kernel to read ``[offset, offset+length)`` of the file ahead (asynchronous)."""
+        region = self._region
+        if region is None or length <= 0 or self.fd is None:
+            return
+        lo = max(0, offset) // PAGE * PAGE
+        hi = min(region.size, offset + length)
+        if hi > lo:
+            _libc.madvise(region.address + lo, hi - lo, _MADV_WILLNEED)
+
+    def _release(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+            os.close(fd)
+
+    def close(self) -> None:
+        """Release the lease and the file. The mapping lives on while Arrow buffers use it."""
+        with self._lock:
+            self._release()
+        self._region = None
+
+
+def _swap_for_copy(address: int, size: int) -> None:
+    anon = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    if anon in (None, _MAP_FAILED):
+        raise MemoryError(f"cannot allocate {size} bytes to keep a changed shard's pages")
+    ctypes.memmove(anon, address, size)
+    _libc.mprotect(anon, size, mmap.PROT_READ)
+    moved = _libc.mremap(anon, size, size, _MREMAP_MAYMOVE | _MREMAP_FIXED, address)
+    if moved != address:
+        err = ctypes.get_errno()
+        _libc.munmap(anon, size)
+        raise OSError(err, f"mremap over the shard's mapping failed: {os.strerror(err)}")
+
