@@ -2,8 +2,8 @@
 
 Every leased :class:`~flightfeed.server.readers.mapped.MappedFile` registers here with a callback.
 The thread polls each file's lease (one ``fcntl`` per file and sweep; a writer waits at most one
-sweep plus the copy of the shard), detaches a breaking one (the writer then proceeds), and calls
-the callback so the dataset can be marked changed. The thread starts with the first registration
+sweep plus the copy of the shard), calls the callback (the dataset is marked changed), then
+detaches the breaking file (the writer then proceeds). The thread starts with the first registration
 and exits when the last file is unregistered.
 """
 
@@ -62,14 +62,14 @@ class LeaseWatcher:
                 with self._lock:
                     if self._files.pop(id(mapped), None) is None:
                         continue  # closed meanwhile
-                try:
-                    mapped.detach()
-                except Exception:  # keep watching the others; the writer is freed at break time anyway
-                    log.exception("could not detach the mapping of %s", mapped.path)
-                try:
+                try:  # first mark the data changed, so nothing new starts on it once the writer goes on
                     on_break(mapped)
                 except Exception:
                     log.exception("shard change callback failed for %s", mapped.path)
+                try:
+                    mapped.detach()
+                except Exception:  # keep watching the others; the kernel frees the writer at lease-break-time
+                    log.exception("could not detach the mapping of %s", mapped.path)
             if self._wake.wait(self.interval_s):
                 self._wake.clear()
 
