@@ -87,7 +87,7 @@ def test_a_shard_changed_in_place_fails_its_stream_not_the_server(
         rows = [i for b in FlightDataset(location, "small", batch_size=32, report_interval=None) for i in b["index"]]
         assert sorted(int(i) for i in rows) == list(range(SMALL_ROWS))
         # the changed one is refused with StaleState naming the shard, for new epochs
-        with pytest.raises(StaleState, match="part-00002.arrow"):
+        with pytest.raises(StaleState, match=r"part-00002\.arrow"):
             next(iter(FlightDataset(location, "big", batch_size=64, report_interval=None)))
         stats = json.loads(next(iter(client.do_action(flight.Action("stats", b"")))).body.to_pybytes())
         assert stats["io"]["datasets"]["big"]["shard_changes"] == 1

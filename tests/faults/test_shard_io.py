@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -44,7 +45,7 @@ def test_read_mode_notices_an_in_place_change(tmp_path: Path) -> None:
         f.seek(100)
         f.write(b"x")
         os.utime(f.fileno(), ns=(1, 1))
-    with pytest.raises(ShardError, match=str(path)):
+    with pytest.raises(ShardError, match=re.escape(str(path))):
         shard.read_chunk(1)
     assert len(seen) == 1 and "overwritten in place" in seen[0]
     shard.close()
