@@ -6,6 +6,7 @@ checks here need nothing but the message and raise :class:`InvalidRequest` namin
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -22,6 +23,9 @@ __all__ = [
     "StreamTicket",
     "Shuffle",
     "ClientReport",
+    "TransformStep",
+    "SkipInfo",
+    "DECODE_ERROR_POLICIES",
     "decode_command",
     "decode_ticket",
     "decode_report",
@@ -40,6 +44,9 @@ ReadCommand: Any = feed_pb2.ReadCommand
 StreamTicket: Any = feed_pb2.StreamTicket
 Shuffle: Any = feed_pb2.Shuffle
 ClientReport: Any = feed_pb2.ClientReport
+TransformStep: Any = feed_pb2.TransformStep
+SkipInfo: Any = feed_pb2.SkipInfo
+DECODE_ERROR_POLICIES = ("", "raise", "skip")
 
 
 def _parse(cls: Any, data: bytes, what: str) -> Any:
@@ -100,12 +107,38 @@ def check_command(cmd: Any) -> None:
             f"message_rows {cmd.message_rows} is not a multiple of batch_rows {cmd.batch_rows}",
             field="message_rows",
         )
-    if cmd.transforms:
-        raise InvalidRequest(
-            f"unknown transforms {list(cmd.transforms)}; this server defines none yet", field="transforms"
-        )
+    _check_transforms(cmd)
     if len(set(cmd.columns)) != len(cmd.columns):
         raise InvalidRequest(f"columns {list(cmd.columns)} name a column twice", field="columns")
+
+
+def _check_transforms(cmd: Any) -> None:
+    """Structure only; names and parameters are checked against the server's registry."""
+    if cmd.on_decode_error not in DECODE_ERROR_POLICIES:
+        raise InvalidRequest(
+            f"on_decode_error is {cmd.on_decode_error!r}; allowed: 'raise', 'skip' or '' (raise)",
+            field="on_decode_error",
+        )
+    if cmd.transforms and cmd.transform:
+        raise InvalidRequest(
+            f"both a transform preset {list(cmd.transforms)} and explicit steps were given; use one",
+            field="transforms",
+        )
+    for k, step in enumerate(cmd.transform):
+        if not step.name:
+            raise InvalidRequest(f"transform step {k} has no name", field="transform.name")
+        if step.params_json:
+            try:
+                params = json.loads(step.params_json)
+            except ValueError as exc:
+                raise InvalidRequest(
+                    f"transform step {k} ({step.name!r}): params_json is not JSON ({exc})", field="transform.params"
+                ) from None
+            if not isinstance(params, dict):
+                raise InvalidRequest(
+                    f"transform step {k} ({step.name!r}): params_json must be a JSON object, got {step.params_json!r}",
+                    field="transform.params",
+                )
 
 
 def decode_command(data: bytes) -> Any:

@@ -31,6 +31,7 @@ from flightfeed.server.storage.cli_options import (
     storage_options_from_args,
 )
 from flightfeed.server.streaming import StreamSettings
+from flightfeed.server.transforms.setup import transformer_from_config
 from flightfeed.wire.errors import ConfigError
 
 __all__ = ["add_arguments", "run", "parse_datasets"]
@@ -52,6 +53,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--auth-token-file", metavar="FILE", help="require 'authorization: Bearer <token in FILE>'")
     p.add_argument(
         "--message-size", type=size_argument, default=None, help="target bytes per Flight message (default 16MiB)"
+    )
+    p.add_argument(
+        "--decode-workers",
+        type=int,
+        default=None,
+        help="threads decoding/transforming images for transform requests (default: this node's cores)",
     )
     p.add_argument("--grace", type=float, default=30.0, help="seconds in-flight streams get at shutdown")
     add_s3_arguments(p)
@@ -130,6 +137,7 @@ def _worker_argv(args: argparse.Namespace, datasets: dict[str, str], host: str) 
         "--cache-size": getattr(args, "cache_size", None),
         "--hdf5-group": getattr(args, "hdf5_group", None),
         "--message-size": args.message_size,
+        "--decode-workers": getattr(args, "decode_workers", None),
         "--tls-cert": args.tls_cert,
         "--tls-key": args.tls_key,
         "--auth-token-file": args.auth_token_file,
@@ -162,6 +170,9 @@ def run(args: argparse.Namespace) -> int:
         tls = [(Path(args.tls_cert).read_bytes(), Path(args.tls_key).read_bytes())]
     token = Path(args.auth_token_file).read_text().strip() if args.auth_token_file else None
     settings = StreamSettings(message_bytes=int(_setting(args, config, "message_size", 16 << 20)))
+    transformer = transformer_from_config(
+        config, _setting(args, config, "decode_workers", None) or os.cpu_count() or 1, metrics
+    )
     catalog = _open_catalog(datasets, options)
     procs: list[subprocess.Popen[str]] = []
     scheme = "grpc+tls" if tls else "grpc"
@@ -176,6 +187,7 @@ def run(args: argparse.Namespace) -> int:
             settings=settings,
             tls_certificates=tls,
             auth_token=token,
+            transformer=transformer,
         )
         if locations:
             server.stream_locations = [server.location, *locations]

@@ -151,6 +151,10 @@ class Dataset:
     def chunk_zero_copy(self, cid: int) -> bool:
         return self.shards[self._chunk_refs[cid][0]].zero_copy
 
+    def chunk_shard(self, cid: int) -> ShardReader:
+        """The shard holding chunk ``cid`` (for error messages)."""
+        return self.shards[self._chunk_refs[cid][0]]
+
     def chunk(self, cid: int) -> pa.RecordBatch:
         s, c = self._chunk_refs[cid]
         shard = self.shards[s]

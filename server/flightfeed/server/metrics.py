@@ -97,6 +97,7 @@ class ServerMetrics:
             registry=r,
         )
         self.io = IoMetrics(r)  # read-ahead, read wait, changed/verified shards
+        self._decode_metrics(r)
         self._lock = threading.Lock()
         self._clients: dict[str, dict[str, Any]] = {}
         self._sent_children: dict[str, tuple[Any, Any, Any]] = {}
@@ -121,6 +122,49 @@ class ServerMetrics:
         children[1].inc(nbytes)
         children[2].inc()
         self.window.add(dataset, rows, nbytes)
+
+    # -- transforms (decode pool) -----------------------------------------------------------
+    def _decode_metrics(self, r: CollectorRegistry) -> None:
+        self.decode_seconds = Histogram(
+            "flightfeed_decode_seconds",
+            "Seconds to transform (decode + augment) one message",
+            ["dataset"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
+        self.rows_decoded = Counter("flightfeed_rows_decoded", "Rows transformed on this node", ["dataset"], registry=r)
+        self.decode_errors = Counter(
+            "flightfeed_decode_errors", "Rows whose bytes did not decode/transform", ["dataset"], registry=r
+        )
+        self.rows_skipped = Counter(
+            "flightfeed_rows_skipped",
+            "Rows dropped by on_decode_error=skip (announced to clients)",
+            ["dataset"],
+            registry=r,
+        )
+        self.decode_busy_seconds = Counter(
+            "flightfeed_decode_busy_seconds", "Decode-pool thread seconds spent transforming", ["dataset"], registry=r
+        )
+        self.decode_pool_busy_ratio = Gauge(
+            "flightfeed_decode_pool_busy_ratio",
+            "Decode-pool busy seconds / (workers x window), last message's view of the 10 s window",
+            ["dataset"],
+            registry=r,
+        )
+        self.decode_workers = Gauge("flightfeed_decode_workers", "Decode-pool threads (--decode-workers)", registry=r)
+
+    def transformed(
+        self, dataset: str, rows: int, seconds: float, busy_s: float, busy_ratio: float, errors: int, skipped: int
+    ) -> None:
+        """One message went through the transform pipeline."""
+        self.decode_seconds.labels(dataset).observe(seconds)
+        self.rows_decoded.labels(dataset).inc(rows)
+        self.decode_busy_seconds.labels(dataset).inc(busy_s)
+        self.decode_pool_busy_ratio.labels(dataset).set(busy_ratio)
+        if errors:
+            self.decode_errors.labels(dataset).inc(errors)
+        if skipped:
+            self.rows_skipped.labels(dataset).inc(skipped)
 
     # -- clients --------------------------------------------------------------------------
     def client_report(self, report: Mapping[str, Any]) -> None:

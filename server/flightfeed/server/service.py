@@ -26,7 +26,9 @@ from flightfeed.server.streaming import (
     make_tickets,
     stored_order_tickets,
     ticket_batches,
+    transform_plan,
 )
+from flightfeed.server.transforms import SKIP_KEY, Transformer
 from flightfeed.wire.errors import InvalidRequest
 from flightfeed.wire.messages import decode_command, decode_report, decode_ticket
 
@@ -54,6 +56,7 @@ class FlightFeedServer(flight.FlightServerBase):
         tls_certificates: Sequence[tuple[bytes, bytes]] | None = None,
         auth_token: str | None = None,
         stream_locations: Sequence[str] = (),
+        transformer: Transformer | None = None,
     ) -> None:
         middleware: dict[str, flight.ServerMiddlewareFactory] | None = (
             {"auth": TokenAuthFactory(auth_token)} if auth_token else None
@@ -65,6 +68,8 @@ class FlightFeedServer(flight.FlightServerBase):
         for ds in catalog.datasets():  # a shard changed in place while served: count it
             ds.on_change(lambda d, _reason: self.metrics.io.shard_changes.labels(d.name).inc())
         self.settings = settings or StreamSettings()
+        #: runs the transform steps clients name (``--decode-workers`` threads)
+        self.transformer = transformer or Transformer(metrics=self.metrics)
         self.stream_locations: list[str | flight.Location] = [flight.Location(u) for u in stream_locations]
         parsed = urlparse(location)
         host = parsed.hostname or "127.0.0.1"
@@ -72,8 +77,13 @@ class FlightFeedServer(flight.FlightServerBase):
         self.location = f"{scheme}://{host}:{self.port}"
 
     # -- discovery ------------------------------------------------------------------------
-    def _info(self, ds: Dataset, descriptor: flight.FlightDescriptor, tickets: list[Any], columns: list[str]) -> Any:
-        schema = ds.project_schema(columns)
+    def _schema(self, ds: Dataset, read: Any) -> pa.Schema:
+        """The schema a command's streams carry: projected, with transformed columns' new types."""
+        schema = ds.project_schema(list(read.columns))
+        plan = transform_plan(ds, read, self.transformer)
+        return plan.schema(schema) if plan is not None else schema
+
+    def _info(self, ds: Dataset, descriptor: flight.FlightDescriptor, tickets: list[Any], schema: pa.Schema) -> Any:
         endpoints = []
         for k, t in enumerate(tickets):
             locs = [self.stream_locations[k % len(self.stream_locations)]] if self.stream_locations else []
@@ -96,10 +106,11 @@ class FlightFeedServer(flight.FlightServerBase):
     def get_flight_info(self, context: Any, descriptor: flight.FlightDescriptor) -> Any:
         if descriptor.descriptor_type == flight.DescriptorType.PATH:
             ds = self._path_dataset(descriptor)
-            return self._info(ds, descriptor, stored_order_tickets(ds, self.settings), [])
+            return self._info(ds, descriptor, stored_order_tickets(ds, self.settings), ds.schema)
         cmd = decode_command(descriptor.command or b"")
         ds = self.catalog.get(cmd.dataset)
-        return self._info(ds, descriptor, make_tickets(ds, cmd, self.settings), list(cmd.columns))
+        tickets = make_tickets(ds, cmd, self.settings, self.transformer)
+        return self._info(ds, descriptor, tickets, self._schema(ds, cmd))
 
     @flight_errors
     def get_schema(self, context: Any, descriptor: flight.FlightDescriptor) -> Any:
@@ -107,9 +118,8 @@ class FlightFeedServer(flight.FlightServerBase):
             return flight.SchemaResult(self._path_dataset(descriptor).schema)
         cmd = decode_command(descriptor.command or b"")
         ds = self.catalog.get(cmd.dataset)
-        cols = list(cmd.columns)
-        check_columns(ds, cols)
-        return flight.SchemaResult(ds.project_schema(cols))
+        check_columns(ds, list(cmd.columns))
+        return flight.SchemaResult(self._schema(ds, cmd))
 
     def _path_dataset(self, descriptor: flight.FlightDescriptor) -> Dataset:
         path = descriptor.path or []
@@ -125,12 +135,15 @@ class FlightFeedServer(flight.FlightServerBase):
     def do_get(self, context: Any, ticket: flight.Ticket) -> Any:
         t = decode_ticket(ticket.ticket)
         ds = self.catalog.get(t.read.dataset)
-        batches = ticket_batches(ds, t)
+        batches = ticket_batches(ds, t, self.transformer)
         first = next(batches, None)  # validation errors surface before the stream starts
-        columns = list(t.read.columns)
-        schema = ds.project_schema(columns)
+        schema = self._schema(ds, t.read)
         options = pa.ipc.IpcWriteOptions(compression=t.read.compression or None)
-        reader = pa.RecordBatchReader.from_batches(schema, self._counted(ds.name, first, batches))
+        counted = self._counted(ds.name, first, batches)
+        if t.read.on_decode_error == "skip" and (t.read.transform or t.read.transforms):
+            # skipped rows travel as app_metadata: GeneratorStream can attach it per RecordBatch
+            return flight.GeneratorStream(schema, _with_skip_metadata(counted, schema), options=options)
+        reader = pa.RecordBatchReader.from_batches(schema, counted)
         return flight.RecordBatchStream(reader, options=options)
 
     def _counted(
@@ -171,3 +184,14 @@ class FlightFeedServer(flight.FlightServerBase):
             return iter([b"ok"])
         raise InvalidRequest(f"unknown action {kind!r}; actions: {sorted(_ACTIONS)}", field="action")
 
+
+
+def _with_skip_metadata(batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> Iterator[Any]:
+    """RecordBatches as (batch, app_metadata): a batch that lost rows sends its SkipInfo."""
+    for batch in batches:
+        meta = batch.schema.metadata or {}
+        info = meta.get(SKIP_KEY)
+        if info is None:
+            yield batch
+        else:
+            yield batch.replace_schema_metadata(schema.metadata), pa.py_buffer(info)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -21,7 +21,17 @@ from flightfeed.wire.errors import InvalidRequest, StaleState
 from flightfeed.wire.messages import WIRE_VERSION, ReadCommand, StreamTicket, span_of
 from flightfeed.wire.plan import Partition, ceil_div, default_message_rows, split_streams
 
-__all__ = ["StreamSettings", "make_tickets", "stored_order_tickets", "ticket_batches", "check_columns"]
+if TYPE_CHECKING:
+    from flightfeed.server.transforms import Plan, Transformer
+
+__all__ = [
+    "StreamSettings",
+    "make_tickets",
+    "stored_order_tickets",
+    "ticket_batches",
+    "check_columns",
+    "transform_plan",
+]
 
 
 @dataclass(frozen=True)
@@ -41,11 +51,21 @@ def check_columns(ds: Dataset, columns: list[str]) -> None:
         )
 
 
-def make_tickets(ds: Dataset, cmd: Any, settings: StreamSettings) -> list[Any]:
+def transform_plan(ds: Dataset, read: Any, transformer: Transformer | None) -> Plan | None:
+    """The validated transform plan of ``read`` (None without transforms)."""
+    if not (read.transforms or read.transform):
+        return None
+    if transformer is None:
+        raise InvalidRequest("this server runs no transforms; drop transform=", field="transforms")
+    return transformer.plan(ds.schema, read)
+
+
+def make_tickets(ds: Dataset, cmd: Any, settings: StreamSettings, transformer: Transformer | None = None) -> list[Any]:
     """One ticket per stream for a validated ReadCommand."""
     columns = list(cmd.columns)
     check_columns(ds, columns)
     ds.check_unchanged(stale=True)
+    plan = transform_plan(ds, cmd, transformer)
     if cmd.fingerprint and cmd.fingerprint != ds.fingerprint:
         raise StaleState(
             f"dataset {ds.name!r} has fingerprint {ds.fingerprint}, the request expects {cmd.fingerprint}: "
@@ -62,13 +82,19 @@ def make_tickets(ds: Dataset, cmd: Any, settings: StreamSettings) -> list[Any]:
         resolved.shuffle.block_rows = resolved.shuffle.block_rows or block
         resolved.shuffle.buffer_rows = resolved.shuffle.buffer_rows or buffer
     resolved.fingerprint = ds.fingerprint
+    if plan is not None and transformer is not None:
+        transformer.resolve(resolved)  # presets -> explicit steps: the ticket carries them
     part = _partition(ds, resolved)
     if cmd.start_row > part.rows:
         raise InvalidRequest(
             f"start_row {cmd.start_row} is past this rank's {part.rows} rows", field="start_row"
         )
+    row_bytes = ds.row_bytes(columns)
+    if plan is not None:
+        stored = {c.column: ds.row_bytes([c.column]) for c in plan.columns}
+        row_bytes = plan.row_bytes(row_bytes, stored)
     message_rows = resolved.message_rows or default_message_rows(
-        resolved.batch_rows, ds.row_bytes(columns), resolved.num_workers, settings.message_bytes
+        resolved.batch_rows, row_bytes, resolved.num_workers, settings.message_bytes
     )
     resolved.message_rows = message_rows
     spans = split_streams(
@@ -132,8 +158,8 @@ def _partition(ds: Dataset, read: Any) -> Partition:
     )
 
 
-def ticket_batches(ds: Dataset, ticket: Any) -> Iterator[pa.RecordBatch]:
-    """The RecordBatches ``ticket`` promised, message by message."""
+def ticket_batches(ds: Dataset, ticket: Any, transformer: Transformer | None = None) -> Iterator[pa.RecordBatch]:
+    """The RecordBatches ``ticket`` promised, message by message (transformed when it says so)."""
     if ticket.fingerprint != ds.fingerprint or ticket.num_rows != ds.num_rows:
         raise StaleState(
             f"ticket was made for another version of dataset {ds.name!r} "
@@ -163,6 +189,16 @@ def ticket_batches(ds: Dataset, ticket: Any) -> Iterator[pa.RecordBatch]:
         int(read.shuffle.block_rows) or 1,
         int(read.shuffle.buffer_rows) or 1,
     )
+    plan = transform_plan(ds, read, transformer)
+    if plan is not None and transformer is not None:
+        from flightfeed.server.transforms import DrawKey
+
+        key = DrawKey(ds.fingerprint, int(read.seed), int(read.epoch))
+        for lo, hi in span.messages():
+            ds.check_unchanged()
+            rows = order.rows(part.positions(lo, hi)) if order.shuffle else part.positions(lo, hi)
+            yield from transformer.message(ds, plan, rows, columns, key, int(read.batch_rows))
+        return
     for lo, hi in span.messages():
         ds.check_unchanged()
         if not order.shuffle:

@@ -1,0 +1,42 @@
+"""Server-side transforms: decode and seeded augmentation on the data node (issue 9).
+
+Modules: ``registry`` (named steps, parameters, custom transforms and their API), ``spec``
+(shapes known before streaming), ``ops`` (the built-ins), ``frame`` (lazy geometry, one
+decode+resample per sample), ``rng`` (draws keyed by fingerprint, seed, epoch, stored row, step),
+``pipeline`` (validation, presets, output schema), ``execute`` (the decode pool), ``presets``.
+"""
+
+from flightfeed.server.transforms.execute import SKIP_KEY, Transformer, run_row
+from flightfeed.server.transforms.pipeline import ColumnPlan, Plan, compile_plan, resolve_command, steps_from_dicts
+from flightfeed.server.transforms.registry import (
+    ENTRY_POINT_GROUP,
+    Param,
+    Registry,
+    Transform,
+    default_registry,
+    load_entry_points,
+    register_transform,
+)
+from flightfeed.server.transforms.rng import DrawKey, row_generator
+from flightfeed.server.transforms.spec import ColumnSpec
+
+__all__ = [
+    "SKIP_KEY",
+    "Transformer",
+    "run_row",
+    "ColumnPlan",
+    "Plan",
+    "compile_plan",
+    "resolve_command",
+    "steps_from_dicts",
+    "ENTRY_POINT_GROUP",
+    "Param",
+    "Registry",
+    "Transform",
+    "default_registry",
+    "load_entry_points",
+    "register_transform",
+    "DrawKey",
+    "row_generator",
+    "ColumnSpec",
+]
