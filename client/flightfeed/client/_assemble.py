@@ -13,6 +13,7 @@ from typing import cast
 
 import pyarrow as pa
 
+from flightfeed.client._skips import positions_of
 from flightfeed.client._streams import END, StreamReader
 from flightfeed.wire.errors import StreamError
 from flightfeed.wire.messages import span_of
@@ -59,6 +60,11 @@ def split_batches(messages: Iterator[list[pa.RecordBatch]], batch_rows: int) -> 
     need = batch_rows
     for parts in messages:
         for rb in parts:
+            if positions_of(rb) != rb.num_rows:  # a whole client batch that lost rows (_skips)
+                if pending:
+                    raise StreamError("a batch with skipped rows does not start at a batch boundary")
+                yield rb
+                continue
             off = 0
             while off < rb.num_rows:
                 take = min(need, rb.num_rows - off)

@@ -25,12 +25,14 @@ from flightfeed.client._device import DeviceStage
 from flightfeed.client._node import FlightNode
 from flightfeed.client._pool import ConnectionPool, ConnectOptions
 from flightfeed.client._report import Reporter
+from flightfeed.client._skips import positions_of
 from flightfeed.client._state import ReadState
 from flightfeed.client._stats import StallMeter
 from flightfeed.client._streams import StreamReader
 from flightfeed.client._topology import Topology, resolve_topology
 from flightfeed.wire.errors import ConfigError
 from flightfeed.wire.messages import COMPRESSIONS, WIRE_VERSION, ReadCommand, StreamTicket
+from flightfeed.wire.transforms import TransformSpec, set_transform
 
 __all__ = ["FlightDataset"]
 
@@ -40,6 +42,14 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
 
     Use directly (``for batch in ds``), with ``DataLoader(ds, batch_size=None, num_workers=N)``
     (workers split the streams; no duplicates), as ``ds.as_node()`` or ``ds.as_datapipe()``.
+
+    ``transform``: run on the data node: ``None``, a server preset (``"imagenet_train"``:
+    random_resized_crop 224 + hflip; ``"imagenet_val"``: resize 256 + center_crop 224) or a list
+    of steps ``[{"name": "decode"}, {"name": "center_crop", "size": 224}, ...]``. The column keeps
+    its name and arrives as a uint8 tensor ``(B, 224, 224, 3)`` (HWC; add ``{"name": "to_chw"}``
+    for ``(B, 3, 224, 224)``). Augmentation draws depend on (data, seed, epoch, row) only.
+    ``on_decode_error="skip"`` drops rows whose bytes do not decode (such batches are shorter; the
+    count is in ``stats()["rows_skipped"]``); the default ``"raise"`` fails naming the row and shard.
     """
 
     def __init__(
@@ -66,6 +76,8 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         compression: str | None = None,
         message_rows: int = 0,
         report_interval: float | None = 5.0,
+        transform: TransformSpec = None,
+        on_decode_error: str = "raise",
     ) -> None:
         super().__init__()
         if batch_size < 1:
@@ -87,6 +99,9 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         self.block_rows, self.buffer_rows, self.message_rows = block_rows, buffer_rows, message_rows
         self.compression = compression or ""
         self.report_interval = report_interval
+        # server-side transforms (see the class doc); checked here for shape, on the server in full
+        self.transform, self.on_decode_error = transform, on_decode_error
+        set_transform(ReadCommand(), transform, on_decode_error)
         self._connect = ConnectOptions(token=token, tls_root_certs=tls_root_certs, timeout=timeout)
         self.epoch = 0
         self._state = ReadState.fresh(self._settings())
@@ -127,7 +142,8 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         self.epoch = loaded.epoch
 
     def stats(self) -> dict[str, float]:
-        """Consumer-side figures: rows, bytes, wait_s, elapsed_s, stall_ratio, rows_per_s, bytes_per_s."""
+        """Consumer-side figures: rows, bytes, wait_s, elapsed_s, stall_ratio, rows_per_s, bytes_per_s,
+        rows_skipped (rows the server could not decode, with ``on_decode_error="skip"``)."""
         return self.meter.figures()
 
     # -- iteration ------------------------------------------------------------------------
@@ -156,6 +172,7 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             compression=self.compression,
             message_rows=self.message_rows,
         )
+        set_transform(cmd, self.transform, self.on_decode_error)
         cmd.shuffle.enabled = self.shuffle
         cmd.shuffle.block_rows = start.block_rows or self.block_rows
         cmd.shuffle.buffer_rows = start.buffer_rows or self.buffer_rows
@@ -208,11 +225,17 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
                     break
                 t1 = time.perf_counter()
                 self.meter.spent("fetch", t1 - t0)
+                positions = positions_of(rb)
+                if positions != rb.num_rows:
+                    self.meter.skipped(positions - rb.num_rows)
+                    if not rb.num_rows:  # every row of this batch was skipped
+                        self._state = self._state.advanced(positions)
+                        continue
                 tensors = batch_to_torch(rb)
                 self.meter.spent("convert", time.perf_counter() - t1)
                 out = stage(tensors)  # the device stage reports its own time
                 self.meter.waited(time.perf_counter() - t0, rb.num_rows, rb.nbytes)
-                self._state = self._state.advanced(rb.num_rows)
+                self._state = self._state.advanced(positions)
                 yield out
         finally:
             self.meter.stop()

@@ -17,6 +17,7 @@ class StallMeter:
     bytes: int = 0
     batches: int = 0
     wait_s: float = 0.0
+    rows_skipped: int = 0  # rows the server dropped (on_decode_error="skip")
     stages: dict[str, float] = field(default_factory=dict)  # seconds per pipeline stage (e.g. device)
     _start: float | None = None
     _offset: float = 0.0
@@ -36,6 +37,10 @@ class StallMeter:
             self.rows += rows
             self.bytes += nbytes
             self.batches += 1
+
+    def skipped(self, rows: int) -> None:
+        with self._lock:
+            self.rows_skipped += rows
 
     def spent(self, stage: str, seconds: float) -> None:
         """Add ``seconds`` to ``stage`` (part of the consumer's wait; reported as ``<stage>_s``)."""
@@ -62,6 +67,7 @@ class StallMeter:
             "rows": float(self.rows),
             "bytes": float(self.bytes),
             "batches": float(self.batches),
+            "rows_skipped": float(self.rows_skipped),
             "wait_s": self.wait_s,
             "elapsed_s": elapsed,
             "stall_ratio": self.wait_s / elapsed if elapsed > 0 else 0.0,

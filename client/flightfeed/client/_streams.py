@@ -21,6 +21,7 @@ import pyarrow.flight as flight
 
 from flightfeed.client._boundary import retryable, translate
 from flightfeed.client._pool import ConnectionPool
+from flightfeed.client._skips import received
 from flightfeed.wire.errors import FlightFeedError, StreamError, StreamTruncated
 from flightfeed.wire.messages import StreamTicket, span_of
 
@@ -118,13 +119,25 @@ class StreamReader(threading.Thread):
             have = 0
             while True:
                 try:
-                    batch = reader.read_chunk().data
+                    chunk = reader.read_chunk()
                 except StopIteration:
                     break
-                if batch is None:  # a metadata-only message
+                if chunk.data is None:  # a metadata-only message
                     continue
                 if self.stop.is_set():
                     return
+                batch, skipped = received(chunk.data, chunk.app_metadata)
+                if skipped:  # one whole client batch that lost rows (_skips): count its positions
+                    if done == len(messages) or have + batch.num_rows + skipped > messages[done]:
+                        raise StreamError(f"stream {self.slot}: rows with skips cross a message boundary")
+                    pending.append(batch)
+                    have += batch.num_rows + skipped
+                    if have == messages[done]:
+                        if not self._put(pending):
+                            return
+                        pending, have, done = [], 0, done + 1
+                        self.delivered = done
+                    continue
                 off = 0
                 while off < batch.num_rows:
                     if done == len(messages):
