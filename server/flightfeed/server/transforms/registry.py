@@ -212,6 +212,10 @@ class Registry:
     def names(self) -> list[str]:
         return sorted(self._transforms)
 
+    def transforms(self) -> list[Transform]:
+        with self._lock:
+            return list(self._transforms.values())
+
     def preset_names(self) -> list[str]:
         return sorted(self._presets)
 

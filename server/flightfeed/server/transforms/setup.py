@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from flightfeed.server.transforms.execute import Transformer
-from flightfeed.server.transforms.registry import default_registry, load_entry_points
+from flightfeed.server.transforms.registry import Registry, default_registry, load_entry_points
 from flightfeed.wire.errors import ConfigError, InvalidRequest
 
 __all__ = ["transformer_from_config"]
@@ -22,7 +22,7 @@ def transformer_from_config(config: Mapping[str, Any], workers: int, metrics: An
     """
     if int(workers) < 1:
         raise ConfigError(f"--decode-workers {workers}: must be >= 1")
-    registry = default_registry()
+    registry = default_registry().copy()  # register_transform() calls made so far, plus:
     load_entry_points(registry)
     section = config.get("transforms", {})
     if not isinstance(section, Mapping):
@@ -31,11 +31,13 @@ def transformer_from_config(config: Mapping[str, Any], workers: int, metrics: An
     if not isinstance(presets, Mapping):
         raise ConfigError(f"config 'transforms.presets' must be a table of name = [steps], got {presets!r}")
     for name, steps in presets.items():
-        registry.add_preset(str(name), steps)
-        for step in registry.preset(str(name)):
+        check = Registry(registry.transforms())
+        check.add_preset(str(name), steps)  # structure
+        for step in check.preset(str(name)):
             params = {k: v for k, v in step.items() if k not in ("name", "column")}
             try:
                 registry.get(str(step["name"])).bind(params)
             except InvalidRequest as exc:
                 raise ConfigError(f"config preset {name!r}: {exc}") from None
+        registry.add_preset(str(name), steps)
     return Transformer(registry, workers=int(workers), metrics=metrics)
