@@ -15,7 +15,7 @@ from typing import Any
 
 import pyarrow.flight as flight
 
-from flightfeed.wire.errors import ConfigError
+from flightfeed.client._fork import abandon, check_fork, note_grpc_use
 
 __all__ = ["ConnectOptions", "ConnectionPool"]
 
@@ -31,37 +31,31 @@ class ConnectOptions:
         return flight.FlightCallOptions(timeout=self.timeout, headers=headers)
 
 
-_GRPC_PID: int | None = None  # the process that created the first Flight client
-
-
-def _check_fork() -> None:
-    """gRPC is not fork-safe: a process forked after its parent used gRPC hangs on its first call."""
-    global _GRPC_PID
-    pid = os.getpid()
-    if _GRPC_PID is None:
-        _GRPC_PID = pid
-    elif pid != _GRPC_PID:
-        raise ConfigError(
-            "this process was forked from one that had already used Arrow Flight (gRPC), which hangs; "
-            "create the DataLoader with multiprocessing_context='spawn' or 'forkserver' "
-            "(or do not iterate the dataset in the parent before forking)"
-        )
-
-
 class ConnectionPool:
     def __init__(self, location: str, options: ConnectOptions | None = None) -> None:
         self.location = location
         self.options = options or ConnectOptions()
         self._clients: dict[tuple[str, int], flight.FlightClient] = {}
         self._lock = threading.Lock()
+        self._pid = os.getpid()  # a forked copy (DataLoader fork workers) must not use these clients
+
+    def _forked(self) -> bool:
+        """In a forked child: drop the parent's clients (never closed here) and its lock."""
+        if self._pid == os.getpid():
+            return False
+        abandon(self._clients)
+        self._clients, self._lock, self._pid = {}, threading.Lock(), os.getpid()
+        return True
 
     def client(self, slot: int, location: str | None = None) -> flight.FlightClient:
         """The client for stream ``slot`` at ``location`` (default: the pool's)."""
         key = (location or self.location, slot)
+        self._forked()
+        check_fork(f"Flight client for {key[0]}")  # every use: a forked copy may hold live clients
         with self._lock:
             c = self._clients.get(key)
             if c is None:
-                _check_fork()
+                note_grpc_use()
                 certs = self.options.tls_root_certs
                 kwargs: dict[str, Any] = {"tls_root_certs": certs} if certs else {}
                 c = flight.FlightClient(key[0], **kwargs)
@@ -70,6 +64,8 @@ class ConnectionPool:
 
     def discard(self, slot: int, location: str | None = None) -> None:
         """Forget a client whose connection failed (the next call reconnects)."""
+        if self._forked():
+            return
         with self._lock:
             c = self._clients.pop((location or self.location, slot), None)
         if c is not None:
@@ -77,6 +73,8 @@ class ConnectionPool:
                 c.close()
 
     def close(self) -> None:
+        if self._forked():
+            return
         with self._lock:
             clients, self._clients = list(self._clients.values()), {}
         for c in clients:
