@@ -22,14 +22,24 @@ from flightfeed.client._boundary import flight_call
 from flightfeed.client._convert import batch_to_torch
 from flightfeed.client._datapipe import FlightDataPipe
 from flightfeed.client._device import DeviceStage
+from flightfeed.client._info import dataset_info
 from flightfeed.client._node import FlightNode
 from flightfeed.client._pool import ConnectionPool, ConnectOptions
-from flightfeed.client._report import Reporter
+from flightfeed.client._report import Reporter, _default_client_id
 from flightfeed.client._skips import positions_of
 from flightfeed.client._state import ReadState
 from flightfeed.client._stats import StallMeter
 from flightfeed.client._streams import StreamReader
 from flightfeed.client._topology import Topology, resolve_topology
+from flightfeed.client._workers import (
+    STATEFUL_HINT,
+    SharedSlots,
+    drop_rows,
+    hint_once,
+    refuse_worker_state_here,
+    skip_delivered,
+    worker_start,
+)
 from flightfeed.wire.errors import ConfigError
 from flightfeed.wire.messages import COMPRESSIONS, WIRE_VERSION, ReadCommand, StreamTicket
 from flightfeed.wire.transforms import TransformSpec, set_transform
@@ -56,7 +66,7 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         self,
         location: str,
         name: str,
-        columns: Sequence[str] | None = None,
+        columns: str | Sequence[str] | None = None,
         batch_size: int = 256,
         shuffle: bool = True,
         seed: int = 0,
@@ -91,7 +101,7 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         if prefetch < 1:
             raise ConfigError(f"prefetch is {prefetch}; it must be >= 1 (messages per stream)")
         self.location, self.name = location, name
-        self.columns = list(columns) if columns else []
+        self.columns = _columns(columns)
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
         self.device = torch.device(device) if device is not None else None
@@ -103,7 +113,10 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         self.transform, self.on_decode_error = transform, on_decode_error
         set_transform(ReadCommand(), transform, on_decode_error)
         self._connect = ConnectOptions(token=token, tls_root_certs=tls_root_certs, timeout=timeout)
-        self.epoch = 0
+        self._shared = SharedSlots()  # the epoch and worker activity, shared with DataLoader workers
+        self._worker_mark = 0  # WORKER_ITERATIONS when this process last read or loaded a state itself
+        self._client_id = _default_client_id()  # one identity in the server's metrics for all epochs
+        self._info: dict[str, Any] | None = None
         self._state = ReadState.fresh(self._settings())
         self._resume: ReadState | None = None
         self._pool: ConnectionPool | None = None
@@ -121,25 +134,58 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             "drop_last": self.drop_last,
         }
 
+    @property
+    def epoch(self) -> int:
+        """The epoch the next iteration reads (shared with DataLoader workers, persistent ones too)."""
+        return self._shared.get(SharedSlots.EPOCH)
+
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch whose order the next iteration follows (call before each epoch)."""
+        """Select the epoch whose order the next iteration follows (call before each epoch).
+
+        Reaches DataLoader workers too, also ``persistent_workers=True`` ones."""
         if epoch < 0:
             raise ConfigError(f"epoch is {epoch}; it must be >= 0")
         if self._resume is not None and self._resume.epoch != epoch:
             self._resume = None  # a checkpoint of another epoch does not apply
-        self.epoch = epoch
+        self._shared.set(SharedSlots.EPOCH, epoch)
 
     def state_dict(self) -> dict[str, Any]:
-        """A small JSON-serialisable checkpoint of this reader's position."""
+        """A small JSON-serialisable checkpoint of this reader's position.
+
+        Raises ConfigError in the main process while DataLoader workers read this dataset: the
+        position lives in the workers (torchdata's StatefulDataLoader collects their states)."""
+        in_main = torch.utils.data.get_worker_info() is None
+        if in_main and self._shared.get(SharedSlots.WORKER_ITERATIONS) != self._worker_mark:
+            raise ConfigError(
+                f"FlightDataset {self.name!r} is being read by DataLoader worker processes, so this "
+                "process's state_dict() would not say what they delivered (resuming from it would replay "
+                f"the epoch); {STATEFUL_HINT}"
+            )
         return self._state.to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue exactly where ``state`` left off on the next iteration."""
         topo = resolve_topology(self.rank, self.world_size)
         loaded = ReadState.from_dict(state, self._settings())
+        if topo.num_workers == 1:
+            refuse_worker_state_here(loaded)
+            self._worker_mark = self._shared.get(SharedSlots.WORKER_ITERATIONS)
         self._resume = loaded.for_topology(topo.rank, topo.world_size)
         self._state = self._resume
-        self.epoch = loaded.epoch
+        self._shared.set(SharedSlots.EPOCH, loaded.epoch)
+
+    def info(self) -> dict[str, Any]:
+        """What the server says about the dataset: ``name``, ``rows``, ``columns`` (name -> Arrow
+        type), ``classes`` (class names of a converted image folder, else None) and ``schema``."""
+        if self._info is None:
+            self._info = dataset_info(self._get_pool(), self._connect, self.name, self.columns)
+        return self._info
+
+    @property
+    def classes(self) -> list[str] | None:
+        """Class names (label ``i`` is ``classes[i]``) when the dataset records them, else None."""
+        classes: list[str] | None = self.info()["classes"]
+        return classes
 
     def stats(self) -> dict[str, float]:
         """Consumer-side figures: rows, bytes, wait_s, elapsed_s, stall_ratio, rows_per_s, bytes_per_s,
@@ -152,13 +198,13 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             self._pool = ConnectionPool(self.location, self._connect)
         return self._pool
 
-    def _command(self, topo: Topology, start: ReadState) -> Any:
+    def _command(self, topo: Topology, start: ReadState, epoch: int) -> Any:
         cmd = ReadCommand(
             version=WIRE_VERSION,
             dataset=self.name,
             columns=self.columns,
             seed=self.seed,
-            epoch=self.epoch,
+            epoch=epoch,
             rank=topo.rank,
             world_size=topo.world_size,
             batch_rows=self.batch_size,
@@ -170,7 +216,7 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             num_workers=topo.num_workers,
             fingerprint=start.fingerprint,
             compression=self.compression,
-            message_rows=self.message_rows,
+            message_rows=(start.message_rows if start.num_workers > 1 else 0) or self.message_rows,
         )
         set_transform(cmd, self.transform, self.on_decode_error)
         cmd.shuffle.enabled = self.shuffle
@@ -178,9 +224,11 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         cmd.shuffle.buffer_rows = start.buffer_rows or self.buffer_rows
         return cmd
 
-    def open_streams(self, topo: Topology, start: ReadState, stop: threading.Event) -> list[StreamReader]:
+    def open_streams(
+        self, topo: Topology, start: ReadState, stop: threading.Event, epoch: int | None = None
+    ) -> list[StreamReader]:
         pool = self._get_pool()
-        cmd = self._command(topo, start)
+        cmd = self._command(topo, start, self.epoch if epoch is None else epoch)
         with flight_call(f"get_flight_info for dataset {self.name!r} at {self.location}"):
             info = pool.client(0).get_flight_info(
                 flight.FlightDescriptor.for_command(cmd.SerializeToString()), self._connect.call_options()
@@ -202,18 +250,26 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
 
     def _iterate(self) -> Iterator[dict[str, Any]]:
         topo = resolve_topology(self.rank, self.world_size)
-        start = self._resume if self._resume is not None else ReadState.fresh(self._settings(), epoch=self.epoch)
+        epoch = self.epoch  # read when the iteration starts: set_epoch reaches persistent workers
+        start = self._resume if self._resume is not None else ReadState.fresh(self._settings(), epoch=epoch)
         self._resume = None
-        if start.epoch != self.epoch:
-            start = ReadState.fresh(self._settings(), epoch=self.epoch)
+        if start.epoch != epoch:
+            start = ReadState.fresh(self._settings(), epoch=epoch)
+        if topo.num_workers > 1:
+            start = worker_start(start, topo)
+            self._shared.bump(SharedSlots.WORKER_ITERATIONS)
+            hint_once(self._shared, topo)
+        else:
+            self._worker_mark = self._shared.get(SharedSlots.WORKER_ITERATIONS)
         stop = threading.Event()
-        readers = self.open_streams(topo, start, stop)
+        readers = self.open_streams(topo, start, stop, epoch)
         running = (stop, readers)
         self._running.append(running)
         self._state = start.pinned(readers[0].ticket if readers else None, topo.rank, topo.world_size)
+        skip = skip_delivered(readers, start.worker_rows) if topo.num_workers > 1 else 0
         for r in readers:
             r.start()
-        batches = split_batches(ordered_messages(readers), self.batch_size)
+        batches = split_batches(drop_rows(ordered_messages(readers), skip), self.batch_size)
         stage = _device_stage(self.device, self.meter)
         self.meter.start()
         reporter = self._reporter(topo)
@@ -265,6 +321,7 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             self.meter.figures,
             interval=self.report_interval,
             static=static,
+            client_id=self._client_id + (f"/worker{topo.worker}" if topo.num_workers > 1 else ""),
             token=self._connect.token,
             tls_root_certs=self._connect.tls_root_certs,
         )
@@ -275,6 +332,7 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         state["_pool"] = None  # connections are per process
         state["meter"] = None
         state["_running"] = []
+        state["_info"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -306,3 +364,16 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
 def _device_stage(device: torch.device | None, meter: StallMeter) -> DeviceStage:
     """CPU: batches stay on Arrow memory. CUDA: pinned ring + side-stream copies (``_device``)."""
     return DeviceStage(device, timer=meter.spent)
+
+
+def _columns(columns: str | Sequence[str] | None) -> list[str]:
+    """``columns`` as a list: a string names one column (not its characters)."""
+    if columns is None:
+        return []
+    if isinstance(columns, str):
+        return [columns]
+    out = list(columns)
+    bad = [c for c in out if not isinstance(c, str)]
+    if bad:
+        raise ConfigError(f"columns must be column names (strings); got {bad!r} in {columns!r}")
+    return out

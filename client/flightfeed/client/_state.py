@@ -33,6 +33,12 @@ class ReadState:
     fingerprint: str = ""
     block_rows: int = 0
     buffer_rows: int = 0
+    # DataLoader worker states (``_workers``): worker ``worker`` of ``num_workers`` (> 1) reads its
+    # share of the message grid anchored at ``rows_consumed`` and has delivered ``worker_rows``
+    worker: int = 0
+    num_workers: int = 1
+    worker_rows: int = 0
+    message_rows: int = 0
 
     @classmethod
     def fresh(cls, settings: dict[str, Any], epoch: int = 0) -> ReadState:
@@ -51,9 +57,12 @@ class ReadState:
             num_rows=int(ticket.num_rows),
             block_rows=int(read.shuffle.block_rows),
             buffer_rows=int(read.shuffle.buffer_rows),
+            message_rows=int(ticket.message_rows),
         )
 
     def advanced(self, rows: int) -> ReadState:
+        if self.num_workers > 1:
+            return replace(self, worker_rows=self.worker_rows + rows)
         return replace(self, rows_consumed=self.rows_consumed + rows)
 
     def to_dict(self) -> dict[str, Any]:
@@ -87,6 +96,11 @@ class ReadState:
 
     def for_topology(self, rank: int, world_size: int) -> ReadState:
         """The state to resume with as ``rank`` of ``world_size``."""
+        if self.num_workers > 1 and world_size != self.world_size:
+            raise StaleState(
+                f"a DataLoader worker's checkpoint (world size {self.world_size}) cannot resume at world size "
+                f"{world_size}; change the world size from a checkpoint read with num_workers=0"
+            )
         if world_size == self.world_size:
             if rank != self.rank:
                 raise StaleState(

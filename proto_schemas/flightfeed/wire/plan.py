@@ -16,6 +16,7 @@ Vocabulary:
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -165,17 +166,21 @@ def split_streams(
 
 
 def stream_messages(spans: list[StreamSpan]) -> Iterator[tuple[int, tuple[int, int]]]:
-    """``(stream_index, (start, stop))`` in the canonical order of the worker's messages."""
+    """``(stream_index, (start, stop))`` in the canonical order of the worker's messages.
+
+    Messages come in ascending row order: round-robin over the streams for fresh spans, and
+    still right when some streams were advanced further than others (a worker's resume)."""
     iters = [s.messages() for s in spans]
-    live = list(range(len(iters)))
-    while live:
-        still = []
-        for k in live:
-            nxt = next(iters[k], None)
-            if nxt is not None:
-                yield k, nxt
-                still.append(k)
-        live = still
+    heads = [(nxt, k) for k, it in enumerate(iters) if (nxt := next(it, None)) is not None]
+    heapq.heapify(heads)
+    while heads:
+        nxt, k = heads[0]
+        yield k, nxt
+        following = next(iters[k], None)
+        if following is None:
+            heapq.heappop(heads)
+        else:
+            heapq.heapreplace(heads, (following, k))
 
 
 def default_message_rows(batch_rows: int, row_bytes: int, num_workers: int, target_bytes: int) -> int:

@@ -24,6 +24,7 @@ from flightfeed.server.storage.cli_options import (
     storage_options_from_args,
 )
 from flightfeed.server.storage.resolve import StorageOptions
+from flightfeed.wire.classes import classes_of
 from flightfeed.wire.errors import FlightFeedError, StorageError
 
 __all__ = ["add_arguments", "run", "inspect_dataset", "inspect_server", "format_report"]
@@ -88,6 +89,7 @@ def inspect_dataset(uri: str, options: StorageOptions | None = None) -> dict[str
             "compression": ",".join(sorted(set(compressions))),
             "fingerprint": ds.fingerprint,
             "schema": _schema(ds.schema),
+            "classes": classes_of(ds.schema),
             "shard_list": shards,
         }
     finally:
@@ -148,6 +150,7 @@ def inspect_server(target: str, *, token: str | None = None, timeout_s: float = 
                 "rows": info.total_records,
                 "bytes": info.total_bytes,
                 "schema": _schema(info.schema),
+                "classes": classes_of(info.schema),
             }
             if ds_name in described:
                 entry["shards"] = described[ds_name].get("shards")
@@ -181,6 +184,7 @@ def format_report(report: dict[str, Any]) -> str:
             extra = "".join(f"  {k}: {d[k]}" for k in ("shards", "streams") if d.get(k) is not None)
             lines.append(f"\n{d['name']}  rows: {d['rows']:,}  bytes: {_size(d['bytes'])}{extra}")
             lines.extend(f"  {f['name']}: {f['type']}" for f in d["schema"])
+            lines.extend(_classes(d.get("classes")))
         return "\n".join(lines)
     lines.append(f"dataset {report['target']}")
     lines.append(
@@ -189,6 +193,7 @@ def format_report(report: dict[str, Any]) -> str:
     )
     lines.append("schema:")
     lines.extend(f"  {f['name']}: {f['type']}" for f in report["schema"])
+    lines.extend(_classes(report.get("classes")))
     lines.append("shards:")
     shown = report["shard_list"][:20]
     for s in shown:
@@ -196,6 +201,14 @@ def format_report(report: dict[str, Any]) -> str:
     if len(report["shard_list"]) > len(shown):
         lines.append(f"  ... and {len(report['shard_list']) - len(shown)} more (--json lists all)")
     return "\n".join(lines)
+
+
+def _classes(classes: list[str] | None, shown: int = 20) -> list[str]:
+    """The ``classes:`` line (label i is classes[i]), for datasets that record class names."""
+    if not classes:
+        return []
+    more = f" ... and {len(classes) - shown} more (--json lists all)" if len(classes) > shown else ""
+    return [f"classes ({len(classes)}, label i = classes[i]): {', '.join(classes[:shown])}{more}"]
 
 
 def _size(n: int) -> str:
