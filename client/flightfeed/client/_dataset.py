@@ -27,6 +27,7 @@ from flightfeed.client._node import FlightNode
 from flightfeed.client._pool import ConnectionPool, ConnectOptions
 from flightfeed.client._report import Reporter, _default_client_id
 from flightfeed.client._skips import positions_of
+from flightfeed.client._retry import RetryPolicy
 from flightfeed.client._state import ReadState
 from flightfeed.client._stats import StallMeter
 from flightfeed.client._streams import StreamReader
@@ -60,6 +61,12 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
     for ``(B, 3, 224, 224)``). Augmentation draws depend on (data, seed, epoch, row) only.
     ``on_decode_error="skip"`` drops rows whose bytes do not decode (such batches are shorter; the
     count is in ``stats()["rows_skipped"]``); the default ``"raise"`` fails naming the row and shard.
+
+    A stream that fails continues from its first undelivered message on the endpoint's next
+    location (another process or data node). ``retry_timeout`` is the budget of one *outage* in
+    seconds (it starts again once a retry delivers data); ``retries`` optionally caps the retries
+    of one outage as well (None: only the time budget counts). Pauses between rounds over the
+    locations back off exponentially, capped at 1 s. ``stats()`` counts ``retries`` and ``failovers``.
     """
 
     def __init__(
@@ -79,7 +86,8 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         block_rows: int = 0,
         buffer_rows: int = 0,
         prefetch: int = 1,
-        retries: int = 3,
+        retries: int | None = None,
+        retry_timeout: float = 30.0,
         token: str | None = None,
         tls_root_certs: bytes | None = None,
         timeout: float | None = None,
@@ -106,6 +114,7 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
         self.device = torch.device(device) if device is not None else None
         self.streams, self.prefetch, self.retries = streams, prefetch, retries
+        self.retry = RetryPolicy(timeout_s=retry_timeout, max_attempts=retries)
         self.block_rows, self.buffer_rows, self.message_rows = block_rows, buffer_rows, message_rows
         self.compression = compression or ""
         self.report_interval = report_interval
@@ -189,7 +198,8 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
 
     def stats(self) -> dict[str, float]:
         """Consumer-side figures: rows, bytes, wait_s, elapsed_s, stall_ratio, rows_per_s, bytes_per_s,
-        rows_skipped (rows the server could not decode, with ``on_decode_error="skip"``)."""
+        rows_skipped (rows the server could not decode, with ``on_decode_error="skip"``), retries
+        (stream retries after a failure) and failovers (retries that moved to another location)."""
         return self.meter.figures()
 
     # -- iteration ------------------------------------------------------------------------
@@ -240,10 +250,15 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
                 StreamReader(
                     pool, k, ticket, [loc.uri.decode() if isinstance(loc.uri, bytes) else str(loc.uri)
                                       for loc in ep.locations],
-                    depth=self.prefetch, retries=self.retries, stop=stop,
+                    depth=self.prefetch, policy=self.retry, stop=stop, on_retry=self._retried,
                 )
             )
         return readers
+
+    def _retried(self, failed: str, next_location: str) -> None:
+        self.meter.count("retries")
+        if next_location != failed:
+            self.meter.count("failovers")
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return self._iterate()

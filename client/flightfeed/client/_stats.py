@@ -19,6 +19,7 @@ class StallMeter:
     wait_s: float = 0.0
     rows_skipped: int = 0  # rows the server dropped (on_decode_error="skip")
     stages: dict[str, float] = field(default_factory=dict)  # seconds per pipeline stage (e.g. device)
+    counts: dict[str, int] = field(default_factory=lambda: {"retries": 0, "failovers": 0})  # events
     _start: float | None = None
     _offset: float = 0.0
     _end: float | None = None
@@ -47,6 +48,11 @@ class StallMeter:
         with self._lock:
             self.stages[stage] = self.stages.get(stage, 0.0) + seconds
 
+    def count(self, event: str, n: int = 1) -> None:
+        """Count ``n`` occurrences of ``event`` (reported under that name)."""
+        with self._lock:
+            self.counts[event] = self.counts.get(event, 0) + n
+
     def stop(self) -> None:
         with self._lock:
             if self._start is not None and self._end is None:
@@ -63,6 +69,7 @@ class StallMeter:
         elapsed = self.elapsed_s
         with self._lock:
             stages = dict(self.stages)
+            counts = dict(self.counts)
         return {
             "rows": float(self.rows),
             "bytes": float(self.bytes),
@@ -74,4 +81,5 @@ class StallMeter:
             "rows_per_s": self.rows / elapsed if elapsed > 0 else 0.0,
             "bytes_per_s": self.bytes / elapsed if elapsed > 0 else 0.0,
             **{f"{stage}_s": seconds for stage, seconds in stages.items()},
+            **{event: float(n) for event, n in counts.items()},
         }

@@ -1,9 +1,10 @@
 """Background stream readers: one thread per endpoint, whole messages into a bounded queue.
 
 A reader counts rows against the ticket's promise. A stream that fails or ends short is retried
-from the first message it has not delivered (against the endpoint's next location, if it names
-several), up to ``retries`` times; then the consumer gets :class:`StreamTruncated` or
-:class:`StreamError`. Nothing is ever silently shortened and no message is delivered twice.
+from the first message it has not delivered, on the endpoint's next location (another process or
+data node), within the per-outage budget of :mod:`._retry`; then the consumer gets
+:class:`StreamTruncated` or :class:`StreamError` naming the locations tried. Nothing is ever
+silently shortened and no message is delivered twice.
 """
 
 from __future__ import annotations
@@ -12,8 +13,7 @@ import contextlib
 import logging
 import queue
 import threading
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -22,6 +22,7 @@ import pyarrow.flight as flight
 from flightfeed.client._boundary import retryable, translate
 from flightfeed.client._pool import ConnectionPool
 from flightfeed.client._skips import received
+from flightfeed.client._retry import Outage, RetryPolicy
 from flightfeed.wire.errors import FlightFeedError, StreamError, StreamTruncated
 from flightfeed.wire.messages import StreamTicket, span_of
 
@@ -42,15 +43,16 @@ class StreamReader(threading.Thread):
         locations: Sequence[str],
         *,
         depth: int,
-        retries: int,
+        policy: RetryPolicy,
         stop: threading.Event,
+        on_retry: Callable[[str, str], None] | None = None,
     ) -> None:
         super().__init__(name=f"flightfeed-stream-{slot}", daemon=True)
         self.pool, self.slot, self.ticket = pool, slot, ticket
         self.locations = list(locations) or [pool.location]
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth))
-        self.retries, self.stop = retries, stop
-        self.retried = 0
+        self.policy, self.stop, self.on_retry = policy, stop, on_retry
+        self.retried = 0  # retries over this reader's life (all outages)
         self.delivered = 0
         self._active: flight.FlightStreamReader | None = None
         self._lock = threading.Lock()
@@ -74,9 +76,11 @@ class StreamReader(threading.Thread):
         span = span_of(self.ticket)
         messages = [hi - lo for lo, hi in span.messages()]
         self.delivered = 0  # whole messages handed to the consumer: a retry resumes after them
-        attempt = 0
+        at = 0  # index of the location in use
+        outage: Outage | None = None
         while self.delivered < len(messages) and not self.stop.is_set():
-            location = self.locations[attempt % len(self.locations)]
+            location = self.locations[at]
+            before = self.delivered
             try:
                 self._read(span, messages, location)
                 done = self.delivered
@@ -89,19 +93,39 @@ class StreamReader(threading.Thread):
                 if self.stop.is_set():
                     return
                 err = translate(exc)
-                if retryable(err) and attempt < self.retries:
-                    attempt += 1
-                    self.retried += 1
-                    log.warning("stream %d failed (%s); retry %d/%d", self.slot, err, attempt, self.retries)
-                    self.pool.discard(self.slot, location)
-                    time.sleep(min(2.0, 0.1 * 2**attempt))
-                    continue
-                if not isinstance(err, FlightFeedError):
-                    err = StreamError(f"stream {self.slot}: {exc}")
-                self._put(err)
-                return
+                if self.delivered > before:
+                    outage = None  # the last retry made progress: this is a new outage
+                if not retryable(err):
+                    self._fail(err, exc)
+                    return
+                if outage is None:
+                    outage = Outage(self.policy, len(self.locations))
+                pause = outage.failed(location, err)
+                if pause is None:
+                    self._fail(err, exc, outage)
+                    return
+                self.retried += 1
+                self.pool.discard(self.slot, location)
+                at = (at + 1) % len(self.locations)
+                log.warning(
+                    "stream %d failed at %s (%s); retry %d of this outage on %s",
+                    self.slot, location, err, outage.attempts, self.locations[at],
+                )
+                if self.on_retry is not None:
+                    self.on_retry(location, self.locations[at])
+                if pause and self.stop.wait(pause):
+                    return
         if not self.stop.is_set():
             self._put(END)
+
+    def _fail(self, err: BaseException, exc: BaseException, outage: Outage | None = None) -> None:
+        """Hand the consumer the error that ends this stream (with the outage's story, if any)."""
+        if outage is not None and isinstance(err, StreamError):
+            text = str(err) if str(err).startswith("stream") else f"stream {self.slot}: {err}"
+            err = type(err)(f"{text}; {outage.summary()}")
+        elif not isinstance(err, FlightFeedError):
+            err = StreamError(f"stream {self.slot}: {exc}")
+        self._put(err)
 
     def _read(self, span: Any, messages: list[int], location: str) -> None:
         done = self.delivered

@@ -1,9 +1,11 @@
 """``flightfeed serve NAME=URI ...``: open the datasets, serve them over Flight (plus the sidecar)
 until SIGINT/SIGTERM, then shut down gracefully (in-flight streams get ``--grace`` seconds).
 
-``--workers N`` starts N-1 worker processes serving the same datasets on their own ports; this
-process coordinates: ``get_flight_info`` hands endpoint k the location of worker ``k % N``
-(itself included), so streams spread over N GILs and N h5py locks.
+``--workers N`` starts N-1 supervised worker processes serving the same datasets on their own
+ports (restarted with backoff when they die; they exit when this process dies); ``--peers`` /
+``--peers-dns`` name the other data nodes. ``get_flight_info`` spreads endpoints over every live
+process of every live node (``flightfeed.server.cluster``), so streams spread over the GILs and
+h5py locks of all of them, and a client continues a failed stream on the next location.
 """
 
 from __future__ import annotations
@@ -11,8 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
 import threading
 import tomllib
@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from flightfeed.server.catalog import Catalog
+from flightfeed.server.cluster import READY_PREFIX, Membership, WorkerPool, parse_peers, parse_peers_dns
+from flightfeed.server.cluster.lifecycle import drain_and_exit, exit_with_parent, install_signals, wait_for
 from flightfeed.server.metrics import ServerMetrics
 from flightfeed.server.service import FlightFeedServer
 from flightfeed.server.storage import StorageOptions, open_catalog
@@ -35,9 +37,6 @@ from flightfeed.server.transforms.setup import transformer_from_config
 from flightfeed.wire.errors import ConfigError
 
 __all__ = ["add_arguments", "run", "parse_datasets"]
-
-_READY_PREFIX = "flight: "
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("datasets", nargs="*", metavar="NAME=URI", help="dataset name and directory, glob or s3:// URI")
@@ -60,7 +59,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="threads decoding/transforming images for transform requests (default: this node's cores)",
     )
-    p.add_argument("--grace", type=float, default=30.0, help="seconds in-flight streams get at shutdown")
+    p.add_argument(
+        "--grace", type=float, default=None,
+        help="seconds in-flight streams get at SIGTERM before they are cancelled (default 30)",
+    )
+    p.add_argument(
+        "--peers", default=None, metavar="LOCATIONS",
+        help="other data nodes serving the same datasets: grpc://host:port[,grpc://host:port...]",
+    )
+    p.add_argument(
+        "--peers-dns", default=None, metavar="NAME:PORT",
+        help="find peers as every address NAME resolves to (re-resolved; a Kubernetes headless Service)",
+    )
+    p.add_argument("--exit-with-parent", action="store_true", help=argparse.SUPPRESS)  # --workers' processes
     add_s3_arguments(p)
     add_cache_arguments(p)
     add_reader_arguments(p)
@@ -107,25 +118,6 @@ def _open_catalog(datasets: dict[str, str], options: StorageOptions) -> Catalog:
     return catalog
 
 
-def _start_workers(argv: list[str], n: int) -> tuple[list[subprocess.Popen[str]], list[str]]:
-    """Start n worker processes (this same command, one worker each, no sidecar, port 0)."""
-    procs, locations = [], []
-    for _ in range(n):
-        cmd = [sys.executable, "-m", "flightfeed.server", "serve", *argv]
-        cmd += ["--workers", "1", "--no-sidecar", "--port", "0"]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-        procs.append(proc)
-    for proc in procs:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith(_READY_PREFIX):
-                locations.append(line[len(_READY_PREFIX) :].strip())
-                break
-        else:
-            raise ConfigError(f"worker process exited with code {proc.wait()} before serving")
-    return procs, locations
-
-
 def _worker_argv(args: argparse.Namespace, datasets: dict[str, str], host: str) -> list[str]:
     """The flags a worker process needs: the datasets and the storage/TLS/auth settings."""
     out = [f"{k}={v}" for k, v in datasets.items()] + ["--host", host]
@@ -160,6 +152,14 @@ def run(args: argparse.Namespace) -> int:
     workers = int(_setting(args, config, "workers", 1))
     if workers < 1:
         raise ConfigError(f"--workers {workers}: must be >= 1")
+    grace = float(_setting(args, config, "grace", 30.0))
+    if grace < 0:
+        raise ConfigError(f"--grace {grace}: must be >= 0 seconds")
+    peers = parse_peers(str(_setting(args, config, "peers", "")))
+    peers_dns = _setting(args, config, "peers_dns", None)
+    dns = parse_peers_dns(str(peers_dns)) if peers_dns else None
+    if args.exit_with_parent:
+        exit_with_parent()
     options = storage_options_from_args(args, os.environ)
     metrics = ServerMetrics()
     options.metrics = metrics
@@ -174,12 +174,11 @@ def run(args: argparse.Namespace) -> int:
         config, _setting(args, config, "decode_workers", None) or os.cpu_count() or 1, metrics
     )
     catalog = _open_catalog(datasets, options)
-    procs: list[subprocess.Popen[str]] = []
     scheme = "grpc+tls" if tls else "grpc"
+    stop = threading.Event()
+    install_signals(stop)  # before anything is announced: a SIGTERM now is a clean shutdown
+    server: FlightFeedServer | None = None
     try:
-        locations: list[str] = []
-        if workers > 1:
-            procs, locations = _start_workers(_worker_argv(args, datasets, host), workers - 1)
         server = FlightFeedServer(
             catalog,
             f"{scheme}://{host}:{port}",
@@ -189,19 +188,33 @@ def run(args: argparse.Namespace) -> int:
             auth_token=token,
             transformer=transformer,
         )
-        if locations:
-            server.stream_locations = [server.location, *locations]
-        return _serve(server, args, config, host, token)
+        cluster = server.cluster
+        roots = tls[0][0] if tls else None
+        if workers > 1:
+            command = [sys.executable, "-m", "flightfeed.server", "serve", *_worker_argv(args, datasets, host)]
+            command += ["--workers", "1", "--no-sidecar", "--port", "0", "--grace", str(grace), "--exit-with-parent"]
+            cluster.workers = WorkerPool(command, workers - 1, token=token, tls_root_certs=roots)
+            cluster.workers.start()
+        if peers or dns:
+            cluster.membership = Membership(
+                cluster.me, cluster.datasets, static=peers, dns=dns, scheme=scheme, token=token, tls_root_certs=roots
+            )
+            cluster.start()
+        return _serve(server, args, config, host, token, stop, grace)
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(timeout=30)
+        if server is not None:
+            server.cluster.stop(0.0)  # idempotent: what a failed start left running
         catalog.close()
 
 
 def _serve(
-    server: FlightFeedServer, args: argparse.Namespace, config: dict[str, Any], host: str, token: str | None
+    server: FlightFeedServer,
+    args: argparse.Namespace,
+    config: dict[str, Any],
+    host: str,
+    token: str | None,
+    stop: threading.Event,
+    grace: float,
 ) -> int:
     handle: Any = None
     source: Any = None
@@ -210,31 +223,28 @@ def _serve(
 
         source = LocalSource(server.metrics, server.catalog, server.location, token=token)
         handle = start_sidecar(source, host, int(_setting(args, config, "sidecar_port", 8816)))
-    print(f"{_READY_PREFIX}{server.location}", flush=True)
+    print(f"{READY_PREFIX}{server.location}", flush=True)
     if handle is not None:
         print(f"sidecar: {handle.url}", flush=True)
-    stop = threading.Event()
-    signals = 0
+    wait_for(stop)
+    cluster = server.cluster
+    stopping: list[threading.Thread] = []
 
-    def on_signal(signum: int, frame: Any) -> None:
-        nonlocal signals
-        signals += 1
-        if signals > 1:
-            os._exit(130)  # a second signal: stop now
-        stop.set()
+    def before() -> None:
+        cluster.drain()  # /readyz unready, out of new FlightInfos, peers see "draining"
+        t = threading.Thread(target=cluster.stop, args=(grace,), name="flightfeed-stop-cluster", daemon=True)
+        t.start()  # workers drain in parallel, within the same grace
+        stopping.append(t)
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    serving = threading.Thread(target=server.serve, name="flightfeed-serve", daemon=True)
-    serving.start()
-    while not stop.wait(0.5):
-        pass
-    print("flightfeed: shutting down (in-flight streams finish)", file=sys.stderr, flush=True)
-    done = threading.Thread(target=server.shutdown, daemon=True)
-    done.start()
-    done.join(timeout=args.grace)
-    if done.is_alive():
-        print(f"flightfeed: streams still open after {args.grace}s; exiting", file=sys.stderr, flush=True)
+    def cleanup() -> None:
+        if cluster.workers is not None:
+            cluster.workers.stop(0.0)
+        if handle is not None:
+            handle.stop()
+
+    drain_and_exit(server, grace, before=before, cleanup=cleanup)
+    for t in stopping:
+        t.join(timeout=grace + 10)
     if handle is not None:
         handle.stop()
     if source is not None:

@@ -14,7 +14,7 @@ import contextlib
 import math
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -101,6 +101,8 @@ class ServerMetrics:
         self._lock = threading.Lock()
         self._clients: dict[str, dict[str, Any]] = {}
         self._sent_children: dict[str, tuple[Any, Any, Any]] = {}
+        #: more top-level sections of ``snapshot()`` (e.g. ``cluster``), computed when asked
+        self.sections: dict[str, Callable[[], Any]] = {}
         r.register(_LiveCollector(self))
 
     # -- streaming ------------------------------------------------------------------------
@@ -222,6 +224,8 @@ class ServerMetrics:
         from flightfeed.server.metrics_snapshot import build_snapshot
 
         snap = build_snapshot(self, datasets)
+        for key, section in list(self.sections.items()):
+            snap[key] = section()
         if include_prometheus:
             snap["prometheus_text"] = self.prometheus_text().decode()
         return snap

@@ -19,6 +19,7 @@ from google.protobuf import json_format
 from flightfeed.server._boundary import flight_errors, guarded_stream
 from flightfeed.server.auth import TokenAuthFactory
 from flightfeed.server.catalog import Catalog, Dataset
+from flightfeed.server.cluster import Cluster
 from flightfeed.server.metrics import ServerMetrics
 from flightfeed.server.streaming import (
     StreamSettings,
@@ -39,7 +40,7 @@ log = logging.getLogger("flightfeed.server")
 _ACTIONS = {
     "stats": "JSON figures: throughput, streams, cache, clients, datasets",
     "report": "a client's stall/throughput report (flightfeed.v1.ClientReport)",
-    "health": "b'ok' while serving",
+    "health": "b'ok' while ready (fails while draining); a JSON body asks for the node's detail",
 }
 
 
@@ -55,7 +56,6 @@ class FlightFeedServer(flight.FlightServerBase):
         settings: StreamSettings | None = None,
         tls_certificates: Sequence[tuple[bytes, bytes]] | None = None,
         auth_token: str | None = None,
-        stream_locations: Sequence[str] = (),
         transformer: Transformer | None = None,
     ) -> None:
         middleware: dict[str, flight.ServerMiddlewareFactory] | None = (
@@ -70,11 +70,17 @@ class FlightFeedServer(flight.FlightServerBase):
         self.settings = settings or StreamSettings()
         #: runs the transform steps clients name (``--decode-workers`` threads)
         self.transformer = transformer or Transformer(metrics=self.metrics)
-        self.stream_locations: list[str | flight.Location] = [flight.Location(u) for u in stream_locations]
         parsed = urlparse(location)
         host = parsed.hostname or "127.0.0.1"
         scheme = parsed.scheme or "grpc"
         self.location = f"{scheme}://{host}:{self.port}"
+        #: where streams go: this process, its workers and the live peer nodes (``cluster``)
+        self.cluster = Cluster(self.location, self._fingerprints)
+        self.metrics.sections["cluster"] = self.cluster.describe
+        self.metrics.registry.register(self.cluster.collector())
+
+    def _fingerprints(self) -> dict[str, str]:
+        return {d.name: d.fingerprint for d in self.catalog.datasets()}
 
     # -- discovery ------------------------------------------------------------------------
     def _schema(self, ds: Dataset, read: Any) -> pa.Schema:
@@ -86,7 +92,7 @@ class FlightFeedServer(flight.FlightServerBase):
     def _info(self, ds: Dataset, descriptor: flight.FlightDescriptor, tickets: list[Any], schema: pa.Schema) -> Any:
         endpoints = []
         for k, t in enumerate(tickets):
-            locs = [self.stream_locations[k % len(self.stream_locations)]] if self.stream_locations else []
+            locs: list[str | flight.Location] = [flight.Location(u) for u in self.cluster.endpoint_locations(k)]
             endpoints.append(flight.FlightEndpoint(t.SerializeToString(), locs))
         rows = sum(int(t.expected_rows) for t in tickets)
         return flight.FlightInfo(schema, descriptor, endpoints, total_records=rows, total_bytes=-1, ordered=True)
@@ -173,7 +179,7 @@ class FlightFeedServer(flight.FlightServerBase):
     def do_action(self, context: Any, action: flight.Action) -> Iterator[bytes]:
         kind = action.type
         if kind == "health":
-            return iter([b"ok"])
+            return iter([self.cluster.health(action.body.to_pybytes() if action.body is not None else b"")])
         if kind == "stats":
             snapshot = self.metrics.snapshot(datasets=[d.describe() for d in self.catalog.datasets()])
             return iter([json.dumps(snapshot).encode()])
