@@ -75,11 +75,13 @@ def exit_with_parent() -> None:
     """End this process (SIGTERM to itself: a drain) when stdin closes: the parent that holds
     the other end died, even by ``kill -9`` (``--workers``' processes use this)."""
 
+    fd = sys.stdin.fileno()
+
     def watch() -> None:
         try:
-            while sys.stdin.buffer.read(65536):
+            while os.read(fd, 65536):  # the raw fd: no buffer lock held at interpreter exit
                 pass
-        except (OSError, ValueError):
+        except OSError:
             pass
         os.kill(os.getpid(), signal.SIGTERM)
 

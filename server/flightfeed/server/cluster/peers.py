@@ -141,7 +141,7 @@ class Membership:
     # -- changes --------------------------------------------------------------------------
     def learn(self, location: str) -> None:
         """A node named itself (it checked us) or a peer listed it: check it from now on."""
-        if not location or is_wildcard(location):
+        if not location or is_wildcard(location) or location == self._me().get("node"):
             return
         with self._lock:
             if location not in self._peers:

@@ -1,0 +1,96 @@
+"""Fixtures of the multi-node tests: a dataset big enough that streams are in flight when a node
+dies (8 KiB rows: a stream's rows do not fit in socket buffers), and helpers to ask nodes."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.flight as flight
+import pyarrow.ipc as ipc
+import pytest
+
+BLOB_ROWS = 6000
+BLOB_BYTES = 8192
+
+
+def write_blobs(root: Path, rows: int = BLOB_ROWS, shards: int = 3, batch: int = 250) -> int:
+    """Shards of (index int64, blob uint8[8192]); blob bytes are a function of index."""
+    root.mkdir(parents=True, exist_ok=True)
+    schema = pa.schema([("index", pa.int64()), ("blob", pa.list_(pa.uint8(), BLOB_BYTES))])
+    per = rows // shards
+    for s in range(shards):
+        lo, hi = s * per, rows if s == shards - 1 else (s + 1) * per
+        with ipc.new_file(str(root / f"part-{s:03d}.arrow"), schema) as w:
+            for start in range(lo, hi, batch):
+                idx = np.arange(start, min(hi, start + batch), dtype=np.int64)
+                values = np.repeat((idx % 251).astype(np.uint8), BLOB_BYTES)
+                blob = pa.FixedSizeListArray.from_arrays(pa.array(values), BLOB_BYTES)
+                w.write_batch(pa.record_batch([pa.array(idx), blob], schema=schema))
+    return rows
+
+
+@pytest.fixture(scope="session")
+def blobs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("blobs")
+    write_blobs(root)
+    return root
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def action(location: str, kind: str, body: bytes = b"") -> Any:
+    client = flight.FlightClient(location)
+    try:
+        out = b"".join(r.body.to_pybytes() for r in client.do_action(flight.Action(kind, body)))
+    finally:
+        client.close()
+    return json.loads(out) if kind == "stats" or body.startswith(b"{") else out
+
+
+def eventually(what: str, check: Callable[[], Any], timeout: float = 60.0) -> Any:
+    """Poll ``check`` until it returns something truthy (a deadline, not a timing claim)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            got = check()
+        except Exception:  # a node that is starting or gone
+            got = None
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"never happened: {what}")
+        time.sleep(0.2)
+
+
+def start_node(*args: str, port: int = 0) -> tuple[Any, str]:
+    """``flightfeed serve ARGS --port PORT --no-sidecar`` as a process; (process, location)."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "flightfeed.server", "serve", *args, "--port", str(port), "--no-sidecar"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("flight: "):
+            return proc, line.split()[1]
+    raise AssertionError(f"server did not start: {proc.wait()} {proc.stderr.read() if proc.stderr else ''}")
+
+
+def gone(pid: int) -> bool:
+    """True when process ``pid`` has exited (a zombie counts: it runs no more)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True

@@ -1,0 +1,115 @@
+"""Membership and spread with real in-process Flight servers on loopback addresses."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pyarrow.flight as flight
+import pytest
+
+from flightfeed.client import FlightDataset
+from flightfeed.server.cluster import Membership
+from flightfeed.server.service import FlightFeedServer
+from flightfeed.server.storage import open_catalog
+from flightfeed.server.testing import RunningServer
+from flightfeed.wire.errors import StreamError
+from flightfeed.wire.messages import WIRE_VERSION, ReadCommand
+from tests.cluster.conftest import BLOB_ROWS, free_port
+from tests.datasets import write_dataset
+
+
+@contextmanager
+def node(root: Path, address: str) -> Iterator[RunningServer]:
+    catalog = open_catalog({"blobs": str(root)})
+    handle = RunningServer(FlightFeedServer(catalog, address))
+    try:
+        yield handle
+    finally:
+        if handle.server.cluster.membership is not None:
+            handle.server.cluster.membership.stop()
+        handle.stop()
+        catalog.close()
+
+
+def join(srv: RunningServer, **kwargs: object) -> Membership:
+    """Give ``srv`` a membership (checked by hand with ``check_once``: no background thread)."""
+    c = srv.server.cluster
+    c.membership = Membership(c.me, c.datasets, **kwargs)  # type: ignore[arg-type]
+    return c.membership
+
+
+def first_locations(location: str, streams: int = 4) -> list[list[str]]:
+    cmd = ReadCommand(version=WIRE_VERSION, dataset="blobs", world_size=1, batch_rows=100, streams=streams,
+                      num_workers=1)
+    info = flight.FlightClient(location).get_flight_info(flight.FlightDescriptor.for_command(cmd.SerializeToString()))
+    return [[loc.uri.decode() for loc in ep.locations] for ep in info.endpoints]
+
+
+def test_dns_membership_with_a_fake_resolver(blobs_dir: Path) -> None:
+    port = free_port()
+    answers = {"flightfeed-headless.test": ["127.0.0.1", "127.0.0.2"]}
+    with node(blobs_dir, f"grpc://127.0.0.1:{port}") as a, node(blobs_dir, f"grpc://127.0.0.2:{port}") as b:
+        m = join(a, dns=("flightfeed-headless.test", port), resolver=lambda host, p: answers[host], refresh_s=0.0)
+        m.check_once()
+        states = {p["location"]: p["state"] for p in m.describe()}
+        assert states == {a.location: "self", b.location: "live"}
+        assert [eps[0] for eps in first_locations(a.location)] == [a.location, b.location] * 2
+        assert first_locations(a.location)[1] == [b.location, a.location]  # the other node as alternate
+        stats = a.server.metrics.snapshot()
+        assert stats["cluster"]["peers_live"] == 1 and "flightfeed_peers_live 1.0" in stats["prometheus_text"]
+        # the name stops resolving to b (scaled down): b is dropped, streams stay home
+        answers["flightfeed-headless.test"] = ["127.0.0.1"]
+        m.check_once()
+        assert [p["location"] for p in m.describe()] == [a.location]
+        assert first_locations(a.location) == [[]] * 4
+        # every row exactly once through a two-node spread, read with the client
+        answers["flightfeed-headless.test"] = ["127.0.0.1", "127.0.0.2"]
+        m.check_once()
+        ds = FlightDataset(a.location, "blobs", columns=["index"], batch_size=100, streams=4, message_rows=200,
+                           report_interval=None)
+        assert sorted(i for batch in ds for i in batch["index"].tolist()) == list(range(BLOB_ROWS))
+        assert b.metrics.snapshot()["totals"]["rows"] > 0 and a.metrics.snapshot()["totals"]["rows"] > 0
+
+
+def test_a_peer_with_other_data_is_refused(blobs_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    other = tmp_path / "other"
+    write_dataset(other, [[10, 10]])
+    with node(blobs_dir, "grpc://127.0.0.1:0") as a, node(other, "grpc://127.0.0.1:0") as c:
+        m = join(a, static=[c.location])
+        with caplog.at_level(logging.WARNING, logger="flightfeed.server"):
+            m.check_once()
+        (peer,) = m.describe()
+        assert peer["state"] == "mismatch" and "fingerprint" in peer["error"]
+        assert f"peer {c.location} serves other data" in caplog.text and "'blobs'" in caplog.text
+        assert first_locations(a.location) == [[]] * 4  # never offered
+
+
+def test_a_draining_node_leaves_new_flight_infos(blobs_dir: Path) -> None:
+    with node(blobs_dir, "grpc://127.0.0.1:0") as a, node(blobs_dir, "grpc://127.0.0.1:0") as b:
+        ma, mb = join(a, static=[b.location]), join(b, static=[a.location])
+        ma.check_once()
+        mb.check_once()
+        assert {eps[0] for eps in first_locations(b.location)} == {a.location, b.location}
+        b.server.cluster.drain()
+        with pytest.raises(flight.FlightUnavailableError, match="draining"):
+            list(flight.FlightClient(b.location).do_action(flight.Action("health", b"")))
+        # at once on the draining node itself; its peer learns it at its next check
+        assert {eps[0] for eps in first_locations(b.location)} == {a.location}
+        ma.check_once()
+        assert {p["location"]: p["state"] for p in ma.describe()} == {b.location: "draining"}
+        assert first_locations(a.location) == [[]] * 4
+
+
+def test_a_dead_location_that_never_comes_back_is_named(blobs_dir: Path) -> None:
+    dead = [f"grpc://127.0.0.1:{free_port()}", f"grpc://127.0.0.1:{free_port()}"]
+    with node(blobs_dir, "grpc://127.0.0.1:0") as a:
+        a.server.cluster.endpoint_locations = lambda k: list(dead)  # type: ignore[method-assign]
+        ds = FlightDataset(a.location, "blobs", batch_size=100, streams=2, retry_timeout=0.5, report_interval=None)
+        with pytest.raises(StreamError, match=r"locations tried: ") as info:
+            list(ds)
+        text = str(info.value)
+        assert dead[0] in text and dead[1] in text and "retry_timeout=0.5s" in text
+        assert ds.stats()["retries"] >= 2
