@@ -16,7 +16,7 @@ import pyarrow.flight as flight
 import pyarrow.ipc as ipc
 import pytest
 
-BLOB_ROWS = 6000
+BLOB_ROWS = 12000
 BLOB_BYTES = 8192
 
 
