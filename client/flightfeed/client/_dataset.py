@@ -26,8 +26,8 @@ from flightfeed.client._info import dataset_info
 from flightfeed.client._node import FlightNode
 from flightfeed.client._pool import ConnectionPool, ConnectOptions
 from flightfeed.client._report import Reporter, _default_client_id
-from flightfeed.client._skips import positions_of
 from flightfeed.client._retry import RetryPolicy
+from flightfeed.client._skips import positions_of
 from flightfeed.client._state import ReadState
 from flightfeed.client._stats import StallMeter
 from flightfeed.client._streams import StreamReader

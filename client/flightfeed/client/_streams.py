@@ -21,8 +21,8 @@ import pyarrow.flight as flight
 
 from flightfeed.client._boundary import retryable, translate
 from flightfeed.client._pool import ConnectionPool
-from flightfeed.client._skips import received
 from flightfeed.client._retry import Outage, RetryPolicy
+from flightfeed.client._skips import received
 from flightfeed.wire.errors import FlightFeedError, StreamError, StreamTruncated
 from flightfeed.wire.messages import StreamTicket, span_of
 
