@@ -33,10 +33,10 @@ def live_peers(location: str) -> set[str]:
     return {p["location"] for p in action(location, "stats")["cluster"]["peers"] if p["state"] == "live"}
 
 
-def reader(location: str, rank: int, **kwargs: Any) -> FlightDataset:
+def reader(location: str, rank: int, streams: int) -> FlightDataset:
     return FlightDataset(
         location, "blobs", batch_size=100, shuffle=True, seed=3, rank=rank, world_size=2,
-        streams=3, message_rows=100, prefetch=1, report_interval=None, **kwargs,
+        streams=streams, message_rows=100, prefetch=1, report_interval=None,
     )
 
 
@@ -44,22 +44,24 @@ def test_epoch_over_two_ranks_survives_a_killed_node_and_a_joining_node(blobs_di
     ports = [free_port() for _ in range(4)]
     locs = [f"grpc://127.0.0.1:{p}" for p in ports]
     peers = ",".join(locs[:3])
+    # rank 0 reads one 48 MB stream, served first by the first node in order: the victim
+    victim = sorted(locs[:3])[0]
+    entry, other = (loc for loc in locs[:3] if loc != victim)
     with nodes() as procs:
         for port in ports[:3]:
             procs.append(start_node(f"blobs={blobs_dir}", "--peers", peers, port=port)[0])
-        a, b, c, d = locs
-        eventually("the three nodes see each other", lambda: live_peers(a) == {b, c})
-        rank0 = reader(a, 0)
+        eventually("the three nodes see each other", lambda: live_peers(entry) == {victim, other})
+        rank0 = reader(entry, 0, streams=1)
         it = iter(rank0)
         got0 = [i for _ in range(4) for i in next(it)["index"].tolist()]
-        procs[1].send_signal(signal.SIGKILL)  # node b dies with its streams in flight
-        procs.append(start_node(f"blobs={blobs_dir}", "--peers", peers, port=ports[3])[0])  # node d joins
+        procs[locs.index(victim)].send_signal(signal.SIGKILL)  # its stream is in flight
+        procs.append(start_node(f"blobs={blobs_dir}", "--peers", peers, port=ports[3])[0])  # a node joins
         got0 += [i for batch in it for i in batch["index"].tolist()]
-        assert rank0.stats()["failovers"] >= 1  # b's stream continued elsewhere
-        eventually("a sees d live and b gone", lambda: live_peers(a) == {c, d})
-        rank1 = reader(a, 1)
+        assert rank0.stats()["failovers"] >= 1  # the stream continued on another node
+        eventually("the new node live, the victim gone", lambda: live_peers(entry) == {other, locs[3]})
+        rank1 = reader(entry, 1, streams=3)
         got1 = [i for batch in rank1 for i in batch["index"].tolist()]
-        assert action(d, "stats")["totals"]["rows"] > 0  # the new node served rank 1
+        assert action(locs[3], "stats")["totals"]["rows"] > 0  # the new node served rank 1
     assert not set(got0) & set(got1)
     assert sorted(got0 + got1) == list(range(BLOB_ROWS)) and len(got0) + len(got1) == BLOB_ROWS
 
