@@ -88,8 +88,13 @@ def test_remote_source_passes_the_bearer_token(
     with running_server({"demo": str(dataset_dir)}, auth_token="s3cret") as srv:
         stream_all(srv.location, token="s3cret")
         anonymous = sidecar(RemoteSource(srv.location))
-        assert httpx.get(anonymous.url + "/readyz").status_code == 503
-        assert "did not answer" in httpx.get(anonymous.url + "/stats").json()["error"]
+        ready = httpx.get(anonymous.url + "/readyz")
+        assert ready.status_code == 503
+        # the auth problem is named (it used to say "does not answer a 'health' action")
+        assert "wants a bearer token and the sidecar sent no token" in ready.json()["reason"]
+        assert "--auth-token-file" in httpx.get(anonymous.url + "/stats").json()["error"]
+        wrong = sidecar(RemoteSource(srv.location, token="guess"))
+        assert "sent a token it refused" in httpx.get(wrong.url + "/readyz").json()["reason"]
         with_token = sidecar(RemoteSource(srv.location, token="s3cret"))
         assert httpx.get(with_token.url + "/readyz").status_code == 200
         assert httpx.get(with_token.url + "/stats").json()["totals"]["rows"] == TOTAL_ROWS

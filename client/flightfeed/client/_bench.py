@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from flightfeed.client._dataset import FlightDataset
+from flightfeed.wire.tokens import read_token_file
 
 __all__ = ["add_arguments", "run", "measure_epoch", "summarize"]
 
@@ -89,7 +90,7 @@ def _read(path: str | None) -> bytes | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    token = _read(args.auth_token_file)
+    token = read_token_file(args.auth_token_file) if args.auth_token_file else None
     ds = FlightDataset(
         args.location,
         args.name,
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         shuffle=args.shuffle,
         device=args.device,
         streams=args.streams,
-        token=token.decode().strip() if token else None,
+        token=token,
         tls_root_certs=_read(args.tls_root_cert),
         message_rows=args.message_rows,
         report_interval=None,

@@ -16,6 +16,7 @@ from typing import Any
 import pyarrow.flight as flight
 
 from flightfeed.client._fork import abandon, check_fork, note_grpc_use
+from flightfeed.wire.tokens import normalize_token
 
 __all__ = ["ConnectOptions", "ConnectionPool"]
 
@@ -25,6 +26,10 @@ class ConnectOptions:
     token: str | None = None  # bearer token (server's --auth-token-file)
     tls_root_certs: bytes | None = None  # PEM of the CA for grpc+tls:// locations
     timeout: float | None = None  # per-call timeout in seconds (None: no limit)
+
+    def __post_init__(self) -> None:
+        if self.token is not None:  # strip a trailing newline; refuse empty or non-header text
+            object.__setattr__(self, "token", normalize_token(self.token, "token="))
 
     def call_options(self) -> flight.FlightCallOptions:
         headers: Any = [(b"authorization", f"Bearer {self.token}".encode())] if self.token else None

@@ -2,16 +2,26 @@
 
 Every Flight RPC handler is wrapped with :func:`flight_errors`; streams are wrapped with
 :func:`guarded_stream` so an error mid-stream fails the stream visibly for the client.
+
+What leaves the server is a short, tagged message and nothing else: no Python traceback, no file
+path, no ``repr`` of an internal exception (those go to the server log under an error id), and
+echoed values are clipped (gRPC refuses error metadata over 16 KiB with ``RESOURCE_EXHAUSTED``).
+
+pyarrow turns an exception raised by ``get_schema`` (unlike the other handlers) into a status
+whose detail is the formatted traceback, so the wrapper's own frame must not name a file: the
+wrapper is compiled under the pseudo file name ``<flightfeed>``.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
+import re
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, cast
 
-import pyarrow as pa
 import pyarrow.flight as flight
 
 from flightfeed.wire.errors import (
@@ -23,42 +33,78 @@ from flightfeed.wire.errors import (
     error_tag,
 )
 
-__all__ = ["flight_errors", "guarded_stream", "to_flight_error"]
+__all__ = ["flight_errors", "guarded_stream", "to_flight_error", "clip_message", "MAX_MESSAGE_CHARS"]
 
 log = logging.getLogger("flightfeed.server")
 F = TypeVar("F", bound=Callable[..., Any])
+
+MAX_MESSAGE_CHARS = 2000  # the whole error text a client gets
+MAX_WORD_CHARS = 200  # one run of non-blank characters (an echoed name, a list of columns...)
+_WORD = re.compile(r"\S{" + str(MAX_WORD_CHARS + 1) + ",}")
+
+
+def clip_message(text: str) -> str:
+    """``text`` with every over-long word and the whole text clipped, saying how much was cut."""
+
+    def clip_word(m: re.Match[str]) -> str:
+        word = m.group(0)
+        return f"{word[:MAX_WORD_CHARS]}…(+{len(word) - MAX_WORD_CHARS} chars)"
+
+    text = _WORD.sub(clip_word, text)
+    if len(text) > MAX_MESSAGE_CHARS:
+        text = f"{text[:MAX_MESSAGE_CHARS]}…(+{len(text) - MAX_MESSAGE_CHARS} chars)"
+    return text.replace("\r", " ").replace("\n", " ")
 
 
 def to_flight_error(exc: BaseException) -> Exception:
     if isinstance(exc, flight.FlightError):
         return exc
-    if isinstance(exc, Unauthenticated):
-        return flight.FlightUnauthenticatedError(error_tag(exc))
-    if isinstance(exc, InvalidRequest | StaleState):
-        return flight.FlightServerError(error_tag(exc))
-    if isinstance(exc, StorageError):
-        return flight.FlightUnavailableError(error_tag(exc))
     if isinstance(exc, FlightFeedError):
-        return flight.FlightInternalError(error_tag(exc))
-    log.exception("internal error", exc_info=exc)
-    return flight.FlightInternalError(f"[flightfeed:FlightFeedError] internal server error: {exc!r}")
+        text = clip_message(error_tag(exc))
+        if isinstance(exc, Unauthenticated):
+            return flight.FlightUnauthenticatedError(text)
+        if isinstance(exc, InvalidRequest | StaleState):
+            return flight.FlightServerError(text)
+        if isinstance(exc, StorageError):
+            return flight.FlightUnavailableError(text)
+        return flight.FlightInternalError(text)
+    error_id = uuid.uuid4().hex[:12]
+    log.error("internal error %s", error_id, exc_info=exc)
+    return flight.FlightInternalError(
+        f"[flightfeed:FlightFeedError] internal server error ({type(exc).__name__}, error id {error_id}); "
+        "the server's log has the details under that id"
+    )
 
 
-def flight_errors(fn: F) -> F:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+# the wrapper's frame appears in the traceback pyarrow attaches to get_schema errors: give it no path
+_WRAPPER_SOURCE = """
+def make(fn, to_flight_error, guard, isgenerator):
+    def wrapper(*args, **kwargs):
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
         except Exception as exc:
-            raise to_flight_error(exc) from exc
+            error = to_flight_error(exc)
+        else:
+            return guard(result) if isgenerator(result) else result
+        raise error from None
+    return wrapper
+"""
+_namespace: dict[str, Any] = {}
+exec(compile(_WRAPPER_SOURCE, "<flightfeed>", "exec"), _namespace)  # the fixed source above
+_make_wrapper: Callable[..., Callable[..., Any]] = _namespace["make"]
 
-    return cast(F, wrapper)
 
-
-def guarded_stream(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def guarded_stream(batches: Iterator[Any]) -> Iterator[Any]:
     try:
         yield from batches
     except GeneratorExit:
         raise
     except Exception as exc:
-        raise to_flight_error(exc) from exc
+        raise to_flight_error(exc) from None
+
+
+def flight_errors(fn: F) -> F:
+    """Wrap a Flight handler: every exception leaves as a tagged Flight error (generators too)."""
+    wrapper = _make_wrapper(fn, to_flight_error, guarded_stream, inspect.isgenerator)
+    return cast(F, functools.wraps(fn)(wrapper))
+

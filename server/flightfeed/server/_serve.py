@@ -22,6 +22,9 @@ from typing import Any
 from flightfeed.server.catalog import Catalog
 from flightfeed.server.cluster import READY_PREFIX, Membership, WorkerPool, parse_peers, parse_peers_dns
 from flightfeed.server.cluster.lifecycle import drain_and_exit, exit_with_parent, install_signals, wait_for
+from flightfeed.server.exposure import warn_if_exposed
+from flightfeed.server.in_flight import DEFAULT_BYTES_IN_FLIGHT, DEFAULT_CLIENT_BYTES_IN_FLIGHT, BytesInFlight
+from flightfeed.server.limits import DEFAULT_MAX_STREAMS, Limits
 from flightfeed.server.metrics import ServerMetrics
 from flightfeed.server.service import FlightFeedServer
 from flightfeed.server.storage import StorageOptions, open_catalog
@@ -35,6 +38,7 @@ from flightfeed.server.storage.cli_options import (
 from flightfeed.server.streaming import StreamSettings
 from flightfeed.server.transforms.setup import transformer_from_config
 from flightfeed.wire.errors import ConfigError
+from flightfeed.wire.tokens import read_token_file
 
 __all__ = ["add_arguments", "run", "parse_datasets"]
 
@@ -50,6 +54,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-cert", metavar="PEM", help="TLS certificate chain (serve grpc+tls)")
     p.add_argument("--tls-key", metavar="PEM", help="TLS private key")
     p.add_argument("--auth-token-file", metavar="FILE", help="require 'authorization: Bearer <token in FILE>'")
+    p.add_argument(
+        "--insecure", action="store_true",
+        help="no warning for a non-loopback --host without --auth-token-file or TLS",
+    )
+    p.add_argument("--sidecar-host", default=None, help="address the sidecar binds (default 127.0.0.1)")
+    p.add_argument("--max-streams", type=int, default=None, help="streams one request may ask for (default 32)")
+    p.add_argument(
+        "--max-bytes-in-flight", type=size_argument, default=None,
+        help="bytes of messages in flight over all clients before streams wait (default 512MiB; 0: no limit)",
+    )
+    p.add_argument(
+        "--client-bytes-in-flight", type=size_argument, default=None,
+        help="the same for one client address (default 256MiB; 0: no limit)",
+    )
     p.add_argument(
         "--message-size", type=size_argument, default=None, help="target bytes per Flight message (default 16MiB)"
     )
@@ -120,7 +138,7 @@ def _open_catalog(datasets: dict[str, str], options: StorageOptions) -> Catalog:
 
 def _worker_argv(args: argparse.Namespace, datasets: dict[str, str], host: str) -> list[str]:
     """The flags a worker process needs: the datasets and the storage/TLS/auth settings."""
-    out = [f"{k}={v}" for k, v in datasets.items()] + ["--host", host]
+    out = [f"{k}={v}" for k, v in datasets.items()] + ["--host", host, "--insecure"]  # the coordinator warns
     flags = {
         "--config": args.config,
         "--s3-endpoint": getattr(args, "s3_endpoint", None),
@@ -130,6 +148,9 @@ def _worker_argv(args: argparse.Namespace, datasets: dict[str, str], host: str) 
         "--hdf5-group": getattr(args, "hdf5_group", None),
         "--message-size": args.message_size,
         "--decode-workers": getattr(args, "decode_workers", None),
+        "--max-streams": getattr(args, "max_streams", None),
+        "--max-bytes-in-flight": getattr(args, "max_bytes_in_flight", None),
+        "--client-bytes-in-flight": getattr(args, "client_bytes_in_flight", None),
         "--tls-cert": args.tls_cert,
         "--tls-key": args.tls_key,
         "--auth-token-file": args.auth_token_file,
@@ -168,11 +189,26 @@ def run(args: argparse.Namespace) -> int:
         if not (args.tls_cert and args.tls_key):
             raise ConfigError("TLS needs both --tls-cert and --tls-key")
         tls = [(Path(args.tls_cert).read_bytes(), Path(args.tls_key).read_bytes())]
-    token = Path(args.auth_token_file).read_text().strip() if args.auth_token_file else None
+    token_file = _setting(args, config, "auth_token_file", None)
+    token = read_token_file(token_file) if token_file else None
     settings = StreamSettings(message_bytes=int(_setting(args, config, "message_size", 16 << 20)))
     transformer = transformer_from_config(
         config, _setting(args, config, "decode_workers", None) or os.cpu_count() or 1, metrics
     )
+    limits = Limits(
+        message_bytes=settings.message_bytes,
+        max_streams=int(_setting(args, config, "max_streams", DEFAULT_MAX_STREAMS)),
+    )
+    budget = BytesInFlight(
+        int(_setting(args, config, "max_bytes_in_flight", DEFAULT_BYTES_IN_FLIGHT)),
+        int(_setting(args, config, "client_bytes_in_flight", DEFAULT_CLIENT_BYTES_IN_FLIGHT)),
+        metrics=metrics,
+    )
+    sidecar_host = str(_setting(args, config, "sidecar_host", "127.0.0.1"))
+    if not (args.insecure or config.get("insecure", False)):
+        sidecar_on = not (args.no_sidecar or config.get("no_sidecar", False))
+        shown_sidecar = sidecar_host if sidecar_on else None
+        warn_if_exposed(host, shown_sidecar, has_token=token is not None, has_tls=tls is not None)
     catalog = _open_catalog(datasets, options)
     scheme = "grpc+tls" if tls else "grpc"
     stop = threading.Event()
@@ -187,6 +223,8 @@ def run(args: argparse.Namespace) -> int:
             tls_certificates=tls,
             auth_token=token,
             transformer=transformer,
+            limits=limits,
+            bytes_in_flight=budget,
         )
         cluster = server.cluster
         roots = tls[0][0] if tls else None
@@ -200,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
                 cluster.me, cluster.datasets, static=peers, dns=dns, scheme=scheme, token=token, tls_root_certs=roots
             )
             cluster.start()
-        return _serve(server, args, config, host, token, stop, grace)
+        return _serve(server, args, config, sidecar_host, token, stop, grace)
     finally:
         if server is not None:
             server.cluster.stop(0.0)  # idempotent: what a failed start left running
@@ -211,7 +249,7 @@ def _serve(
     server: FlightFeedServer,
     args: argparse.Namespace,
     config: dict[str, Any],
-    host: str,
+    sidecar_host: str,
     token: str | None,
     stop: threading.Event,
     grace: float,
@@ -222,7 +260,7 @@ def _serve(
         from flightfeed.server.sidecar import LocalSource, start_sidecar
 
         source = LocalSource(server.metrics, server.catalog, server.location, token=token)
-        handle = start_sidecar(source, host, int(_setting(args, config, "sidecar_port", 8816)))
+        handle = start_sidecar(source, sidecar_host, int(_setting(args, config, "sidecar_port", 8816)), token=token)
     print(f"{READY_PREFIX}{server.location}", flush=True)
     if handle is not None:
         print(f"sidecar: {handle.url}", flush=True)

@@ -12,8 +12,9 @@ from typing import Any
 import pyarrow.flight as flight
 
 from flightfeed.wire.errors import Unauthenticated, error_tag
+from flightfeed.wire.tokens import normalize_token
 
-__all__ = ["TokenAuthFactory"]
+__all__ = ["TokenAuthFactory", "bearer_matches"]
 
 
 class _Pass(flight.ServerMiddleware):
@@ -23,17 +24,22 @@ class _Pass(flight.ServerMiddleware):
 class TokenAuthFactory(flight.ServerMiddlewareFactory):
     def __init__(self, token: str) -> None:
         super().__init__()
-        if not token:
-            raise ValueError("empty auth token")
-        self._token = token.encode()
+        self._token = normalize_token(token, "the server's auth token").encode()
 
     def start_call(self, info: Any, headers: Any) -> flight.ServerMiddleware:
         values = headers.get("authorization") or headers.get("Authorization") or []
         for value in values:
-            text = value.decode() if isinstance(value, bytes) else str(value)
-            scheme, _, token = text.partition(" ")
-            if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self._token):
+            if bearer_matches(value, self._token):
                 return _Pass()
         raise flight.FlightUnauthenticatedError(
             error_tag(Unauthenticated("missing or wrong bearer token: pass the server's token to the client"))
         )
+
+
+def bearer_matches(header: str | bytes | None, token: bytes) -> bool:
+    """Whether an ``Authorization`` header value is ``Bearer <token>`` (constant-time compare)."""
+    if header is None:
+        return False
+    raw = header if isinstance(header, bytes) else header.encode("utf-8", "replace")
+    scheme, _, given = raw.partition(b" ")
+    return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), token)

@@ -25,7 +25,8 @@ from flightfeed.server.storage.cli_options import (
 )
 from flightfeed.server.storage.resolve import StorageOptions
 from flightfeed.wire.classes import classes_of
-from flightfeed.wire.errors import FlightFeedError, StorageError
+from flightfeed.wire.errors import FlightFeedError, StorageError, Unauthenticated
+from flightfeed.wire.tokens import normalize_token, read_token_file
 
 __all__ = ["add_arguments", "run", "inspect_dataset", "inspect_server", "format_report"]
 
@@ -47,10 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         if args.target.split("://", 1)[0] in _SERVER_SCHEMES:
-            token = None
-            if args.auth_token_file:
-                with open(args.auth_token_file, encoding="utf-8") as f:
-                    token = f.read().strip()
+            token = read_token_file(args.auth_token_file) if args.auth_token_file else None
             report = inspect_server(args.target, token=token)
         else:
             report = inspect_dataset(args.target, storage_options_from_args(args, os.environ))
@@ -128,7 +126,8 @@ def inspect_server(target: str, *, token: str | None = None, timeout_s: float = 
 
     parts = urlsplit(target)
     location, name = f"{parts.scheme}://{parts.netloc}", parts.path.strip("/")
-    headers = [("authorization", f"Bearer {token}")] if token else []
+    # pyarrow wants bytes for header names and values (its stubs say str)
+    headers: Any = [(b"authorization", f"Bearer {normalize_token(token)}".encode())] if token is not None else []
     call = flight.FlightCallOptions(timeout=timeout_s, headers=headers)
     client = flight.FlightClient(location)
     try:
@@ -159,6 +158,12 @@ def inspect_server(target: str, *, token: str | None = None, timeout_s: float = 
                 streams = client.get_flight_info(flight.FlightDescriptor.for_path(ds_name), options=call)
                 entry["streams"] = len(streams.endpoints)
             datasets.append(entry)
+    except flight.FlightUnauthenticatedError:
+        given = "a token that the server refused" if token else "no token"
+        raise Unauthenticated(
+            f"{location} wants a bearer token and this call had {given}: pass the server's token file "
+            "with --auth-token-file"
+        ) from None
     except flight.FlightUnavailableError as exc:
         raise StorageError(f"cannot reach a flightfeed server at {location}: {str(exc).splitlines()[0]}") from None
     except flight.FlightError as exc:

@@ -22,6 +22,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from flightfeed.server.metrics_io import IoMetrics
 from flightfeed.server.metrics_window import RateWindow
+from flightfeed.server.report_registry import MAX_CLIENTS, ClientTable
 
 __all__ = ["ServerMetrics"]
 
@@ -39,7 +40,8 @@ class ServerMetrics:
     """
 
     def __init__(
-        self, *, window_s: float = 10.0, client_active_s: float = 30.0, client_forget_s: float = 600.0
+        self, *, window_s: float = 10.0, client_active_s: float = 30.0, client_forget_s: float = 600.0,
+        max_clients: int = MAX_CLIENTS,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
@@ -98,8 +100,25 @@ class ServerMetrics:
         )
         self.io = IoMetrics(r)  # read-ahead, read wait, changed/verified shards
         self._decode_metrics(r)
+        self.clients_evicted = Counter(
+            "flightfeed_clients_evicted",
+            "Reporting clients dropped because the client table was full (oldest first)",
+            registry=r,
+        )
+        self.bytes_in_flight = Gauge(
+            "flightfeed_bytes_in_flight",
+            "Bytes of messages handed to gRPC and not yet sent (bounded by --max-bytes-in-flight)",
+            ["dataset"],
+            registry=r,
+        )
+        self.in_flight_waits = Counter(
+            "flightfeed_bytes_in_flight_waits",
+            "Messages that waited for the bytes-in-flight budget, by how the wait ended",
+            ["outcome"],
+            registry=r,
+        )
         self._lock = threading.Lock()
-        self._clients: dict[str, dict[str, Any]] = {}
+        self._clients = ClientTable(max_clients, self.client_forget_s)
         self._sent_children: dict[str, tuple[Any, Any, Any]] = {}
         #: more top-level sections of ``snapshot()`` (e.g. ``cluster``), computed when asked
         self.sections: dict[str, Callable[[], Any]] = {}
@@ -170,7 +189,8 @@ class ServerMetrics:
 
     # -- clients --------------------------------------------------------------------------
     def client_report(self, report: Mapping[str, Any]) -> None:
-        """Record a ``report`` action (the ClientReport fields; proto3 defaults may be missing)."""
+        """Record a ``report`` action (the ClientReport fields; proto3 defaults may be missing).
+        The service validates reports first (``report_registry.validate_report``)."""
         fig = _normalize_report(report)
         client, dataset = fig["client_id"], fig["dataset"]
         now = time.time()
@@ -178,8 +198,11 @@ class ServerMetrics:
             old = self._clients.get(client)
             if old is not None and old["dataset"] != dataset:
                 self._remove_labels(old["dataset"], client)
-            self._clients[client] = dict(fig, received_at=now)
-            self._forget_stale(now)
+            evicted_before = self._clients.evicted
+            for row in self._clients.put(fig, now):
+                self._remove_labels(row["dataset"], row["client_id"])
+            if self._clients.evicted > evicted_before:
+                self.clients_evicted.inc(self._clients.evicted - evicted_before)
         self.client_stall_ratio.labels(dataset, client).set(fig["stall_ratio"])
         self.client_rows_per_s.labels(dataset, client).set(fig["rows_per_s"])
         self.client_bytes_per_s.labels(dataset, client).set(fig["bytes_per_s"])
@@ -188,9 +211,10 @@ class ServerMetrics:
         """Client id -> its last report, plus ``received_at`` (wall time) and ``active``."""
         now = time.time()
         with self._lock:
-            self._forget_stale(now)
+            for row in self._clients.forget(now):
+                self._remove_labels(row["dataset"], row["client_id"])
             fresh = self.client_active_s
-            return {k: dict(v, active=now - v["received_at"] <= fresh) for k, v in self._clients.items()}
+            return {r["client_id"]: dict(r, active=now - r["received_at"] <= fresh) for r in self._clients.rows()}
 
     def active_clients(self) -> dict[str, int]:
         """Dataset -> number of clients that reported within ``client_active_s``."""
@@ -199,12 +223,6 @@ class ServerMetrics:
             if fig["active"]:
                 counts[fig["dataset"]] = counts.get(fig["dataset"], 0) + 1
         return counts
-
-    def _forget_stale(self, now: float) -> None:  # caller holds the lock
-        for client, fig in list(self._clients.items()):
-            if now - fig["received_at"] > self.client_forget_s:
-                del self._clients[client]
-                self._remove_labels(fig["dataset"], client)
 
     def _remove_labels(self, dataset: str, client: str) -> None:
         for gauge in (self.client_stall_ratio, self.client_rows_per_s, self.client_bytes_per_s):

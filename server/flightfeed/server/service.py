@@ -9,28 +9,32 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.flight as flight
-from google.protobuf import json_format
 
 from flightfeed.server._boundary import flight_errors, guarded_stream
 from flightfeed.server.auth import TokenAuthFactory
 from flightfeed.server.catalog import Catalog, Dataset
 from flightfeed.server.cluster import Cluster
+from flightfeed.server.in_flight import BytesInFlight, metered, peer_host
+from flightfeed.server.limits import Limits, check_read, check_ticket
 from flightfeed.server.metrics import ServerMetrics
+from flightfeed.server.report_registry import MAX_REPORT_BYTES, validate_report
 from flightfeed.server.streaming import (
     StreamSettings,
     check_columns,
     make_tickets,
+    message_row_bytes,
     stored_order_tickets,
     ticket_batches,
     transform_plan,
 )
 from flightfeed.server.transforms import SKIP_KEY, Transformer
-from flightfeed.wire.errors import InvalidRequest
+from flightfeed.wire.errors import ConfigError, InvalidRequest
 from flightfeed.wire.messages import decode_command, decode_report, decode_ticket
 
 __all__ = ["FlightFeedServer"]
@@ -57,19 +61,37 @@ class FlightFeedServer(flight.FlightServerBase):
         tls_certificates: Sequence[tuple[bytes, bytes]] | None = None,
         auth_token: str | None = None,
         transformer: Transformer | None = None,
+        limits: Limits | None = None,
+        bytes_in_flight: BytesInFlight | None = None,
     ) -> None:
         middleware: dict[str, flight.ServerMiddlewareFactory] | None = (
-            {"auth": TokenAuthFactory(auth_token)} if auth_token else None
+            {"auth": TokenAuthFactory(auth_token)} if auth_token is not None else None
         )
         certs: Any = list(tls_certificates or [])
-        super().__init__(location, tls_certificates=certs, middleware=middleware)
+        try:
+            super().__init__(location, tls_certificates=certs, middleware=middleware)
+        except pa.ArrowException as exc:
+            if "did not start" not in str(exc):
+                raise
+            raise ConfigError(
+                f"the Flight server cannot listen on {location}: the port is in use (or the address is not "
+                "one of this machine's); pick another --port (0: any free port) or stop the process using it "
+                "(`ss -ltnp` shows it)"
+            ) from None
         self.catalog = catalog
         self.metrics = metrics or ServerMetrics()
         for ds in catalog.datasets():  # a shard changed in place while served: count it
             ds.on_change(lambda d, _reason: self.metrics.io.shard_changes.labels(d.name).inc())
-        self.settings = settings or StreamSettings()
         #: runs the transform steps clients name (``--decode-workers`` threads)
         self.transformer = transformer or Transformer(metrics=self.metrics)
+        # one message size: the settings' (the target) is also the limits' (the cap)
+        if settings is None:
+            settings = StreamSettings(message_bytes=limits.message_bytes) if limits else StreamSettings()
+        self.settings = settings
+        self.limits = replace(limits or Limits(), message_bytes=settings.message_bytes)
+        self.bytes_in_flight = bytes_in_flight or BytesInFlight(metrics=self.metrics)
+        self.bytes_in_flight.metrics = self.metrics
+        self.metrics.sections["bytes_in_flight"] = self.bytes_in_flight.snapshot
         parsed = urlparse(location)
         host = parsed.hostname or "127.0.0.1"
         scheme = parsed.scheme or "grpc"
@@ -115,8 +137,14 @@ class FlightFeedServer(flight.FlightServerBase):
             return self._info(ds, descriptor, stored_order_tickets(ds, self.settings), ds.schema)
         cmd = decode_command(descriptor.command or b"")
         ds = self.catalog.get(cmd.dataset)
+        check_columns(ds, list(cmd.columns))
+        check_read(ds, cmd, self.limits, self._row_bytes(ds, cmd))
         tickets = make_tickets(ds, cmd, self.settings, self.transformer)
         return self._info(ds, descriptor, tickets, self._schema(ds, cmd))
+
+    def _row_bytes(self, ds: Dataset, read: Any) -> int:
+        """Bytes of one row as sent (after the request's transforms): what message sizes count."""
+        return message_row_bytes(ds, list(read.columns), transform_plan(ds, read, self.transformer))
 
     @flight_errors
     def get_schema(self, context: Any, descriptor: flight.FlightDescriptor) -> Any:
@@ -141,7 +169,13 @@ class FlightFeedServer(flight.FlightServerBase):
     def do_get(self, context: Any, ticket: flight.Ticket) -> Any:
         t = decode_ticket(ticket.ticket)
         ds = self.catalog.get(t.read.dataset)
-        batches = ticket_batches(ds, t, self.transformer)
+        check_columns(ds, list(t.read.columns))
+        row_bytes = self._row_bytes(ds, t.read)
+        check_ticket(ds, t, self.limits, row_bytes)
+        client = peer_host(context.peer() if context is not None else None)
+        batches = metered(
+            ticket_batches(ds, t, self.transformer), self.bytes_in_flight, client, ds.name, t.message_rows * row_bytes
+        )
         first = next(batches, None)  # validation errors surface before the stream starts
         schema = self._schema(ds, t.read)
         options = pa.ipc.IpcWriteOptions(compression=t.read.compression or None)
@@ -171,7 +205,19 @@ class FlightFeedServer(flight.FlightServerBase):
         finally:
             self.metrics.stream_finished(name, outcome)
 
+    # -- not served -----------------------------------------------------------------------
+    @flight_errors
+    def do_put(self, context: Any, descriptor: Any, reader: Any, writer: Any) -> None:
+        raise InvalidRequest("this server is read-only: do_put is not supported; read with do_get", field="rpc")
+
+    @flight_errors
+    def do_exchange(self, context: Any, descriptor: Any, reader: Any, writer: Any) -> None:
+        raise InvalidRequest(
+            "do_exchange is not supported: ask get_flight_info for tickets and read them with do_get", field="rpc"
+        )
+
     # -- actions --------------------------------------------------------------------------
+    @flight_errors
     def list_actions(self, context: Any) -> Any:
         return list(_ACTIONS.items())
 
@@ -185,10 +231,14 @@ class FlightFeedServer(flight.FlightServerBase):
             return iter([json.dumps(snapshot).encode()])
         if kind == "report":
             body = action.body.to_pybytes() if action.body is not None else b""
-            report = json_format.MessageToDict(decode_report(body), preserving_proto_field_name=True)
-            self.metrics.client_report(report)
+            if len(body) > MAX_REPORT_BYTES:
+                raise InvalidRequest(
+                    f"report body is {len(body)} bytes; a ClientReport may have at most {MAX_REPORT_BYTES}",
+                    field="report",
+                )
+            self.metrics.client_report(validate_report(decode_report(body), self.catalog.names()))
             return iter([b"ok"])
-        raise InvalidRequest(f"unknown action {kind!r}; actions: {sorted(_ACTIONS)}", field="action")
+        raise InvalidRequest(f"unknown action {kind[:100]!r}; actions: {sorted(_ACTIONS)}", field="action")
 
 
 

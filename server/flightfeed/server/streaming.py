@@ -31,6 +31,7 @@ __all__ = [
     "ticket_batches",
     "check_columns",
     "transform_plan",
+    "message_row_bytes",
 ]
 
 
@@ -58,6 +59,15 @@ def transform_plan(ds: Dataset, read: Any, transformer: Transformer | None) -> P
     if transformer is None:
         raise InvalidRequest("this server runs no transforms; drop transform=", field="transforms")
     return transformer.plan(ds.schema, read)
+
+
+def message_row_bytes(ds: Dataset, columns: list[str], plan: Plan | None) -> int:
+    """Bytes of one row of ``columns`` as sent, after ``plan``'s transforms (message sizes count these)."""
+    row_bytes = ds.row_bytes(columns)
+    if plan is not None:
+        stored = {c.column: ds.row_bytes([c.column]) for c in plan.columns}
+        row_bytes = plan.row_bytes(row_bytes, stored)
+    return row_bytes
 
 
 def make_tickets(ds: Dataset, cmd: Any, settings: StreamSettings, transformer: Transformer | None = None) -> list[Any]:
@@ -89,10 +99,7 @@ def make_tickets(ds: Dataset, cmd: Any, settings: StreamSettings, transformer: T
         raise InvalidRequest(
             f"start_row {cmd.start_row} is past this rank's {part.rows} rows", field="start_row"
         )
-    row_bytes = ds.row_bytes(columns)
-    if plan is not None:
-        stored = {c.column: ds.row_bytes([c.column]) for c in plan.columns}
-        row_bytes = plan.row_bytes(row_bytes, stored)
+    row_bytes = message_row_bytes(ds, columns, plan)
     message_rows = resolved.message_rows or default_message_rows(
         resolved.batch_rows, row_bytes, resolved.num_workers, settings.message_bytes
     )

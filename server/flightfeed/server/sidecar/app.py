@@ -2,6 +2,12 @@
 
 Handlers are plain functions: FastAPI runs them on its thread pool, so a slow Flight call
 (the standalone sidecar asks the server over gRPC) never blocks the event loop.
+
+With a ``token`` (the server's ``--auth-token-file``), ``/metrics`` and ``/stats`` want
+``Authorization: Bearer <token>`` and answer 401 without it; ``/healthz`` and ``/readyz`` stay
+open for probes. ``/`` without the token answers 401 with the dashboard's static page, which
+holds no figures: the page asks for the token (or takes it from ``#token=...`` in its URL), keeps
+it in a variable of the page and sends it with every ``/stats`` request.
 """
 
 from __future__ import annotations
@@ -10,16 +16,19 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from flightfeed.server.sidecar.sources import StatsSource
+from flightfeed.server.auth import bearer_matches
+from flightfeed.server.sidecar.sources import StatsSource, not_ready_reason
 from flightfeed.wire.errors import FlightFeedError
+from flightfeed.wire.tokens import normalize_token
 
 __all__ = ["create_app", "dashboard_html"]
 
 _NO_STORE = {"Cache-Control": "no-store"}
+_CHALLENGE = {**_NO_STORE, "WWW-Authenticate": 'Bearer realm="flightfeed sidecar"'}
 
 
 @lru_cache(maxsize=1)
@@ -28,8 +37,8 @@ def dashboard_html() -> str:
     return resources.files("flightfeed.server.sidecar").joinpath("dashboard.html").read_text(encoding="utf-8")
 
 
-def create_app(source: StatsSource) -> FastAPI:
-    """The sidecar app over ``source`` (a LocalSource or a RemoteSource)."""
+def create_app(source: StatsSource, token: str | None = None) -> FastAPI:
+    """The sidecar app over ``source`` (a LocalSource or a RemoteSource); ``token``: see the module doc."""
     app = FastAPI(
         title="flightfeed sidecar",
         description="Metrics, stats, health and a live dashboard of one flightfeed data node.",
@@ -38,13 +47,28 @@ def create_app(source: StatsSource) -> FastAPI:
         openapi_url=None,
     )
     app.state.source = source
+    secret = normalize_token(token, "the sidecar's token").encode() if token is not None else None
+
+    def allowed(request: Request) -> bool:
+        return secret is None or bearer_matches(request.headers.get("authorization"), secret)
+
+    def refused() -> JSONResponse:
+        return JSONResponse(
+            {"error": "this sidecar wants 'Authorization: Bearer <token>' (the server's --auth-token-file)"},
+            status_code=401,
+            headers=_CHALLENGE,
+        )
 
     @app.get("/metrics")
-    def metrics() -> Response:
+    def metrics(request: Request) -> Response:
+        if not allowed(request):
+            return refused()
         return Response(source.prometheus_text(), media_type=CONTENT_TYPE_LATEST, headers=_NO_STORE)
 
     @app.get("/stats")
-    def stats() -> JSONResponse:
+    def stats(request: Request) -> JSONResponse:
+        if not allowed(request):
+            return refused()
         try:
             body: dict[str, Any] = source.stats()
         except FlightFeedError as exc:
@@ -60,13 +84,15 @@ def create_app(source: StatsSource) -> FastAPI:
         if source.ready():
             return JSONResponse({"status": "ready"}, headers=_NO_STORE)
         return JSONResponse(
-            {"status": "unready", "reason": "the Flight server does not answer a 'health' action"},
+            {"status": "unready", "reason": not_ready_reason(source)},
             status_code=503,
             headers=_NO_STORE,
         )
 
     @app.get("/", response_class=HTMLResponse)
-    def dashboard() -> HTMLResponse:
+    def dashboard(request: Request) -> HTMLResponse:
+        if not allowed(request):  # the static page only: it asks for the token, then fetches /stats
+            return HTMLResponse(dashboard_html(), status_code=401, headers=_CHALLENGE)
         return HTMLResponse(dashboard_html(), headers=_NO_STORE)
 
     return app

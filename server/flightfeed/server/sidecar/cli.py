@@ -13,6 +13,7 @@ from pathlib import Path
 from types import FrameType
 
 from flightfeed.wire.errors import ConfigError
+from flightfeed.wire.tokens import read_token_file
 
 __all__ = ["add_arguments", "run", "main"]
 
@@ -24,7 +25,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--host", default="127.0.0.1", help="HTTP address to listen on (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8816, help="HTTP port (default 8816; 0: any free port)")
-    parser.add_argument("--auth-token-file", type=Path, help="file holding the server's bearer token")
+    parser.add_argument(
+        "--auth-token-file", type=Path,
+        help="file holding the server's bearer token: sent to the server, and wanted on /metrics, /stats and /",
+    )
     parser.add_argument("--tls-root-cert", type=Path, help="PEM root certificate(s) of a grpc+tls server")
     parser.add_argument("--timeout", type=float, default=2.0, help="seconds per Flight call (default 2)")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
@@ -46,11 +50,10 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if not str(args.flight).startswith(("grpc://", "grpc+tcp://", "grpc+tls://", "grpc+unix://")):
         raise ConfigError(f"--flight {args.flight!r} is not a Flight location; write grpc://HOST:PORT")
-    token_bytes = _read(args.auth_token_file, "--auth-token-file")
-    token = token_bytes.decode().strip() if token_bytes else None
+    token = read_token_file(args.auth_token_file) if args.auth_token_file else None
     roots = _read(args.tls_root_cert, "--tls-root-cert")
     source = RemoteSource(args.flight, timeout_s=args.timeout, token=token, tls_root_certs=roots)
-    handle = start_sidecar(source, args.host, args.port, log_level=args.log_level)
+    handle = start_sidecar(source, args.host, args.port, log_level=args.log_level, token=token)
     print(f"flightfeed sidecar for {args.flight} at {handle.url}", flush=True)
     stop = threading.Event()
 

@@ -76,12 +76,13 @@ def _bind(host: str, port: int) -> socket.socket:
 
 def start_sidecar(
     source: StatsSource, host: str = "127.0.0.1", port: int = 8816, *, log_level: str = "warning",
-    start_timeout: float = 10.0,
+    start_timeout: float = 10.0, token: str | None = None,
 ) -> SidecarHandle:
-    """Serve ``create_app(source)`` on ``host:port`` (0: any free port) from a daemon thread."""
+    """Serve ``create_app(source, token)`` on ``host:port`` (0: any free port) from a daemon thread."""
+    app = create_app(source, token)
     sock = _bind(host, port)
     config = uvicorn.Config(
-        create_app(source),
+        app,
         log_level=log_level,
         access_log=False,
         lifespan="off",

@@ -23,9 +23,9 @@ from urllib.parse import urlparse, urlunparse
 import pyarrow.flight as flight
 
 from flightfeed.server.metrics import ServerMetrics
-from flightfeed.wire.errors import FlightFeedError
+from flightfeed.wire.errors import FlightFeedError, Unauthenticated
 
-__all__ = ["StatsSource", "LocalSource", "RemoteSource", "FlightProbe", "SIDECAR_METRICS"]
+__all__ = ["StatsSource", "LocalSource", "RemoteSource", "FlightProbe", "SIDECAR_METRICS", "not_ready_reason"]
 
 #: metrics a standalone sidecar adds to the server's exposition
 SIDECAR_METRICS = ("flightfeed_sidecar_flight_up",)
@@ -46,6 +46,13 @@ class StatsSource(Protocol):
     def stats(self) -> dict[str, Any]: ...
 
     def ready(self) -> bool: ...
+
+
+def not_ready_reason(source: StatsSource) -> str:
+    """Why ``source`` is not ready, as its probe last saw it."""
+    probe = getattr(source, "_probe", None)
+    reason = getattr(probe, "last_error", None)
+    return str(reason) if reason else "the Flight server does not answer a 'health' action"
 
 
 class _Describes(Protocol):
@@ -82,6 +89,9 @@ class FlightProbe:
         self._tls_root_certs = tls_root_certs
         self._client: flight.FlightClient | None = None
         self._lock = threading.Lock()
+        self._has_token = token is not None
+        #: why the last call failed (None after a success): the sidecar's /readyz shows it
+        self.last_error: str | None = None
 
     def _connect(self) -> flight.FlightClient:
         with self._lock:
@@ -99,13 +109,21 @@ class FlightProbe:
         client = self._connect()
         try:
             results: Iterable[Any] = client.do_action(flight.Action(kind, b""), self._options)
-            return b"".join(r.body.to_pybytes() for r in results)
+            body = b"".join(r.body.to_pybytes() for r in results)
+        except flight.FlightUnauthenticatedError:
+            given = "a token it refused" if self._has_token else "no token"
+            self.last_error = (
+                f"the Flight server at {self.location} wants a bearer token and the sidecar sent {given}: "
+                "start the sidecar with --auth-token-file holding the server's token"
+            )
+            raise Unauthenticated(self.last_error) from None
         except (flight.FlightError, OSError) as exc:
             self._reset(client)
             first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise FlightFeedError(
-                f"the Flight server at {self.location} did not answer the {kind!r} action: {first_line}"
-            ) from exc
+            self.last_error = f"the Flight server at {self.location} did not answer the {kind!r} action: {first_line}"
+            raise FlightFeedError(self.last_error) from exc
+        self.last_error = None
+        return body
 
     def healthy(self) -> bool:
         try:
