@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
 from flightfeed.server.metrics import ServerMetrics
@@ -139,7 +139,7 @@ class BytesInFlight:
 
 def metered(
     batches: Iterator[Any], budget: BytesInFlight, client: str, dataset: str, estimate: int
-) -> Iterator[Any]:
+) -> Generator[Any, None, None]:
     """``batches`` with each one's bytes held in ``budget`` from before it is produced (``estimate``
     bytes, then its real size) until the consumer asks for the next one or stops."""
     held = 0
