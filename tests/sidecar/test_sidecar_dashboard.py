@@ -150,6 +150,7 @@ def test_dashboard_shows_live_throughput_in_chromium(
     assert float(page.by_id["cache-hit-ratio"]["data-value"]) == pytest.approx(0.9)
     assert page.by_id["status"]["text"].startswith("live")
     assert "trainer-0" in page.by_id["clients"]["text"]
+    assert server.location in page.by_id["cluster"]["text"]  # this node, in the data-nodes table
 
     assert shot.returncode == 0, shot.stderr[-2000:]
     png = screenshot.read_bytes()
