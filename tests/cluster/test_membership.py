@@ -113,3 +113,14 @@ def test_a_dead_location_that_never_comes_back_is_named(blobs_dir: Path) -> None
         text = str(info.value)
         assert dead[0] in text and dead[1] in text and "retry_timeout=0.5s" in text
         assert ds.stats()["retries"] >= 2
+
+
+def test_a_client_names_several_entries_and_skips_a_dead_one(blobs_dir: Path) -> None:
+    dead = f"grpc://127.0.0.1:{free_port()}"
+    with node(blobs_dir, "grpc://127.0.0.1:0") as a:
+        ds = FlightDataset(f"{dead}, {a.location}", "blobs", columns=["index"], batch_size=100, streams=2,
+                           message_rows=500, report_interval=None)
+        assert sorted(i for batch in ds for i in batch["index"].tolist()) == list(range(BLOB_ROWS))
+        assert ds.stats()["failovers"] >= 1  # get_flight_info moved on from the dead entry
+    with pytest.raises(StreamError, match=r"get_flight_info for dataset 'blobs': gave up .* locations tried: "):
+        next(iter(FlightDataset(dead, "blobs", retry_timeout=0.3, report_interval=None)))

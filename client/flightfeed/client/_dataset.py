@@ -26,7 +26,7 @@ from flightfeed.client._info import dataset_info
 from flightfeed.client._node import FlightNode
 from flightfeed.client._pool import ConnectionPool, ConnectOptions
 from flightfeed.client._report import Reporter, _default_client_id
-from flightfeed.client._retry import RetryPolicy
+from flightfeed.client._retry import RetryPolicy, retrying, split_locations
 from flightfeed.client._skips import positions_of
 from flightfeed.client._state import ReadState
 from flightfeed.client._stats import StallMeter
@@ -62,8 +62,9 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
     ``on_decode_error="skip"`` drops rows whose bytes do not decode (such batches are shorter; the
     count is in ``stats()["rows_skipped"]``); the default ``"raise"`` fails naming the row and shard.
 
-    A stream that fails continues from its first undelivered message on the endpoint's next
-    location (another process or data node). ``retry_timeout`` is the budget of one *outage* in
+    ``location`` may name several data nodes, comma-separated: ``get_flight_info`` goes to the
+    first that answers. A stream that fails continues from its first undelivered message on the
+    endpoint's next location (another process or data node). ``retry_timeout`` is the budget of one *outage* in
     seconds (it starts again once a retry delivers data); ``retries`` optionally caps the retries
     of one outage as well (None: only the time budget counts). Pauses between rounds over the
     locations back off exponentially, capped at 1 s. ``stats()`` counts ``retries`` and ``failovers``.
@@ -109,6 +110,7 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         if prefetch < 1:
             raise ConfigError(f"prefetch is {prefetch}; it must be >= 1 (messages per stream)")
         self.location, self.name = location, name
+        split_locations(location)  # one or several comma-separated entries; a clear error if none
         self.columns = _columns(columns)
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
@@ -205,7 +207,7 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
     # -- iteration ------------------------------------------------------------------------
     def _get_pool(self) -> ConnectionPool:
         if self._pool is None:
-            self._pool = ConnectionPool(self.location, self._connect)
+            self._pool = ConnectionPool(split_locations(self.location)[0], self._connect)
         return self._pool
 
     def _command(self, topo: Topology, start: ReadState, epoch: int) -> Any:
@@ -239,17 +241,28 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
     ) -> list[StreamReader]:
         pool = self._get_pool()
         cmd = self._command(topo, start, self.epoch if epoch is None else epoch)
-        with flight_call(f"get_flight_info for dataset {self.name!r} at {self.location}"):
-            info = pool.client(0).get_flight_info(
-                flight.FlightDescriptor.for_command(cmd.SerializeToString()), self._connect.call_options()
-            )
+        descriptor = flight.FlightDescriptor.for_command(cmd.SerializeToString())
+        answered: list[str] = []
+
+        def get_info(entry: str) -> Any:
+            with flight_call(f"get_flight_info for dataset {self.name!r} at {entry}"):
+                info = pool.client(0, entry).get_flight_info(descriptor, self._connect.call_options())
+            answered.append(entry)
+            return info
+
+        entries = split_locations(self.location)
+        info = retrying(
+            get_info, entries, self.retry, what=f"get_flight_info for dataset {self.name!r}", on_retry=self._retried
+        )
+        # an endpoint without locations is served by the node that answered (or any other entry)
+        home = [answered[-1], *(e for e in entries if e != answered[-1])]
         readers = []
         for k, ep in enumerate(info.endpoints):
             ticket = StreamTicket.FromString(ep.ticket.ticket)
+            locations = [loc.uri.decode() if isinstance(loc.uri, bytes) else str(loc.uri) for loc in ep.locations]
             readers.append(
                 StreamReader(
-                    pool, k, ticket, [loc.uri.decode() if isinstance(loc.uri, bytes) else str(loc.uri)
-                                      for loc in ep.locations],
+                    pool, k, ticket, locations or home,
                     depth=self.prefetch, policy=self.retry, stop=stop, on_retry=self._retried,
                 )
             )
@@ -332,7 +345,7 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             "device": str(self.device or "cpu"),
         }
         return Reporter(
-            self.location,
+            split_locations(self.location)[0],
             self.meter.figures,
             interval=self.report_interval,
             static=static,

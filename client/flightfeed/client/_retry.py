@@ -12,12 +12,24 @@ every location tried.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
-from flightfeed.wire.errors import ConfigError
+from flightfeed.client._boundary import retryable, translate
+from flightfeed.wire.errors import ConfigError, StreamError
 
-__all__ = ["RetryPolicy", "Outage"]
+__all__ = ["RetryPolicy", "Outage", "retrying", "split_locations"]
+
+T = TypeVar("T")
+
+
+def split_locations(location: str) -> list[str]:
+    """``"grpc://a:8815,grpc://b:8815"`` -> its entries (a client may name several data nodes)."""
+    out = [part.strip() for part in location.split(",") if part.strip()]
+    if not out:
+        raise ConfigError(f"location {location!r}: expected grpc://HOST:PORT (or several, comma-separated)")
+    return out
 
 
 @dataclass(frozen=True)
@@ -78,3 +90,35 @@ class Outage:
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return text[0] if text else type(error).__name__
+
+
+def retrying(
+    call: Callable[[str], T],
+    locations: Sequence[str],
+    policy: RetryPolicy,
+    *,
+    what: str,
+    on_retry: Callable[[str, str], None] | None = None,
+) -> T:
+    """``call(location)`` over ``locations`` in turn within one outage's budget (for calls that
+    are not streams, e.g. ``get_flight_info``); errors that are not worth retrying pass through."""
+    outage: Outage | None = None
+    at = 0
+    while True:
+        location = locations[at]
+        try:
+            return call(location)
+        except Exception as exc:
+            err = translate(exc)
+            if not retryable(err):
+                if err is exc:
+                    raise
+                raise err from exc
+            outage = outage or Outage(policy, len(locations))
+            pause = outage.failed(location, err)
+            if pause is None:
+                raise StreamError(f"{what}: {outage.summary()}") from exc
+            at = (at + 1) % len(locations)
+            if on_retry is not None:
+                on_retry(location, locations[at])
+            time.sleep(pause)
