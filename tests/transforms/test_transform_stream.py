@@ -52,6 +52,12 @@ def test_every_good_row_once_and_skips_counted(make_images: MakeImages, image_se
     after = image_server.metrics.registry.get_sample_value("flightfeed_rows_skipped_total", {"dataset": "imgs"})
     assert (after or 0) - (before or 0) == len(CORRUPT)
     assert image_server.metrics.registry.get_sample_value("flightfeed_decode_errors_total", {"dataset": "imgs"})
+    snap = image_server.metrics.snapshot(include_prometheus=False)  # what /stats and the dashboard show
+    decode = {d["name"]: d["decode"] for d in snap["datasets"]}["imgs"]
+    assert decode["rows_skipped"] >= len(CORRUPT)
+    assert decode["rows_decoded"] >= ROWS - len(CORRUPT)
+    assert decode["messages"] > 0
+    assert 0 < decode["pool_busy_ratio"] <= 1
 
 
 def test_shape_and_epochs(make_images: MakeImages, reference: list[tuple[int, bytes]]) -> None:

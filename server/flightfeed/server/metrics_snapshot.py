@@ -13,7 +13,9 @@ a ratio with nothing to divide is ``null``, never NaN)::
      "stall": {"mean", "max", "clients"},            # over active clients
      "datasets": [{Dataset.describe() fields..., "rows_sent", "bytes_sent", "batches_sent",
                    "streams_active", "rows_per_s", "bytes_per_s", "gb_per_s", "stream_gb_per_s",
-                   "clients_active", "cache": {...}, "storage": {...}}],
+                   "clients_active", "cache": {...}, "storage": {...},
+                   "decode": {"rows_decoded", "decode_errors", "rows_skipped", "messages",
+                              "mean_message_s", "pool_busy_ratio"}}],     # server-side transforms
      "clients": [{ClientReport fields..., "last_seen": wall s, "last_seen_s": age, "active"}],
      "history": [{"t", "rows_per_s", "bytes_per_s", "streams"}]}  # one point per second
 """
@@ -89,6 +91,32 @@ def _total(values: Iterable[float]) -> float:
     return float(sum(values))
 
 
+def _decode_entry(f: Mapping[str, float]) -> dict[str, Any]:
+    messages = f.get("messages", 0.0)
+    return {
+        "rows_decoded": int(f.get("rows", 0)),
+        "decode_errors": int(f.get("errors", 0)),
+        "rows_skipped": int(f.get("skipped", 0)),
+        "messages": int(messages),
+        "mean_message_s": _ratio(f.get("seconds", 0.0), messages),
+        "pool_busy_ratio": f.get("busy_ratio"),
+    }
+
+
+def _decode_figures(m: ServerMetrics) -> dict[str, dict[str, Any]]:
+    """Per dataset: the transform pipeline's figures (decode pool)."""
+    series = {
+        "rows": _by_dataset(m.rows_decoded, "flightfeed_rows_decoded_total"),
+        "errors": _by_dataset(m.decode_errors, "flightfeed_decode_errors_total"),
+        "skipped": _by_dataset(m.rows_skipped, "flightfeed_rows_skipped_total"),
+        "messages": _by_dataset(m.decode_seconds, "flightfeed_decode_seconds_count"),
+        "seconds": _by_dataset(m.decode_seconds, "flightfeed_decode_seconds_sum"),
+        "busy_ratio": _by_dataset(m.decode_pool_busy_ratio, "flightfeed_decode_pool_busy_ratio"),
+    }
+    names = {n for values in series.values() for n in values}
+    return {n: _decode_entry({k: v[n] for k, v in series.items() if n in v}) for n in names}
+
+
 def build_snapshot(m: ServerMetrics, datasets: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """Every figure of ``m`` as JSON-ready data; ``datasets``: the catalog's describe() dicts."""
     now = time.time()
@@ -105,6 +133,7 @@ def build_snapshot(m: ServerMetrics, datasets: Sequence[Mapping[str, Any]] = ())
     download = _by_dataset(m.cache_download_seconds, "flightfeed_cache_download_seconds_total")
     reads = _by_dataset(m.storage_read_seconds, "flightfeed_storage_read_seconds_count")
     read_s = _by_dataset(m.storage_read_seconds, "flightfeed_storage_read_seconds_sum")
+    decode = _decode_figures(m)
 
     clients = m.clients()
     client_rows: list[dict[str, Any]] = []
@@ -137,6 +166,7 @@ def build_snapshot(m: ServerMetrics, datasets: Sequence[Mapping[str, Any]] = ())
                 evictions.get(name, 0), download.get(name, 0),
             ),
             storage=_storage(reads.get(name, 0), read_s.get(name, 0)),
+            decode=decode.get(name, _decode_entry({})),
         )
         ds_rows.append(entry)
 
