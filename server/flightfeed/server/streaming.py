@@ -198,13 +198,17 @@ def ticket_batches(ds: Dataset, ticket: Any, transformer: Transformer | None = N
     )
     plan = transform_plan(ds, read, transformer)
     if plan is not None and transformer is not None:
-        from flightfeed.server.transforms import DrawKey
+        from flightfeed.server.transforms import DrawKey, read_ahead
 
         key = DrawKey(ds.fingerprint, int(read.seed), int(read.epoch))
-        for lo, hi in span.messages():
-            ds.check_unchanged()
-            rows = order.rows(part.positions(lo, hi)) if order.shuffle else part.positions(lo, hi)
-            yield from transformer.message(ds, plan, rows, columns, key, int(read.batch_rows))
+
+        def transformed() -> Iterator[pa.RecordBatch]:
+            for lo, hi in span.messages():
+                ds.check_unchanged()
+                rows = order.rows(part.positions(lo, hi)) if order.shuffle else part.positions(lo, hi)
+                yield from transformer.message(ds, plan, rows, columns, key, int(read.batch_rows))
+
+        yield from read_ahead(transformed())
         return
     for lo, hi in span.messages():
         ds.check_unchanged()

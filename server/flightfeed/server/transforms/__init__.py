@@ -6,7 +6,7 @@ decode+resample per sample), ``rng`` (draws keyed by fingerprint, seed, epoch, s
 ``pipeline`` (validation, presets, output schema), ``execute`` (the decode pool), ``presets``.
 """
 
-from flightfeed.server.transforms.execute import SKIP_KEY, Transformer, run_row
+from flightfeed.server.transforms.execute import SKIP_KEY, Transformer, read_ahead, run_row
 from flightfeed.server.transforms.pipeline import ColumnPlan, Plan, compile_plan, resolve_command, steps_from_dicts
 from flightfeed.server.transforms.registry import (
     ENTRY_POINT_GROUP,
@@ -24,6 +24,7 @@ __all__ = [
     "SKIP_KEY",
     "Transformer",
     "run_row",
+    "read_ahead",
     "ColumnPlan",
     "Plan",
     "compile_plan",

@@ -2,8 +2,9 @@
 
 Per message, the transformed column's output is one Arrow buffer (``rows x row_bytes``); the
 pool's threads write each row straight into its slot (Pillow decodes and resamples without the
-GIL). A stream works on one message at a time and gRPC's flow control holds back the next, so a
-slow client pins at most the message being sent plus the one being made (per stream).
+GIL). Per stream, one message is made while the previous one is sent (:func:`read_ahead`, depth
+1) and gRPC's flow control holds back the rest, so a slow client pins at most the message being
+sent, one finished message and the one being made.
 
 A row whose bytes do not decode (or whose step fails) raises :class:`ShardError` naming the
 dataset, the stored row and the shard file, unless the plan says ``skip``: then the row is
@@ -14,6 +15,7 @@ sent as one RecordBatch per client batch, and each batch that lost rows carries 
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections import deque
@@ -35,7 +37,7 @@ from flightfeed.wire.errors import ShardError
 from flightfeed.wire.messages import SkipInfo
 from flightfeed.wire.transforms import SKIP_INFO_KEY
 
-__all__ = ["Transformer", "SKIP_KEY", "run_row"]
+__all__ = ["Transformer", "SKIP_KEY", "run_row", "read_ahead"]
 
 SKIP_KEY = SKIP_INFO_KEY  # schema-metadata key the service turns into app_metadata
 _I64 = npt.NDArray[np.int64]
@@ -52,6 +54,47 @@ def run_row(x: Any, steps: Sequence[Step], key: DrawKey, row: int) -> Any:
             x = x.pixels()
         x = t.fn(x, st.params, rng)
     return x.pixels() if isinstance(x, Frame) else x
+
+
+def read_ahead(items: Iterator[pa.RecordBatch], depth: int = 1) -> Iterator[pa.RecordBatch]:
+    """``items``, produced by a helper thread up to ``depth`` messages ahead of the consumer (the
+    next message decodes while this one is sent). Bounded: a slow client holds back at most
+    ``depth`` finished messages per stream. Closing the generator stops the helper."""
+    q: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth))
+    stop = threading.Event()
+    done = object()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put(item):
+                    return
+            put(done)
+        except BaseException as exc:  # delivered to the consumer, in order
+            put(exc)
+
+    worker = threading.Thread(target=produce, name="flightfeed-read-ahead", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item = q.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        worker.join(timeout=30)
 
 
 class _Busy:

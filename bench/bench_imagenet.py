@@ -1,0 +1,242 @@
+"""The ImageNet path on one machine, in one run -> bench/out/imagenet.json
+
+Synthetic ImageNet-like JPEGs (sizes drawn around 400x350, quality 90, ~110 KB; made here and
+cached), as an image folder and converted with ``flightfeed convert`` (encoded bytes kept):
+
+(a) the seed recipe: an ImageFolder-style torch ``Dataset`` doing RandomResizedCrop(224) +
+    RandomHorizontalFlip + PILToTensor with Pillow, ``DataLoader(num_workers=cores,
+    persistent_workers=True)``. torchvision's wheel (0.28.0, the one matching torch 2.13) does not
+    load beside the CPU build of torch here (``operator torchvision::nms does not exist``), so the
+    same operations are written with Pillow, as torchvision does them on PIL images (full decode,
+    crop, bilinear resize);
+(b) flightfeed serving the converted shards (server in its own process, ``--decode-workers
+    cores``), ``FlightDataset(transform="imagenet_train")`` read by one client over loopback;
+(c) the same with ``transform="imagenet_val"`` (resize 256 + center_crop 224).
+
+Each case: one warm-up epoch, then ``--epochs`` timed epochs. Figures: img/s (wall), CPU seconds
+of every process involved (server / client / loader workers), img/s per server core
+(= images / server CPU seconds), client CPU per image. Targets: (b) >= 1.5x (a) img/s on the same
+cores; the client under 10% of one core per 1,000 img/s (0.1 ms CPU per image).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+
+from bench.common import OUT, flightfeed_server, machine, write_json
+from flightfeed.client import FlightDataset
+
+TARGETS = {"train_vs_seed": 1.5, "client_cpu_ms_per_image": 0.1}
+
+
+def process_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# -- data -------------------------------------------------------------------------------------------
+def make_jpegs(root: Path, n: int, classes: int = 10) -> Path:
+    """``n`` JPEGs in ``classes`` class folders, sizes ~ N(400, 60) x N(350, 50), quality 90."""
+    stamp = root / "layout.json"
+    layout = {"n": n, "classes": classes, "v": 2}
+    if stamp.exists() and json.loads(stamp.read_text()) == layout:
+        return root
+    rng = np.random.default_rng(0)
+    for c in range(classes):
+        (root / f"class{c:03d}").mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        w = int(np.clip(rng.normal(400, 60), 200, 640))
+        h = int(np.clip(rng.normal(350, 50), 180, 560))
+        y, x = np.mgrid[0:h, 0:w]
+        base = np.stack([(x * 3 + y + i) % 256, (y * 5 + i * 7) % 256, (x * y // 7) % 256], -1)
+        noisy = base + rng.integers(-48, 48, base.shape)  # texture: ~110 KB at quality 90
+        img = Image.fromarray(noisy.clip(0, 255).astype(np.uint8))
+        img.save(root / f"class{i % classes:03d}" / f"img{i:06d}.jpg", quality=90)
+    stamp.write_text(json.dumps(layout))
+    return root
+
+
+def convert(src: Path, dst: Path) -> Path:
+    stamp = dst / "converted.json"
+    if stamp.exists() and stamp.read_text() == (src / "layout.json").read_text():
+        return dst
+    cmd = [sys.executable, "-m", "flightfeed.server", "convert", str(src), str(dst), "--shard-size", "64MB"]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    stamp.write_text((src / "layout.json").read_text())
+    return dst
+
+
+# -- (a) the seed recipe ------------------------------------------------------------------------------
+class PillowImageFolder(Dataset[tuple[torch.Tensor, int]]):
+    """ImageFolder + RandomResizedCrop(224) + RandomHorizontalFlip + PILToTensor, with Pillow."""
+
+    def __init__(self, root: Path, val: bool = False) -> None:
+        classes = sorted(d.name for d in root.iterdir() if d.is_dir())
+        self.items = [(p, k) for k, c in enumerate(classes) for p in sorted((root / c).glob("*.jpg"))]
+        self.val = val
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        path, label = self.items[i]
+        with open(path, "rb") as f:
+            img = Image.open(io.BytesIO(f.read())).convert("RGB")
+        if self.val:
+            w, h = img.size
+            s = 256 / min(w, h)
+            img = img.resize((max(256, int(w * s)), max(256, int(h * s))), Image.Resampling.BILINEAR)
+            left, top = round((img.size[0] - 224) / 2), round((img.size[1] - 224) / 2)
+            img = img.crop((left, top, left + 224, top + 224))
+        else:
+            left, top, cw, ch = _rrc(img.size[0], img.size[1])
+            img = img.crop((left, top, left + cw, top + ch)).resize((224, 224), Image.Resampling.BILINEAR)
+            if random.random() < 0.5:
+                img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        return torch.from_numpy(np.array(img)).permute(2, 0, 1).contiguous(), label  # PILToTensor
+
+
+def _rrc(width: int, height: int) -> tuple[int, int, int, int]:
+    area = width * height
+    for _ in range(10):
+        target = area * random.uniform(0.08, 1.0)
+        aspect = math.exp(random.uniform(math.log(3 / 4), math.log(4 / 3)))
+        w, h = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
+        if 0 < w <= width and 0 < h <= height:
+            return random.randint(0, width - w), random.randint(0, height - h), w, h
+    side = min(width, height)
+    return (width - side) // 2, (height - side) // 2, side, side
+
+
+def seed_recipe(folder: Path, cores: int, batch: int, epochs: int, val: bool) -> dict[str, Any]:
+    ds = PillowImageFolder(folder, val=val)
+    loader = DataLoader(ds, batch_size=batch, shuffle=True, num_workers=cores, persistent_workers=True)
+    it = iter(loader)
+    for _ in it:  # warm-up epoch (starts the workers)
+        pass
+    pids = [w.pid for w in it._workers]  # type: ignore[attr-defined]
+    workers0 = sum(process_cpu_s(p) for p in pids)
+    main0 = time.process_time()
+    t0 = time.perf_counter()
+    n = 0
+    for _ in range(epochs):
+        for images, _labels in loader:
+            n += len(images)
+    wall = time.perf_counter() - t0
+    workers_cpu = sum(process_cpu_s(p) for p in pids) - workers0
+    main_cpu = time.process_time() - main0
+    del it, loader
+    return _figures(n, wall, server_cpu=workers_cpu, client_cpu=main_cpu, extra={"workers": cores})
+
+
+# -- (b), (c) flightfeed ---------------------------------------------------------------------------------
+def flightfeed_case(shards: Path, cores: int, batch: int, epochs: int, preset: str, streams: int) -> dict[str, Any]:
+    with flightfeed_server({"imgs": shards}, "--decode-workers", str(cores)) as server:
+        ds = FlightDataset(server.location, "imgs", batch_size=batch, transform=preset, streams=streams,
+                           report_interval=None)
+        for _ in ds:  # warm-up epoch
+            pass
+        s0, c0 = process_cpu_s(server.pid), time.process_time()
+        t0 = time.perf_counter()
+        n = 0
+        for e in range(1, epochs + 1):
+            ds.set_epoch(e)
+            for b in ds:
+                n += len(b["label"])
+                assert b["image"].shape[1:] == (224, 224, 3)
+        wall = time.perf_counter() - t0
+        server_cpu, client_cpu = process_cpu_s(server.pid) - s0, time.process_time() - c0
+        ds.close()
+    return _figures(n, wall, server_cpu=server_cpu, client_cpu=client_cpu, extra={"streams": streams})
+
+
+def _figures(n: int, wall: float, *, server_cpu: float, client_cpu: float, extra: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "images": n,
+        "seconds": wall,
+        "img_per_s": n / wall,
+        "server_cpu_s": server_cpu,
+        "server_cores_busy": server_cpu / wall,
+        "img_per_s_per_server_core": n / server_cpu if server_cpu else 0.0,
+        "client_cpu_s": client_cpu,
+        "client_cpu_ms_per_image": client_cpu / n * 1e3,
+        # ms of client CPU per image = share of one core at 1,000 img/s (target < 0.1)
+        "client_core_share_per_1000_img_s": client_cpu / n * 1e3,
+        "img_per_cpu_s_all_processes": n / (server_cpu + client_cpu),
+        **extra,
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--images", type=int, default=2000)
+    p.add_argument("--cores", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--epochs", type=int, default=1, help="timed epochs per case (after one warm-up epoch)")
+    p.add_argument("--streams", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the median round is reported")
+    p.add_argument("--data", type=Path, default=OUT / "imagenet-data")
+    args = p.parse_args()
+    folder = make_jpegs(args.data / "folder", args.images)
+    sizes = [f.stat().st_size for f in folder.rglob("*.jpg")]
+    shards = convert(folder, args.data / "shards")
+    results: dict[str, Any] = {
+        "machine": machine(),
+        "data": {"images": len(sizes), "mean_kb": float(np.mean(sizes) / 1e3), "quality": 90},
+        "cores": args.cores,
+        "batch_size": args.batch_size,
+        "epochs": args.epochs,
+    }
+    cases: dict[str, Callable[[], dict[str, Any]]] = {
+        "a_seed_recipe_train": lambda: seed_recipe(folder, args.cores, args.batch_size, args.epochs, val=False),
+        "b_flightfeed_train": lambda: flightfeed_case(
+            shards, args.cores, args.batch_size, args.epochs, "imagenet_train", args.streams
+        ),
+        "c_flightfeed_val": lambda: flightfeed_case(
+            shards, args.cores, args.batch_size, args.epochs, "imagenet_val", args.streams
+        ),
+        "a_seed_recipe_val": lambda: seed_recipe(folder, args.cores, args.batch_size, args.epochs, val=True),
+    }
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in cases}
+    for r in range(args.rounds):  # interleaved rounds: load from other processes hits every case alike
+        for name, run in cases.items():
+            runs[name].append(run())
+            print(f"round {r} {name}", json.dumps({k: round(v, 4) for k, v in runs[name][-1].items()}), flush=True)
+    for name, figures in runs.items():
+        best = sorted(figures, key=lambda f: f["img_per_s"])[len(figures) // 2]  # the median round
+        results[name] = dict(best, rounds=[f["img_per_s"] for f in figures])
+    a, b = results["a_seed_recipe_train"], results["b_flightfeed_train"]
+    results["ratios"] = {
+        "train_vs_seed_img_per_s": b["img_per_s"] / a["img_per_s"],
+        "train_vs_seed_per_server_core": b["img_per_s_per_server_core"] / a["img_per_s_per_server_core"],
+        "train_vs_seed_per_cpu_s_all": b["img_per_cpu_s_all_processes"] / a["img_per_cpu_s_all_processes"],
+        "val_vs_seed_img_per_s": results["c_flightfeed_val"]["img_per_s"] / results["a_seed_recipe_val"]["img_per_s"],
+    }
+    results["targets"] = TARGETS
+    results["not_measured"] = "trainer-side GPU decode (torchvision.io.decode_jpeg on CUDA): no GPU in this run"
+    print("ratios", json.dumps(results["ratios"]))
+    write_json("imagenet", results)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
