@@ -192,8 +192,9 @@ def run(args: argparse.Namespace) -> int:
     token_file = _setting(args, config, "auth_token_file", None)
     token = read_token_file(token_file) if token_file else None
     settings = StreamSettings(message_bytes=int(_setting(args, config, "message_size", 16 << 20)))
+    decode_workers = _setting(args, config, "decode_workers", None)
     transformer = transformer_from_config(
-        config, _setting(args, config, "decode_workers", None) or os.cpu_count() or 1, metrics
+        config, int(decode_workers) if decode_workers is not None else os.cpu_count() or 1, metrics
     )
     limits = Limits(
         message_bytes=settings.message_bytes,
