@@ -24,6 +24,7 @@ SCRIPTS = {
     "bench_shuffle": "shuffle.json",
     "bench_storage": "storage.json",
     "bench_gpu": "gpu.json",
+    "bench_imagenet": "imagenet.json",
 }
 
 
