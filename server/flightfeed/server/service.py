@@ -167,6 +167,18 @@ class FlightFeedServer(flight.FlightServerBase):
     # -- data -----------------------------------------------------------------------------
     @flight_errors
     def do_get(self, context: Any, ticket: flight.Ticket) -> Any:
+        t, schema, counted = self.open_ticket(context, ticket)
+        options = pa.ipc.IpcWriteOptions(compression=t.read.compression or None)
+        if t.read.on_decode_error == "skip" and (t.read.transform or t.read.transforms):
+            # skipped rows travel as app_metadata: GeneratorStream can attach it per RecordBatch
+            return flight.GeneratorStream(schema, _with_skip_metadata(counted, schema), options=options)
+        reader = pa.RecordBatchReader.from_batches(schema, counted)
+        return flight.RecordBatchStream(reader, options=options)
+
+    @flight_errors
+    def open_ticket(self, context: Any, ticket: flight.Ticket) -> tuple[Any, pa.Schema, Iterator[pa.RecordBatch]]:
+        """A checked ticket, its schema and its (counted, metered, error-guarded) RecordBatches:
+        what ``do_get`` streams. Validation errors are raised here, before the stream starts."""
         t = decode_ticket(ticket.ticket)
         ds = self.catalog.get(t.read.dataset)
         check_columns(ds, list(t.read.columns))
@@ -177,14 +189,7 @@ class FlightFeedServer(flight.FlightServerBase):
             ticket_batches(ds, t, self.transformer), self.bytes_in_flight, client, ds.name, t.message_rows * row_bytes
         )
         first = next(batches, None)  # validation errors surface before the stream starts
-        schema = self._schema(ds, t.read)
-        options = pa.ipc.IpcWriteOptions(compression=t.read.compression or None)
-        counted = self._counted(ds.name, first, batches)
-        if t.read.on_decode_error == "skip" and (t.read.transform or t.read.transforms):
-            # skipped rows travel as app_metadata: GeneratorStream can attach it per RecordBatch
-            return flight.GeneratorStream(schema, _with_skip_metadata(counted, schema), options=options)
-        reader = pa.RecordBatchReader.from_batches(schema, counted)
-        return flight.RecordBatchStream(reader, options=options)
+        return t, self._schema(ds, t.read), self._counted(ds.name, first, batches)
 
     def _counted(
         self, name: str, first: pa.RecordBatch | None, rest: Iterator[pa.RecordBatch]
