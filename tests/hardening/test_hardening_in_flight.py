@@ -96,3 +96,29 @@ def test_server_reports_bytes_in_flight(server: RunningServer) -> None:
     assert section["bytes"] == 0 and section["peak_bytes"] > 0
     assert section["limit"] == 512 << 20 and section["client_limit"] == 256 << 20
     assert "flightfeed_bytes_in_flight{dataset=\"small\"} 0.0" in server.metrics.prometheus_text().decode()
+
+
+def test_identical_concurrent_streams_share_one_gathered_message(server: RunningServer) -> None:
+    from flightfeed.wire.messages import WIRE_VERSION, ReadCommand, Shuffle
+
+    srv = server.server
+    cmd = ReadCommand(version=WIRE_VERSION, dataset="small", world_size=1, batch_rows=16, streams=1,
+                      num_workers=1, seed=5, shuffle=Shuffle(enabled=True))
+    info = srv.get_flight_info(None, flight.FlightDescriptor.for_command(cmd.SerializeToString()))
+    ticket = info.endpoints[0].ticket
+    before = srv.bytes_in_flight.total
+    _, _, first = srv.open_ticket(None, ticket)
+    _, _, second = srv.open_ticket(None, ticket)
+    a, b = next(first), next(second)
+    assert a.column("index").to_pylist() == b.column("index").to_pylist()
+    assert a.column("image").buffers()[-1].address == b.column("image").buffers()[-1].address  # one copy
+    assert srv.bytes_in_flight.total - before == a.nbytes  # and it is counted once
+    cmd.seed = 6  # another order: its own copy
+    other = srv.get_flight_info(None, flight.FlightDescriptor.for_command(cmd.SerializeToString()))
+    _, _, third = srv.open_ticket(None, other.endpoints[0].ticket)
+    c = next(third)
+    assert c.column("image").buffers()[-1].address != a.column("image").buffers()[-1].address
+    for stream in (first, second, third):
+        for _ in stream:  # read to the end: everything is given back
+            pass
+    assert srv.bytes_in_flight.total == before

@@ -25,6 +25,7 @@ from collections.abc import Generator, Iterator
 from typing import Any
 
 from flightfeed.server.metrics import ServerMetrics
+from flightfeed.server.shared_messages import last_was_shared
 from flightfeed.wire.errors import StorageError
 
 __all__ = ["BytesInFlight", "metered", "peer_host", "DEFAULT_BYTES_IN_FLIGHT", "DEFAULT_CLIENT_BYTES_IN_FLIGHT"]
@@ -147,10 +148,11 @@ def metered(
         while True:
             budget.acquire(client, dataset, estimate)
             held = estimate
+            last_was_shared()  # reset: only the message produced now counts
             batch = next(batches, None)
             if batch is None:
                 return
-            size = int(batch.nbytes)
+            size = 0 if last_was_shared() else int(batch.nbytes)  # a shared copy is counted once
             if size > held:
                 budget.acquire(client, dataset, size - held, wait=False)  # it exists already
             else:

@@ -8,6 +8,7 @@ same dataset can serve any ticket.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -17,6 +18,7 @@ import pyarrow as pa
 from flightfeed.server.catalog import Dataset
 from flightfeed.server.gather import contiguous, gather
 from flightfeed.server.order import EpochOrder, default_shuffle
+from flightfeed.server.shared_messages import SHARED, message_key
 from flightfeed.wire.errors import InvalidRequest, StaleState
 from flightfeed.wire.messages import WIRE_VERSION, ReadCommand, StreamTicket, span_of
 from flightfeed.wire.plan import Partition, ceil_div, default_message_rows, split_streams
@@ -215,5 +217,6 @@ def ticket_batches(ds: Dataset, ticket: Any, transformer: Transformer | None = N
         if not order.shuffle:
             for pos, n in part.runs(lo, hi):
                 yield from contiguous(ds, pos, pos + n, int(read.batch_rows), columns)
-        else:
-            yield gather(ds, order.rows(part.positions(lo, hi)), columns)
+        else:  # identical concurrent requests share one gathered copy
+            shared_key = message_key(ds, read, columns, lo, hi)
+            yield SHARED.get(shared_key, functools.partial(gather, ds, order.rows(part.positions(lo, hi)), columns))
