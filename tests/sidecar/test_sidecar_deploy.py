@@ -96,15 +96,15 @@ def test_deploy_readme_names_only_real_metrics() -> None:
 def test_compose_wires_server_sidecar_and_s3() -> None:
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     services = compose["services"]
-    assert {"s3", "flightfeed", "sidecar"} <= set(services)
+    assert {"s3", "flightfeed-1", "sidecar"} <= set(services)
     assert services["s3"]["image"].startswith("motoserver/moto")
     sidecar = services["sidecar"]
     assert sidecar["entrypoint"] == ["flightfeed", "sidecar"]
-    assert sidecar["command"][:2] == ["--flight", "grpc://flightfeed:8815"]
-    checks = " ".join(" ".join(services[s]["healthcheck"]["test"]) for s in ("flightfeed", "sidecar"))
+    assert sidecar["command"][:2] == ["--flight", "grpc://flightfeed-1:8815"]
+    checks = " ".join(" ".join(services[s]["healthcheck"]["test"]) for s in ("flightfeed-1", "sidecar"))
     assert "/readyz" in checks
     assert "/healthz" in checks
-    assert services["flightfeed"]["environment"]["AWS_EC2_METADATA_DISABLED"] == "true"
+    assert services["flightfeed-1"]["environment"]["AWS_EC2_METADATA_DISABLED"] == "true"
 
 
 def test_k8s_pod_runs_the_sidecar_next_to_the_server() -> None:
@@ -129,7 +129,9 @@ def test_k8s_pod_runs_the_sidecar_next_to_the_server() -> None:
             if get is not None:
                 assert get["path"] in routes
     envs = {ref["configMapRef"]["name"] for ref in server["envFrom"] if "configMapRef" in ref}
-    (configmap,) = [doc for _, doc in _yaml_docs() if doc.get("kind") == "ConfigMap"]
+    (configmap,) = [
+        doc for _, doc in _yaml_docs() if doc.get("kind") == "ConfigMap" and doc["metadata"]["name"] in envs
+    ]
     assert configmap["metadata"]["name"] in envs
     for arg in server["args"]:
         for var in re.findall(r"\$\((\w+)\)", arg):
