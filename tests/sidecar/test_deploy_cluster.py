@@ -164,7 +164,8 @@ def test_k8s_token_is_required_and_reaches_server_and_sidecar() -> None:
     containers = {c["name"]: c for c in spec["containers"]}
     server_args = _parse("serve", [_expand(a, env) for a in containers["server"]["args"]])
     sidecar_args = _parse("sidecar", list(containers["sidecar"]["args"]))
-    for c, path in ((containers["server"], server_args.auth_token_file), (containers["sidecar"], sidecar_args.auth_token_file)):
+    pairs = ((containers["server"], server_args.auth_token_file), (containers["sidecar"], sidecar_args.auth_token_file))
+    for c, path in pairs:
         mounts = {m["mountPath"] for m in c["volumeMounts"] if m["name"] == volume["name"]}
         assert str(Path(path).parent) in mounts
 
