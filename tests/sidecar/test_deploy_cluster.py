@@ -35,8 +35,8 @@ def _parse(command: str, args: list[str]) -> argparse.Namespace:
 
 
 def _compose() -> dict[str, Any]:
-    data: dict[str, Any] = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
-    return data["services"]
+    services: dict[str, Any] = yaml.safe_load((DEPLOY / "compose.yaml").read_text())["services"]
+    return services
 
 
 def _k8s(kind: str) -> list[dict[str, Any]]:
