@@ -51,8 +51,18 @@ CLIENT_MS_PER_IMAGE = 0.1  # 10% of one core at 1,000 img/s
 
 
 def process_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds of ``pid`` and its live child processes (``serve --workers``)."""
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(entry.name) == pid or int(fields[1]) == pid:
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 # -- data -------------------------------------------------------------------------------------------
@@ -212,8 +222,11 @@ def gpu_decode_case(shards: Path, batch: int, epochs: int, streams: int) -> dict
 
 
 # -- (b), (c) flightfeed ---------------------------------------------------------------------------------
-def flightfeed_case(shards: Path, cores: int, batch: int, epochs: int, preset: str, streams: int) -> dict[str, Any]:
-    with flightfeed_server({"imgs": shards}, "--decode-workers", str(cores)) as server:
+def flightfeed_case(
+    shards: Path, cores: int, batch: int, epochs: int, preset: str, streams: int, procs: int
+) -> dict[str, Any]:
+    decode = str(max(1, cores // procs))
+    with flightfeed_server({"imgs": shards}, "--decode-workers", decode, "--workers", str(procs)) as server:
         ds = FlightDataset(server.location, "imgs", batch_size=batch, transform=preset, streams=streams,
                            report_interval=None)
         for _ in ds:  # warm-up epoch
@@ -229,7 +242,9 @@ def flightfeed_case(shards: Path, cores: int, batch: int, epochs: int, preset: s
         wall = time.perf_counter() - t0
         server_cpu, client_cpu = process_cpu_s(server.pid) - s0, time.process_time() - c0
         ds.close()
-    return _figures(n, wall, server_cpu=server_cpu, client_cpu=client_cpu, extra={"streams": streams})
+    return _figures(
+        n, wall, server_cpu=server_cpu, client_cpu=client_cpu, extra={"streams": streams, "server_processes": procs}
+    )
 
 
 def _figures(n: int, wall: float, *, server_cpu: float, client_cpu: float, extra: dict[str, Any]) -> dict[str, Any]:
@@ -256,6 +271,8 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--epochs", type=int, default=1, help="timed epochs per case (after one warm-up epoch)")
     p.add_argument("--streams", type=int, default=2)
+    p.add_argument("--server-workers", type=int, default=1,
+                   help="flightfeed serve --workers (processes, each with cores/N decode threads: one GIL each)")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the median round is reported")
     p.add_argument("--data", type=Path, default=OUT / "imagenet-data")
     p.add_argument("--seed-impl", choices=["auto", "torchvision", "pillow"], default="auto",
@@ -269,16 +286,18 @@ def main() -> int:
         "machine": machine(),
         "data": {"images": len(sizes), "mean_kb": float(np.mean(sizes) / 1e3), "quality": 90},
         "cores": args.cores,
+        "server_workers": args.server_workers,
+        "streams": args.streams,
         "batch_size": args.batch_size,
         "epochs": args.epochs,
     }
     cases: dict[str, Callable[[], dict[str, Any]]] = {
         "a_seed_recipe_train": lambda: seed_recipe(folder, args.cores, args.batch_size, args.epochs, False, impl),
         "b_flightfeed_train": lambda: flightfeed_case(
-            shards, args.cores, args.batch_size, args.epochs, "imagenet_train", args.streams
+            shards, args.cores, args.batch_size, args.epochs, "imagenet_train", args.streams, args.server_workers
         ),
         "c_flightfeed_val": lambda: flightfeed_case(
-            shards, args.cores, args.batch_size, args.epochs, "imagenet_val", args.streams
+            shards, args.cores, args.batch_size, args.epochs, "imagenet_val", args.streams, args.server_workers
         ),
         "a_seed_recipe_val": lambda: seed_recipe(folder, args.cores, args.batch_size, args.epochs, True, impl),
     }
@@ -288,7 +307,8 @@ def main() -> int:
     for r in range(args.rounds):  # interleaved rounds: load from other processes hits every case alike
         for name, run in cases.items():
             runs[name].append(run())
-            print(f"round {r} {name}", json.dumps({k: round(v, 4) for k, v in runs[name][-1].items()}), flush=True)
+            shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in runs[name][-1].items()}
+            print(f"round {r} {name}", json.dumps(shown), flush=True)
     for name, figures in runs.items():
         best = sorted(figures, key=lambda f: f["img_per_s"])[len(figures) // 2]  # the median round
         results[name] = dict(best, rounds=[f["img_per_s"] for f in figures])
