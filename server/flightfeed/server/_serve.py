@@ -22,6 +22,7 @@ from typing import Any
 from flightfeed.server.catalog import Catalog
 from flightfeed.server.cluster import READY_PREFIX, Membership, WorkerPool, parse_peers, parse_peers_dns
 from flightfeed.server.cluster.lifecycle import drain_and_exit, exit_with_parent, install_signals, wait_for
+from flightfeed.server.cluster.locality import ShardRouter
 from flightfeed.server.exposure import warn_if_exposed
 from flightfeed.server.in_flight import DEFAULT_BYTES_IN_FLIGHT, DEFAULT_CLIENT_BYTES_IN_FLIGHT, BytesInFlight
 from flightfeed.server.limits import DEFAULT_MAX_STREAMS, Limits
@@ -88,6 +89,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--peers-dns", default=None, metavar="NAME:PORT",
         help="find peers as every address NAME resolves to (re-resolved; a Kubernetes headless Service)",
+    )
+    p.add_argument(
+        "--no-cache-locality", action="store_true",
+        help="with peers: fetch every shard from storage here (default: via the shard's preferred node)",
     )
     p.add_argument("--exit-with-parent", action="store_true", help=argparse.SUPPRESS)  # --workers' processes
     add_s3_arguments(p)
@@ -182,6 +187,9 @@ def run(args: argparse.Namespace) -> int:
     if args.exit_with_parent:
         exit_with_parent()
     options = storage_options_from_args(args, os.environ)
+    locality = bool(peers or dns) and not args.no_cache_locality
+    if locality:  # shards come on first read, through their preferred node (not all at startup)
+        options.s3_prefetch = False
     metrics = ServerMetrics()
     options.metrics = metrics
     tls = None
@@ -239,6 +247,10 @@ def run(args: argparse.Namespace) -> int:
                 cluster.me, cluster.datasets, static=peers, dns=dns, scheme=scheme, token=token, tls_root_certs=roots
             )
             cluster.start()
+            if locality:
+                router = ShardRouter(cluster, token=token, tls_root_certs=roots)
+                if router.install(catalog):
+                    cluster.locality = router
         return _serve(server, args, config, sidecar_host, token, stop, grace)
     finally:
         if server is not None:

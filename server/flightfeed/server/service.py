@@ -45,6 +45,7 @@ _ACTIONS = {
     "stats": "JSON figures: throughput, streams, cache, clients, datasets",
     "report": "a client's stall/throughput report (flightfeed.v1.ClientReport)",
     "health": "b'ok' while ready (fails while draining); a JSON body asks for the node's detail",
+    "shard": "a peer data node's cache miss: the bytes of one remote shard (JSON {dataset, uri})",
 }
 
 
@@ -243,6 +244,10 @@ class FlightFeedServer(flight.FlightServerBase):
                 )
             self.metrics.client_report(validate_report(decode_report(body), self.catalog.names()))
             return iter([b"ok"])
+        if kind == "shard":
+            from flightfeed.server.cluster.locality import serve_shard
+
+            return serve_shard(self.catalog, action.body.to_pybytes() if action.body is not None else b"")
         raise InvalidRequest(f"unknown action {kind[:100]!r}; actions: {sorted(_ACTIONS)}", field="action")
 
 

@@ -40,6 +40,7 @@ class Cluster:
         self.workers = workers
         self.membership = membership
         self.node_id = uuid.uuid4().hex
+        self.locality: Any = None  # a locality.ShardRouter when shards are routed to preferred nodes
         self._draining = threading.Event()
 
     # -- state ----------------------------------------------------------------------------
@@ -133,6 +134,7 @@ class Cluster:
             "peers_live": sum(1 for p in peers if p["state"] == "live"),
             "peers": peers,
             "workers": self.workers.describe() if self.workers is not None else [],
+            "locality": self.locality.describe() if self.locality is not None else None,
         }
 
     def collector(self) -> _Collector:
@@ -144,6 +146,8 @@ class Cluster:
             self.membership.start()
 
     def stop(self, grace: float = 0.0) -> None:
+        if self.locality is not None:
+            self.locality.close()
         if self.membership is not None:
             self.membership.stop()
         if self.workers is not None:

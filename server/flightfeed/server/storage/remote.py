@@ -44,6 +44,7 @@ class RemoteShard(ShardFields):
         self.zero_copy = format_of(uri) == "arrow"
         self._cache = cache
         self._fetch = fetch
+        self._direct = fetch  # from the object store itself (``reroute`` may send _fetch via a peer)
         self._nbytes = size
         self._version = version
         self._dataset = dataset
@@ -86,6 +87,20 @@ class RemoteShard(ShardFields):
         if self._closed:
             return
         self._acquire().release()
+
+    # -- fetch routing (cluster cache locality) ---------------------------------------------
+    def reroute(self, routed: Callable[[str], str | None], direct: Callable[[str], str | None]) -> None:
+        """Fetch misses through ``routed`` from now on (e.g. via the shard's preferred data node);
+        ``direct`` fetches from the object store itself and serves :meth:`direct_lease`."""
+        self._fetch, self._direct = routed, direct
+
+    def direct_lease(self) -> CacheLease:
+        """Pin the cached copy, fetching a miss from the object store itself (never via a peer:
+        this serves a peer's request, so two nodes can never wait on each other)."""
+        return self._cache.acquire(
+            self.uri, self._direct, size=self._nbytes, version=self._version, sha256=self._sha256,
+            dataset=self._dataset, on_evict=self._evicted,
+        )
 
     # -- local copy -------------------------------------------------------------------------
     def local_reader(self) -> tuple[CacheLease, ShardReader]:
