@@ -58,7 +58,7 @@ def test_put_exchange_schema_and_actions_go_through_the_boundary(server: Running
     assert "unknown column(s) ['zz']" in refusal(
         lambda: client.get_schema(flight.FlightDescriptor.for_command(command(columns=["zz"]).SerializeToString()))
     )
-    assert {a.type for a in client.list_actions()} == {"stats", "report", "health"}
+    assert {a.type for a in client.list_actions()} == {"stats", "report", "health", "shard"}
 
 
 def test_echoed_values_are_clipped(server: RunningServer) -> None:
