@@ -140,3 +140,28 @@ def test_repartition_at_a_new_world_size(n: int, batch: int, w1: int, w2: int, f
     assert len(np.unique(total)) == len(total)
     if not drop_last:
         assert sorted(total.tolist()) == list(range(n))
+
+
+@given(
+    n=st.integers(1, 3000),
+    block=st.integers(1, 300),
+    buffer=st.integers(1, 4000),
+    shuffle=st.booleans(),
+    lo=st.integers(0, 3000),
+    length=st.integers(0, 3000),
+)
+@settings(max_examples=150, deadline=None)
+def test_stored_runs_cover_exactly_the_rows_of_a_range(
+    n: int, block: int, buffer: int, shuffle: bool, lo: int, length: int
+) -> None:
+    """Read-ahead fetches a window as runs of stored rows: exactly that window's rows."""
+    order = EpochOrder(n, FP, 5, 1, shuffle, block, buffer)
+    lo = min(lo, n)
+    hi = min(n, lo + length)
+    runs = order.stored_runs(lo, hi)
+    fetched = [r for start, k in runs for r in range(start, start + k)]
+    assert len(fetched) == len(set(fetched))
+    positions = np.arange(lo, hi)
+    expected = order._unblock(positions) if shuffle else positions
+    assert sorted(fetched) == sorted(expected.tolist())
+    assert len(runs) <= (hi - lo) // block + 2 if hi > lo else runs == []

@@ -95,6 +95,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="with peers: fetch every shard from storage here (default: via the shard's preferred node)",
     )
     p.add_argument("--exit-with-parent", action="store_true", help=argparse.SUPPRESS)  # --workers' processes
+    p.add_argument(
+        "--read-ahead",
+        type=int,
+        default=None,
+        metavar="WINDOWS",
+        help="shuffle windows read ahead of each stream (default 1; 0: no read-ahead)",
+    )
     add_s3_arguments(p)
     add_cache_arguments(p)
     add_reader_arguments(p)
@@ -156,6 +163,7 @@ def _worker_argv(args: argparse.Namespace, datasets: dict[str, str], host: str) 
         "--max-streams": getattr(args, "max_streams", None),
         "--max-bytes-in-flight": getattr(args, "max_bytes_in_flight", None),
         "--client-bytes-in-flight": getattr(args, "client_bytes_in_flight", None),
+        "--read-ahead": args.read_ahead,
         "--tls-cert": args.tls_cert,
         "--tls-key": args.tls_key,
         "--auth-token-file": args.auth_token_file,
@@ -199,7 +207,12 @@ def run(args: argparse.Namespace) -> int:
         tls = [(Path(args.tls_cert).read_bytes(), Path(args.tls_key).read_bytes())]
     token_file = _setting(args, config, "auth_token_file", None)
     token = read_token_file(token_file) if token_file else None
-    settings = StreamSettings(message_bytes=int(_setting(args, config, "message_size", 16 << 20)))
+    settings = StreamSettings(
+        message_bytes=int(_setting(args, config, "message_size", 16 << 20)),
+        readahead_windows=int(_setting(args, config, "read_ahead", 1)),
+    )
+    if settings.readahead_windows < 0:
+        raise ConfigError(f"--read-ahead {settings.readahead_windows}: must be >= 0 (0 turns read-ahead off)")
     decode_workers = _setting(args, config, "decode_workers", None)
     transformer = transformer_from_config(
         config, int(decode_workers) if decode_workers is not None else os.cpu_count() or 1, metrics

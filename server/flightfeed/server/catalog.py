@@ -14,6 +14,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
@@ -21,6 +22,9 @@ import pyarrow as pa
 
 from flightfeed.server.readers import ShardReader
 from flightfeed.wire.errors import DatasetError, DatasetNotFound, ShardError, StaleState
+
+if TYPE_CHECKING:
+    from flightfeed.server.readahead import ReadAhead
 
 __all__ = ["Dataset", "Catalog", "ChunkCache"]
 
@@ -102,6 +106,8 @@ class Dataset:
         self.views_lock = threading.Lock()
         #: why the data changed on disk while served (None while it has not): see ``check_unchanged``
         self.changed: str | None = None
+        #: read-ahead of upcoming blocks (set by the server that serves this dataset)
+        self.readahead: ReadAhead | None = None
         self._change_listeners: list[Callable[[Dataset, str], None]] = []
         for shard in self.shards:
             watch = getattr(shard, "watch", None)
@@ -147,6 +153,11 @@ class Dataset:
         """``(chunk_id, row_in_chunk)`` for global rows."""
         cid = np.searchsorted(self._chunk_starts, rows, side="right") - 1
         return cid.astype(np.int64), (rows - self._chunk_starts[cid]).astype(np.int64)
+
+    def chunk_ref(self, cid: int) -> tuple[ShardReader, int]:
+        """The shard holding chunk ``cid`` and the chunk's index inside it."""
+        s, c = self._chunk_refs[cid]
+        return self.shards[s], c
 
     def chunk_zero_copy(self, cid: int) -> bool:
         return self.shards[self._chunk_refs[cid][0]].zero_copy
@@ -194,6 +205,8 @@ class Dataset:
         }
 
     def close(self) -> None:
+        if self.readahead is not None:
+            self.readahead.close()
         for shard in self.shards:
             shard.close()
 

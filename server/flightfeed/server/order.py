@@ -107,6 +107,20 @@ class EpochOrder:
             return pos.copy()
         return self._unblock(self._unwindow(pos))
 
+    def stored_runs(self, s_lo: int, s_hi: int) -> list[tuple[int, int]]:
+        """The stored rows behind positions ``[s_lo, s_hi)`` of the block-shuffled sequence S (a
+        window's rows, in any order) as ``(first_row, rows)`` runs, one per block touched."""
+        s_hi = min(s_hi, self.num_rows)
+        if s_lo >= s_hi:
+            return []
+        if not self.shuffle:
+            return [(s_lo, s_hi - s_lo)]
+        rows = self._unblock(np.arange(s_lo, s_hi, dtype=np.int64))
+        cuts = np.flatnonzero(np.diff(rows) != 1) + 1
+        starts = np.r_[0, cuts]
+        stops = np.r_[cuts, len(rows)]
+        return [(int(rows[a]), int(b - a)) for a, b in zip(starts, stops, strict=True)]
+
     def _unwindow(self, pos: _I64) -> _I64:
         """Epoch position -> position in the block-shuffled sequence S."""
         buf = self.buffer_rows

@@ -23,6 +23,7 @@ from flightfeed.server.cluster import Cluster
 from flightfeed.server.in_flight import BytesInFlight, metered, peer_host
 from flightfeed.server.limits import Limits, check_read, check_ticket
 from flightfeed.server.metrics import ServerMetrics
+from flightfeed.server.readahead import ReadAhead
 from flightfeed.server.report_registry import MAX_REPORT_BYTES, validate_report
 from flightfeed.server.streaming import (
     StreamSettings,
@@ -81,8 +82,6 @@ class FlightFeedServer(flight.FlightServerBase):
             ) from None
         self.catalog = catalog
         self.metrics = metrics or ServerMetrics()
-        for ds in catalog.datasets():  # a shard changed in place while served: count it
-            ds.on_change(lambda d, _reason: self.metrics.io.shard_changes.labels(d.name).inc())
         #: runs the transform steps clients name (``--decode-workers`` threads)
         self.transformer = transformer or Transformer(metrics=self.metrics)
         # one message size: the settings' (the target) is also the limits' (the cap)
@@ -93,6 +92,10 @@ class FlightFeedServer(flight.FlightServerBase):
         self.bytes_in_flight = bytes_in_flight or BytesInFlight(metrics=self.metrics)
         self.bytes_in_flight.metrics = self.metrics
         self.metrics.sections["bytes_in_flight"] = self.bytes_in_flight.snapshot
+        for ds in catalog.datasets():  # a shard changed in place while served: count it
+            ds.on_change(lambda d, _reason: self.metrics.io.shard_changes.labels(d.name).inc())
+            if self.settings.readahead_windows > 0 and ds.readahead is None:
+                ds.readahead = ReadAhead(ds, self.metrics.io, windows=self.settings.readahead_windows)
         parsed = urlparse(location)
         host = parsed.hostname or "127.0.0.1"
         scheme = parsed.scheme or "grpc"

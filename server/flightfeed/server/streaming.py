@@ -18,6 +18,7 @@ import pyarrow as pa
 from flightfeed.server.catalog import Dataset
 from flightfeed.server.gather import contiguous, gather
 from flightfeed.server.order import EpochOrder, default_shuffle
+from flightfeed.server.readahead import NO_READAHEAD
 from flightfeed.server.shared_messages import SHARED, message_key
 from flightfeed.wire.errors import InvalidRequest, StaleState
 from flightfeed.wire.messages import WIRE_VERSION, ReadCommand, StreamTicket, span_of
@@ -42,6 +43,7 @@ class StreamSettings:
     """Server-side knobs for message sizing."""
 
     message_bytes: int = 16 << 20  # target bytes per message (4-32 MiB is Flight's sweet spot)
+    readahead_windows: int = 1  # shuffle windows read ahead of each stream (0: no read-ahead)
     path_streams: int = 1  # endpoints for a plain path descriptor
 
 
@@ -212,11 +214,20 @@ def ticket_batches(ds: Dataset, ticket: Any, transformer: Transformer | None = N
 
         yield from read_ahead(transformed())
         return
-    for lo, hi in span.messages():
-        ds.check_unchanged()
-        if not order.shuffle:
-            for pos, n in part.runs(lo, hi):
-                yield from contiguous(ds, pos, pos + n, int(read.batch_rows), columns)
-        else:  # identical concurrent requests share one gathered copy
-            shared_key = message_key(ds, read, columns, lo, hi)
-            yield SHARED.get(shared_key, functools.partial(gather, ds, order.rows(part.positions(lo, hi)), columns))
+    messages = list(span.messages())
+    ahead = ds.readahead.stream(order, part, messages) if ds.readahead is not None else NO_READAHEAD
+    try:
+        for k, (lo, hi) in enumerate(messages):
+            ds.check_unchanged()
+            ahead.before(k)  # read upcoming blocks ahead of need
+            if not order.shuffle:
+                rows = int(read.batch_rows)
+                batches = [b for pos, n in part.runs(lo, hi) for b in contiguous(ds, pos, pos + n, rows, columns)]
+            else:  # identical concurrent requests share one gathered copy
+                shared_key = message_key(ds, read, columns, lo, hi)
+                make = functools.partial(gather, ds, order.rows(part.positions(lo, hi)), columns)
+                batches = [SHARED.get(shared_key, make)]
+            ahead.after()
+            yield from batches
+    finally:
+        ahead.close()

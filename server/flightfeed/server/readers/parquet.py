@@ -25,7 +25,8 @@ class ParquetShard(ShardFields):
         self.uri = uri or path
         self._lock = threading.Lock()  # one ParquetFile is not safe for concurrent reads
         try:
-            self._file = pq.ParquetFile(path, memory_map=True)
+            # positioned reads, not a memory map: a file truncated while served must not raise SIGBUS
+            self._file = pq.ParquetFile(path, memory_map=False)
         except (OSError, pa.ArrowException) as exc:
             raise ShardError(f"cannot open Parquet shard {self.uri}: {exc} (corrupt, or not Parquet?)") from None
         meta = self._file.metadata

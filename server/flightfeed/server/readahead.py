@@ -1,0 +1,260 @@
+"""Read-ahead of the epoch's order: upcoming blocks are read before a stream needs them.
+
+The server knows every epoch's block sequence (``order.py``), so a shuffled stream's future is
+known: window ``w + 1``'s blocks (each a contiguous run of stored rows, ~8 MiB) are fetched while
+window ``w`` is being served, ``windows`` windows ahead of the stream. A stored-order stream reads
+its next ``messages`` messages ahead (sequential read-ahead).
+
+How a run of rows is fetched depends on the shard:
+
+* memory-mapped Arrow shards: ``madvise(MADV_WILLNEED)`` in pieces (the kernel caps one call at
+  its readahead size), issued from one I/O thread: the kernel reads in large requests, nothing is
+  copied, and the bytes live in the page cache (memory bounded by ``windows`` windows);
+* decoded shards (HDF5, Parquet, Arrow read mode): the chunks are decoded into the dataset's
+  bounded chunk LRU, at most ``chunk_budget`` bytes ahead.
+
+Read-ahead never changes what is delivered (it only warms caches). Each stream's pending work is
+dropped when the stream stops, and the I/O thread exits when it has nothing left to do.
+
+Figures (``flightfeed_prefetch_*``, ``flightfeed_read_wait_seconds``): bytes read ahead; per
+window or message a *hit* when its read-ahead had completed before the stream needed it, else a
+*miss*; read wait = seconds streams spent producing messages (page faults, decoding, gathering).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from flightfeed.server.catalog import Dataset
+from flightfeed.server.metrics_io import IoMetrics
+from flightfeed.server.order import EpochOrder
+from flightfeed.wire.plan import Partition
+
+__all__ = ["ReadAhead", "StreamAhead", "NO_READAHEAD"]
+
+_PIECE = 128 << 10  # bytes per WILLNEED call: at or below any kernel's readahead cap
+_DONE_KEYS = 256  # remembered windows/messages per dataset
+
+
+@dataclass
+class _Task:
+    key: tuple[Any, ...]
+    runs: list[tuple[int, int]]  # (first stored row, rows)
+    stream: int
+    done: bool = False
+    cancelled: bool = False
+
+
+class ReadAhead:
+    """Read-ahead for one dataset (one I/O thread, started on demand)."""
+
+    def __init__(
+        self,
+        ds: Dataset,
+        metrics: IoMetrics | None = None,
+        *,
+        windows: int = 1,
+        messages: int = 2,
+        chunk_budget: int | None = None,
+    ) -> None:
+        self.ds = ds
+        self.metrics = metrics
+        self.windows = max(0, windows)
+        self.messages = max(0, messages)
+        self.chunk_budget = chunk_budget if chunk_budget is not None else ds.chunk_cache.max_bytes // 4
+        self._lock = threading.Lock()
+        self._queue: deque[_Task] = deque()
+        self._tasks: OrderedDict[tuple[Any, ...], _Task] = OrderedDict()
+        self._ids = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+        self.bytes_ahead = 0  # totals, also when no metrics are attached
+        self.hits = 0
+        self.misses = 0
+
+    # -- streams ----------------------------------------------------------------------------
+    def stream(self, order: EpochOrder, part: Partition, messages: Sequence[tuple[int, int]]) -> StreamAhead:
+        return StreamAhead(self, next(self._ids), order, part, messages)
+
+    def _submit(self, key: tuple[Any, ...], runs: Callable[[], list[tuple[int, int]]], stream: int) -> None:
+        with self._lock:
+            if self._stopped or key in self._tasks:
+                return
+            task = _Task(key, runs(), stream)
+            self._tasks[key] = task
+            while len(self._tasks) > _DONE_KEYS:
+                self._tasks.popitem(last=False)
+            self._queue.append(task)
+            if self._thread is None:
+                name = f"flightfeed-readahead-{self.ds.name}"
+                self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+                self._thread.start()
+
+    def _need(self, key: tuple[Any, ...]) -> None:
+        """A stream needs ``key`` now: count a hit if its read-ahead completed, else a miss."""
+        with self._lock:
+            task = self._tasks.get(key)
+            hit = task is not None and task.done
+        if hit:
+            self.hits += 1
+        else:
+            self.misses += 1
+        if self.metrics is not None:
+            (self.metrics.prefetch_hits if hit else self.metrics.prefetch_misses).labels(self.ds.name).inc()
+
+    def _stream_closed(self, stream: int) -> None:
+        """Drop the stream's unfinished work (another stream that needs it submits it again)."""
+        with self._lock:
+            for key, task in list(self._tasks.items()):
+                if task.stream == stream and not task.done:
+                    task.cancelled = True
+                    del self._tasks[key]
+            self._queue = deque(t for t in self._queue if not t.cancelled)
+
+    @property
+    def running(self) -> bool:
+        t = self._thread
+        return t is not None and t.is_alive()
+
+    def close(self) -> None:
+        """Drop pending work and wait for the I/O thread to finish its current piece."""
+        with self._lock:
+            self._stopped = True
+            self._queue.clear()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout=30)
+
+    # -- the I/O thread ---------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue or self._stopped:
+                    self._thread = None
+                    return
+                task = self._queue.popleft()
+            nbytes = 0
+            for first, rows in task.runs:
+                if self._stopped or task.cancelled:
+                    break
+                nbytes += self._fetch(first, first + rows)
+            task.done = True
+            self.bytes_ahead += nbytes
+            if self.metrics is not None and nbytes:
+                self.metrics.prefetch_bytes.labels(self.ds.name).inc(nbytes)
+
+    def _fetch(self, lo: int, hi: int) -> int:
+        """Bring stored rows ``[lo, hi)`` into memory ahead of need; returns the bytes asked for."""
+        ds = self.ds
+        starts = ds.chunk_starts
+        total = 0
+        cid = int(np.searchsorted(starts, lo, side="right") - 1)
+        while lo < hi and cid < ds.num_chunks:
+            c_lo, c_hi = int(starts[cid]), int(starts[cid + 1])
+            stop = min(hi, c_hi)
+            shard, index = ds.chunk_ref(cid)
+            if shard.zero_copy:
+                willneed = getattr(shard, "willneed", None)
+                if willneed is not None:
+                    total += int(willneed(index, lo - c_lo, stop - c_lo, _PIECE))
+            elif ds.chunk_cache.nbytes < self.chunk_budget and ds.chunk_cache.get(cid) is None:
+                with contextlib.suppress(Exception):  # the stream that needs it raises the error itself
+                    total += ds.chunk(cid).nbytes
+            lo = stop
+            cid += 1
+        return total
+
+
+class StreamAhead:
+    """One stream's read-ahead: call :meth:`before` before producing message ``k``."""
+
+    def __init__(
+        self,
+        owner: ReadAhead,
+        sid: int,
+        order: EpochOrder,
+        part: Partition,
+        messages: Sequence[tuple[int, int]],
+    ) -> None:
+        self._owner = owner
+        self._sid = sid
+        self._order = order
+        self._part = part
+        self._messages = messages
+        self._key = (order.fingerprint, order.seed, order.epoch, order.shuffle, order.block_rows, order.buffer_rows)
+        self._last_window = -1
+        self._wait_s = 0.0
+        self._t0 = 0.0
+
+    def before(self, k: int) -> None:
+        o = self._owner
+        self._t0 = time.perf_counter()
+        if self._order.shuffle:
+            lo, hi = self._messages[k]
+            pos = self._part.positions(lo, hi)
+            if not len(pos):
+                return
+            buf = self._order.buffer_rows
+            first, last = int(pos[0]) // buf, int(pos[-1]) // buf
+            for w in range(max(first, self._last_window + 1), last + 1):
+                self._window(w)  # needed now: fetch at once if nobody asked for it yet
+                o._need((*self._key, "w", w))
+            for w in range(last + 1, last + 1 + o.windows):
+                self._window(w)
+            self._last_window = max(self._last_window, last)
+        else:
+            o._need((*self._key, "m", *self._runs_key(k)))
+            for j in range(k, min(len(self._messages), k + 1 + o.messages)):
+                o._submit((*self._key, "m", *self._runs_key(j)), functools.partial(self._message_runs, j), self._sid)
+
+    def _message_runs(self, k: int) -> list[tuple[int, int]]:
+        return list(self._part.runs(*self._messages[k]))
+
+    def after(self) -> float:
+        """Seconds since :meth:`before`: the read wait of the message just produced."""
+        seconds = time.perf_counter() - self._t0
+        o = self._owner
+        if o.metrics is not None:
+            o.metrics.read_wait.labels(o.ds.name).inc(seconds)
+        return seconds
+
+    def _runs_key(self, k: int) -> tuple[int, ...]:
+        lo, hi = self._messages[k]
+        return (self._part.rank, self._part.world_size, self._part.global_start, lo, hi)
+
+    def _window(self, w: int) -> None:
+        order = self._order
+        lo = w * order.buffer_rows
+        if lo >= order.num_rows:
+            return
+        hi = min(order.num_rows, lo + order.buffer_rows)
+        self._owner._submit((*self._key, "w", w), lambda: order.stored_runs(lo, hi), self._sid)
+
+    def close(self) -> None:
+        self._owner._stream_closed(self._sid)
+
+
+class _NoReadAhead:
+    """Stands in where a dataset has no read-ahead (tests, tools)."""
+
+    def before(self, k: int) -> None:
+        pass
+
+    def after(self) -> float:
+        return 0.0
+
+    def close(self) -> None:
+        pass
+
+
+NO_READAHEAD = _NoReadAhead()

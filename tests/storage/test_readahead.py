@@ -1,0 +1,114 @@
+"""Read-ahead of the order (issue 13): it never changes what is delivered, it is counted, and it
+stops when the consumer stops (no thread left behind)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+import pytest
+
+from flightfeed.client import FlightDataset
+from flightfeed.server.streaming import StreamSettings
+from flightfeed.server.testing import running_server
+from tests.datasets import SMALL_LAYOUT, SMALL_ROWS, write_dataset
+
+# block_rows=8, buffer_rows=64: many windows in 422 rows, so read-ahead has work
+
+
+def _epoch(location: str, shuffle: bool, name: str = "data") -> list[tuple[int, int]]:
+    ds = FlightDataset(location, name, batch_size=16, shuffle=shuffle, seed=9, streams=3, block_rows=8, buffer_rows=64)
+    ds.set_epoch(1)
+    out = []
+    for b in ds:
+        out += list(zip(b["index"].tolist(), b["image"].reshape(len(b["index"]), -1).sum(1).tolist(), strict=True))
+    return out
+
+
+def _as_parquet(src: Path, dst: Path) -> Path:
+    dst.mkdir()
+    for i, path in enumerate(sorted(src.glob("*.arrow"))):
+        table = ipc.open_file(pa.memory_map(str(path))).read_all()
+        pq.write_table(table, dst / f"part-{i}.parquet", row_group_size=40)
+    return dst
+
+
+@pytest.mark.parametrize("fmt", ["arrow", "parquet"])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_read_ahead_never_changes_what_is_delivered(tmp_path: Path, fmt: str, shuffle: bool) -> None:
+    root = tmp_path / "arrow"
+    write_dataset(root, SMALL_LAYOUT)
+    if fmt == "parquet":
+        root = _as_parquet(root, tmp_path / "parquet")
+    runs = {}
+    for windows in (0, 1, 3):
+        with running_server({"data": str(root)}, settings=StreamSettings(readahead_windows=windows)) as srv:
+            runs[windows] = _epoch(srv.location, shuffle)
+            io = srv.metrics.io.snapshot().get("data", {})
+            if windows:
+                assert io["prefetch_hits"] + io["prefetch_misses"] > 0
+                assert io["prefetch_bytes"] > 0
+                assert io["read_wait_s"] > 0
+            else:
+                assert not io or io["prefetch_bytes"] == 0
+    assert sorted(i for i, _ in runs[0]) == list(range(SMALL_ROWS))
+    assert runs[1] == runs[0] and runs[3] == runs[0]
+
+
+def test_read_ahead_stops_when_the_consumer_stops(tmp_path: Path) -> None:
+    root = tmp_path / "arrow"
+    write_dataset(root, SMALL_LAYOUT)
+    before = set(threading.enumerate())
+    with running_server({"data": str(root)}, settings=StreamSettings(readahead_windows=4)) as srv:
+        ahead = srv.catalog.get("data").readahead
+        assert ahead is not None
+        ds = FlightDataset(srv.location, "data", batch_size=16, shuffle=True, streams=2, block_rows=8, buffer_rows=64)
+        it = iter(ds)
+        next(it)
+        del it  # the consumer stops mid-epoch: its streams are cancelled
+        ds.close()
+        thread = ahead._thread
+        if thread is not None:
+            thread.join(timeout=30)
+        assert not ahead.running
+        assert not ahead._queue  # nothing left pending for the cancelled streams
+    leftover = [t.name for t in set(threading.enumerate()) - before if t.name.startswith("flightfeed-readahead")]
+    assert leftover == []
+
+
+def test_a_closed_stream_drops_its_pending_read_ahead(tmp_path: Path) -> None:
+    from flightfeed.server.order import EpochOrder
+    from flightfeed.server.readahead import ReadAhead
+    from flightfeed.server.storage import open_catalog
+    from flightfeed.wire.plan import Partition
+
+    root = tmp_path / "arrow"
+    write_dataset(root, SMALL_LAYOUT)
+    catalog = open_catalog({"data": str(root)})
+    ds = catalog.get("data")
+    ahead = ReadAhead(ds, windows=6)
+    release, fetched = threading.Event(), []
+
+    def slow_fetch(lo: int, hi: int) -> int:
+        release.wait(30)
+        fetched.append((lo, hi))
+        return 0
+
+    ahead._fetch = slow_fetch  # type: ignore[method-assign]
+    order = EpochOrder(ds.num_rows, ds.fingerprint, 1, 0, True, 8, 32)
+    part = Partition(ds.num_rows, 16)
+    stream = ahead.stream(order, part, [(0, 16), (16, 32)])
+    stream.before(0)  # window 0 needed now, windows 1..6 queued ahead
+    assert len(ahead._queue) >= 5
+    stream.close()
+    assert not ahead._queue
+    release.set()
+    thread = ahead._thread
+    if thread is not None:
+        thread.join(timeout=30)
+    assert not ahead.running
+    assert len(fetched) <= 1  # only the run in progress when the stream closed
+    catalog.close()
