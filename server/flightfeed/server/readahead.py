@@ -7,8 +7,8 @@ its next ``messages`` messages ahead (sequential read-ahead).
 
 How a run of rows is fetched depends on the shard:
 
-* memory-mapped Arrow shards: ``madvise(MADV_WILLNEED)`` in pieces (the kernel caps one call at
-  its readahead size), issued from one I/O thread: the kernel reads in large requests, nothing is
+* memory-mapped Arrow shards: ``madvise(MADV_WILLNEED)`` in pieces of the device's readahead
+  size (the kernel caps one call at it), issued from one I/O thread: the kernel reads in large requests, nothing is
   copied, and the bytes live in the page cache (memory bounded by ``windows`` windows);
 * decoded shards (HDF5, Parquet, Arrow read mode): the chunks are decoded into the dataset's
   bounded chunk LRU, at most ``chunk_budget`` bytes ahead.
@@ -30,7 +30,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -42,8 +42,8 @@ from flightfeed.wire.plan import Partition
 
 __all__ = ["ReadAhead", "StreamAhead", "NO_READAHEAD"]
 
-_PIECE = 128 << 10  # bytes per WILLNEED call: at or below any kernel's readahead cap
 _DONE_KEYS = 256  # remembered windows/messages per dataset
+_WAIT_S = 60.0  # longest wait for a window's read-ahead (then the stream reads it itself)
 
 
 @dataclass
@@ -53,6 +53,7 @@ class _Task:
     stream: int
     done: bool = False
     cancelled: bool = False
+    finished: threading.Event = field(default_factory=threading.Event)  # done or cancelled
 
 
 class ReadAhead:
@@ -100,8 +101,10 @@ class ReadAhead:
                 self._thread = threading.Thread(target=self._run, name=name, daemon=True)
                 self._thread.start()
 
-    def _need(self, key: tuple[Any, ...]) -> None:
-        """A stream needs ``key`` now: count a hit if its read-ahead completed, else a miss."""
+    def _need(self, key: tuple[Any, ...], wait: bool) -> None:
+        """A stream needs ``key`` now: count a hit if its read-ahead completed, else a miss; with
+        ``wait``, block (GIL released) until it completes instead of faulting the pages in one
+        by one while holding the GIL (numpy's gather does)."""
         with self._lock:
             task = self._tasks.get(key)
             hit = task is not None and task.done
@@ -111,6 +114,8 @@ class ReadAhead:
             self.misses += 1
         if self.metrics is not None:
             (self.metrics.prefetch_hits if hit else self.metrics.prefetch_misses).labels(self.ds.name).inc()
+        if wait and task is not None and not hit:
+            task.finished.wait(_WAIT_S)
 
     def _stream_closed(self, stream: int) -> None:
         """Drop the stream's unfinished work (another stream that needs it submits it again)."""
@@ -118,6 +123,7 @@ class ReadAhead:
             for key, task in list(self._tasks.items()):
                 if task.stream == stream and not task.done:
                     task.cancelled = True
+                    task.finished.set()
                     del self._tasks[key]
             self._queue = deque(t for t in self._queue if not t.cancelled)
 
@@ -130,6 +136,8 @@ class ReadAhead:
         """Drop pending work and wait for the I/O thread to finish its current piece."""
         with self._lock:
             self._stopped = True
+            for task in self._queue:
+                task.finished.set()
             self._queue.clear()
             thread = self._thread
         if thread is not None:
@@ -144,17 +152,20 @@ class ReadAhead:
                     return
                 task = self._queue.popleft()
             nbytes = 0
-            for first, rows in task.runs:
-                if self._stopped or task.cancelled:
-                    break
-                nbytes += self._fetch(first, first + rows)
-            task.done = True
+            for settle in (False, True):  # queue every read first, then wait for them all
+                for first, rows in task.runs:
+                    if self._stopped or task.cancelled:
+                        break
+                    nbytes += self._fetch(first, first + rows, settle)
+            task.done = not task.cancelled
+            task.finished.set()
             self.bytes_ahead += nbytes
             if self.metrics is not None and nbytes:
                 self.metrics.prefetch_bytes.labels(self.ds.name).inc(nbytes)
 
-    def _fetch(self, lo: int, hi: int) -> int:
-        """Bring stored rows ``[lo, hi)`` into memory ahead of need; returns the bytes asked for."""
+    def _fetch(self, lo: int, hi: int, settle: bool) -> int:
+        """Bring stored rows ``[lo, hi)`` into memory ahead of need; returns the bytes asked for.
+        Mapped shards: ``settle=False`` queues the reads, ``settle=True`` waits for them."""
         ds = self.ds
         starts = ds.chunk_starts
         total = 0
@@ -166,8 +177,9 @@ class ReadAhead:
             if shard.zero_copy:
                 willneed = getattr(shard, "willneed", None)
                 if willneed is not None:
-                    total += int(willneed(index, lo - c_lo, stop - c_lo, _PIECE))
-            elif ds.chunk_cache.nbytes < self.chunk_budget and ds.chunk_cache.get(cid) is None:
+                    n = int(willneed(index, lo - c_lo, stop - c_lo, settle))
+                    total += 0 if settle else n
+            elif not settle and ds.chunk_cache.nbytes < self.chunk_budget and ds.chunk_cache.get(cid) is None:
                 with contextlib.suppress(Exception):  # the stream that needs it raises the error itself
                     total += ds.chunk(cid).nbytes
             lo = stop
@@ -208,12 +220,14 @@ class StreamAhead:
             first, last = int(pos[0]) // buf, int(pos[-1]) // buf
             for w in range(max(first, self._last_window + 1), last + 1):
                 self._window(w)  # needed now: fetch at once if nobody asked for it yet
-                o._need((*self._key, "w", w))
+                for ahead in range(w + 1, w + 1 + o.windows):
+                    self._window(ahead)  # queue the next ones before waiting for this one
+                o._need((*self._key, "w", w), wait=True)
             for w in range(last + 1, last + 1 + o.windows):
                 self._window(w)
             self._last_window = max(self._last_window, last)
         else:
-            o._need((*self._key, "m", *self._runs_key(k)))
+            o._need((*self._key, "m", *self._runs_key(k)), wait=False)  # zero-copy sends: no GIL held
             for j in range(k, min(len(self._messages), k + 1 + o.messages)):
                 o._submit((*self._key, "m", *self._runs_key(j)), functools.partial(self._message_runs, j), self._sid)
 
@@ -238,7 +252,8 @@ class StreamAhead:
         if lo >= order.num_rows:
             return
         hi = min(order.num_rows, lo + order.buffer_rows)
-        self._owner._submit((*self._key, "w", w), lambda: order.stored_runs(lo, hi), self._sid)
+        # in file order: the device sees the window's blocks as an ascending sweep
+        self._owner._submit((*self._key, "w", w), lambda: sorted(order.stored_runs(lo, hi)), self._sid)
 
     def close(self) -> None:
         self._owner._stream_closed(self._sid)

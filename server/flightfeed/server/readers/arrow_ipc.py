@@ -156,17 +156,18 @@ class ArrowShard(ShardFields):
         for listener in list(self._listeners):
             listener(reason)
 
-    def willneed(self, chunk: int, first: int, stop: int, piece: int) -> int:
-        """Ask the kernel to read rows ``[first, stop)`` of ``chunk`` ahead, in calls of at most
-        ``piece`` bytes (one call is capped at the readahead size); returns the bytes asked for."""
+    def willneed(self, chunk: int, first: int, stop: int, settle: bool = False) -> int:
+        """Ask the kernel to read rows ``[first, stop)`` of ``chunk`` ahead (``settle``: wait until
+        those reads are done); returns the bytes concerned."""
         mapped = self._mapped
         if mapped is None or mapped.address == 0 or not self._batches:
             return 0
         total = 0
         for lo, length in _row_ranges(self._batches[chunk], first, stop):
-            offset = lo - mapped.address
-            for at in range(offset, offset + length, piece):
-                mapped.willneed(at, min(piece, offset + length - at))
+            if settle:
+                mapped.settle(lo - mapped.address, length)
+            else:
+                mapped.willneed(lo - mapped.address, length)
             total += length
         return total
 

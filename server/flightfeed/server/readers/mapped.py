@@ -25,11 +25,13 @@ import contextlib
 import ctypes
 import errno
 import fcntl
+import functools
 import mmap
 import os
 import signal
 import threading
 
+import numpy as np
 import pyarrow as pa
 
 __all__ = ["MappedFile", "LeaseUnavailable"]
@@ -50,6 +52,24 @@ _MAP_FAILED = ctypes.c_void_p(-1).value
 _MREMAP_MAYMOVE, _MREMAP_FIXED = 1, 2
 _MADV_WILLNEED = 3
 PAGE = mmap.PAGESIZE
+
+
+_MIN_PIECE, _MAX_PIECE = 128 << 10, 16 << 20
+
+
+@functools.lru_cache(maxsize=64)
+def readahead_bytes(st_dev: int) -> int:
+    """The kernel's readahead size for the device holding a file (``read_ahead_kb`` in sysfs),
+    clamped to [128 KiB, 16 MiB]: one MADV_WILLNEED call reads at most about this much, and
+    smaller calls would cut the reads into smaller requests than the kernel's own readahead."""
+    dev = f"{os.major(st_dev)}:{os.minor(st_dev)}"
+    for candidate in (f"/sys/class/bdi/{dev}/read_ahead_kb", f"/sys/dev/block/{dev}/../queue/read_ahead_kb"):
+        try:
+            with open(candidate) as f:
+                return int(np.clip(int(f.read().strip()) << 10, _MIN_PIECE, _MAX_PIECE))
+        except (OSError, ValueError):
+            continue
+    return _MIN_PIECE
 
 
 class LeaseUnavailable(OSError):
@@ -76,7 +96,10 @@ class MappedFile:
         self.fd: int | None = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             self._lease()
-            self.size = os.fstat(self.fd).st_size
+            st = os.fstat(self.fd)
+            self.size = st.st_size
+            #: bytes per read-ahead call (see ``readahead_bytes``)
+            self.piece = readahead_bytes(st.st_dev)
             if self.size == 0:
                 self._region: _Region | None = None
                 self.buffer = pa.py_buffer(b"")
@@ -130,14 +153,28 @@ class MappedFile:
             self._release()
 
     def willneed(self, offset: int, length: int) -> None:
-        """Ask the kernel to read ``[offset, offset+length)`` of the file ahead (asynchronous)."""
+        """Ask the kernel to read ``[offset, offset+length)`` of the file ahead, in calls of
+        ``piece`` bytes (the kernel caps one call at its readahead size). The calls return once
+        the reads are queued; they wait only when the device's queue is full."""
         region = self._region
         if region is None or length <= 0 or self.fd is None:
             return
         lo = max(0, offset) // PAGE * PAGE
         hi = min(region.size, offset + length)
-        if hi > lo:
-            _libc.madvise(region.address + lo, hi - lo, _MADV_WILLNEED)
+        for at in range(lo, hi, self.piece):
+            _libc.madvise(region.address + at, min(self.piece, hi - at), _MADV_WILLNEED)
+
+    def settle(self, offset: int, length: int) -> None:
+        """Wait (GIL released) until the reads queued by :meth:`willneed` for the same range are
+        done: a one-byte positioned read of each piece's last page waits on that page's I/O."""
+        fd = self.fd
+        if fd is None or length <= 0:
+            return
+        lo = max(0, offset) // PAGE * PAGE
+        hi = min(self.size, offset + length)
+        with contextlib.suppress(OSError):
+            for at in range(lo, hi, self.piece):
+                os.pread(fd, 1, max(at, min(at + self.piece, hi) - 1))
 
     def _release(self) -> None:
         fd, self.fd = self.fd, None
