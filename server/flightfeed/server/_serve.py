@@ -96,6 +96,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--exit-with-parent", action="store_true", help=argparse.SUPPRESS)  # --workers' processes
     p.add_argument(
+        "--verify",
+        choices=("startup", "lazy", "off"),
+        default=None,
+        help="check local shards against manifest.json: all before serving, each on first read "
+        "in the background (default: lazy), or not at all",
+    )
+    p.add_argument(
         "--read-ahead",
         type=int,
         default=None,
@@ -164,6 +171,7 @@ def _worker_argv(args: argparse.Namespace, datasets: dict[str, str], host: str) 
         "--max-bytes-in-flight": getattr(args, "max_bytes_in_flight", None),
         "--client-bytes-in-flight": getattr(args, "client_bytes_in_flight", None),
         "--read-ahead": args.read_ahead,
+        "--verify": args.verify,
         "--tls-cert": args.tls_cert,
         "--tls-key": args.tls_key,
         "--auth-token-file": args.auth_token_file,
@@ -200,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
         options.s3_prefetch = False
     metrics = ServerMetrics()
     options.metrics = metrics
+    options.verify = str(_setting(args, config, "verify", "lazy"))
     tls = None
     if args.tls_cert or args.tls_key:
         if not (args.tls_cert and args.tls_key):

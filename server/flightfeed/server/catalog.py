@@ -109,6 +109,10 @@ class Dataset:
         #: read-ahead of upcoming blocks (set by the server that serves this dataset)
         self.readahead: ReadAhead | None = None
         self._change_listeners: list[Callable[[Dataset, str], None]] = []
+        #: a shard's sha256 did not match the manifest (see storage/verify.py)
+        self.corrupt: str | None = None
+        self._first_read: Callable[[int], None] | None = None
+        self._unread: set[int] = set()
         for shard in self.shards:
             watch = getattr(shard, "watch", None)
             if watch is not None:
@@ -127,9 +131,24 @@ class Dataset:
         for listener in list(self._change_listeners):
             listener(self, reason)
 
+    def on_first_read(self, callback: Callable[[int], None]) -> None:
+        """Call ``callback(shard_index)`` the first time each shard is read (lazy verification)."""
+        self._unread = set(range(len(self.shards)))
+        self._first_read = callback
+
+    def mark_corrupt(self, reason: str) -> None:
+        """A shard failed verification: every stream and request on this dataset fails."""
+        if self.corrupt is None:
+            self.corrupt = reason
+
     def check_unchanged(self, *, stale: bool = False) -> None:
         """Raise if a shard changed on disk while served: ``StaleState`` for a new request
-        (``stale=True``), ``ShardError`` (naming the shard) for a stream in progress."""
+        (``stale=True``), ``ShardError`` (naming the shard) for a stream in progress; and
+        ``ShardError`` for both once a shard failed verification."""
+        if self.corrupt is not None:
+            raise ShardError(
+                f"dataset {self.name!r} is corrupt: {self.corrupt}; restore the shard or re-run `flightfeed convert`"
+            )
         if self.changed is None:
             return
         what = f"dataset {self.name!r} changed on disk while served ({self.changed})"
@@ -168,6 +187,10 @@ class Dataset:
 
     def chunk(self, cid: int) -> pa.RecordBatch:
         s, c = self._chunk_refs[cid]
+        if self._unread and s in self._unread:
+            self._unread.discard(s)
+            if self._first_read is not None:
+                self._first_read(s)
         shard = self.shards[s]
         if shard.zero_copy:
             return shard.read_chunk(c)

@@ -39,6 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "target", metavar="URI", help="a directory/glob/file, s3://bucket/prefix, or grpc://host:port[/NAME]"
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="hash every local shard (sha256) and check it against manifest.json when there is one",
+    )
     parser.add_argument("--auth-token-file", metavar="F", help="bearer token for a server started with one")
     add_reader_arguments(parser)
     add_s3_arguments(parser)
@@ -51,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
             token = read_token_file(args.auth_token_file) if args.auth_token_file else None
             report = inspect_server(args.target, token=token)
         else:
-            report = inspect_dataset(args.target, storage_options_from_args(args, os.environ))
+            report = inspect_dataset(args.target, storage_options_from_args(args, os.environ), verify=args.verify)
     except (FlightFeedError, OSError) as exc:
         print(f"flightfeed inspect: error: {exc}", file=sys.stderr)
         return 1
@@ -59,11 +64,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def inspect_dataset(uri: str, options: StorageOptions | None = None) -> dict[str, Any]:
-    """Schema, rows, bytes and per-shard figures of the dataset at ``uri``."""
+def inspect_dataset(uri: str, options: StorageOptions | None = None, *, verify: bool = False) -> dict[str, Any]:
+    """Schema, rows, bytes and per-shard figures of the dataset at ``uri``; with ``verify``, each
+    local shard's sha256 and (when the dataset has a manifest.json) whether it matches."""
     from flightfeed.server.storage.resolve import open_dataset
 
-    opts = replace(options or StorageOptions(), s3_prefetch=False)  # look, do not download
+    opts = replace(options or StorageOptions(), s3_prefetch=False, verify="off")  # look, do not download
     ds = open_dataset("inspect", uri, opts)
     try:
         compressions = _compressions(uri, ds.shards, opts)
@@ -77,6 +83,8 @@ def inspect_dataset(uri: str, options: StorageOptions | None = None) -> dict[str
             }
             for i, shard in enumerate(ds.shards)
         ]
+        if verify:
+            _verify_shards(uri, ds.shards, shards)
         return {
             "target": uri,
             "kind": "dataset",
@@ -92,6 +100,26 @@ def inspect_dataset(uri: str, options: StorageOptions | None = None) -> dict[str
         }
     finally:
         ds.close()
+
+
+def _verify_shards(uri: str, readers: Sequence[ShardReader], rows: list[dict[str, Any]]) -> None:
+    """Add ``sha256`` and ``verified`` (True/False against manifest.json, None without one)."""
+    from flightfeed.server.storage.cache_files import sha256_file
+    from flightfeed.server.storage.verify import local_manifest
+
+    found = local_manifest(uri)
+    listed = {}
+    if found is not None:
+        root, manifest = found
+        listed = {os.path.normpath(os.path.join(root, e.name)): e.sha256 for e in manifest.shards}
+    for reader, row in zip(readers, rows, strict=True):
+        path = getattr(reader, "path", None)
+        if not isinstance(path, str):
+            row["sha256"], row["verified"] = None, None  # remote: checked by the cache on download
+            continue
+        row["sha256"] = sha256_file(path)
+        expected = listed.get(os.path.normpath(path))
+        row["verified"] = None if expected is None else row["sha256"] == expected
 
 
 def _compressions(uri: str, shards: Sequence[ShardReader], opts: StorageOptions) -> list[str]:
@@ -201,8 +229,11 @@ def format_report(report: dict[str, Any]) -> str:
     lines.extend(_classes(report.get("classes")))
     lines.append("shards:")
     shown = report["shard_list"][:20]
+    marks = {True: "  ok (matches manifest)", False: "  MISMATCH (differs from manifest)", None: ""}
     for s in shown:
         lines.append(f"  {s['uri']}  rows: {s['rows']:,}  bytes: {_size(s['bytes'])}  chunks: {s['chunks']}")
+        if s.get("sha256"):
+            lines.append(f"    sha256: {s['sha256']}{marks[s.get('verified')]}")
     if len(report["shard_list"]) > len(shown):
         lines.append(f"  ... and {len(report['shard_list']) - len(shown)} more (--json lists all)")
     return "\n".join(lines)

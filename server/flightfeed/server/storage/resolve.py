@@ -36,6 +36,8 @@ class StorageOptions:
     # after opening (when the dataset fits in the cache) instead of only on first read
     s3_parallel_shards: int = 4
     s3_prefetch: bool = True
+    # local shards vs their manifest.json: "startup", "lazy" (hashed on first read) or "off"
+    verify: str = "lazy"
     # where the shard cache reports flightfeed_cache_* (pass the server's ServerMetrics)
     metrics: ServerMetrics | None = field(default=None, repr=False, compare=False)
 
@@ -61,7 +63,16 @@ def open_dataset(name: str, uri: str, options: StorageOptions | None = None) -> 
             for s in shards:
                 s.close()
             raise
-    return Dataset(name, uri, shards, chunk_cache=ChunkCache(opts.chunk_cache_bytes))
+    ds = Dataset(name, uri, shards, chunk_cache=ChunkCache(opts.chunk_cache_bytes))
+    if not uri.startswith("s3://"):  # S3 shards are checked against the manifest when downloaded
+        from flightfeed.server.storage.verify import attach_verifier
+
+        try:
+            attach_verifier(ds, opts.verify, opts.metrics)
+        except Exception:
+            ds.close()
+            raise
+    return ds
 
 
 def open_catalog(datasets: Mapping[str, str], options: StorageOptions | None = None) -> Catalog:
