@@ -169,6 +169,7 @@ def main() -> int:
     p.add_argument("--prefetch", type=int, default=2, help="FlightDataset prefetch, messages per stream (default 2)")
     p.add_argument("--seed-rows", type=int, default=3072, help="rows the seed recipe reads per epoch")
     p.add_argument("--seed-epochs", type=int, default=3, help="seed recipe epochs after the first")
+    p.add_argument("--server-args", default="", help="extra flags for `flightfeed serve`, e.g. '--arrow-io read'")
     p.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "flightfeed-bench")
     args = p.parse_args()
     B, K = args.batch_size, args.streams
@@ -191,7 +192,8 @@ def main() -> int:
     print(f"(c) local .arrow mmap -> torch (one copy): {median(local):.2f} GB/s", flush=True)
 
     figures: dict[str, list[dict[str, float]]] = {"raw": [], "stored": [], "shuffled": []}
-    with raw_flight_server(data, M) as raw_srv, flightfeed_server({"images": data}) as ff_srv:
+    serve_args = args.server_args.split()
+    with raw_flight_server(data, M) as raw_srv, flightfeed_server({"images": data}, *serve_args) as ff_srv:
         raw = RawReader(raw_srv.location, K)
         readers = {
             mode: FlightDataset(

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from flightfeed.client import FlightDataset
+from flightfeed.server.readahead import ReadAhead
 from flightfeed.server.streaming import StreamSettings
 from flightfeed.server.testing import running_server
 from tests.datasets import SMALL_LAYOUT, SMALL_ROWS, write_dataset
@@ -46,6 +47,9 @@ def test_read_ahead_never_changes_what_is_delivered(tmp_path: Path, fmt: str, sh
     runs = {}
     for windows in (0, 1, 3):
         with running_server({"data": str(root)}, settings=StreamSettings(readahead_windows=windows)) as srv:
+            ds = srv.catalog.get("data")
+            if windows and not shuffle:  # stored-order read-ahead is off by default: turn it on
+                ds.readahead = ReadAhead(ds, srv.metrics.io, windows=windows, messages=windows)
             runs[windows] = _epoch(srv.location, shuffle)
             io = srv.metrics.io.snapshot().get("data", {})
             if windows:

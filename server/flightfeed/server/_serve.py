@@ -103,6 +103,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "in the background (default: lazy), or not at all",
     )
     p.add_argument(
+        "--arrow-io",
+        choices=("mmap", "read"),
+        default=None,
+        help="local .arrow shards: memory-mapped under a read lease (default) or read with positioned "
+        "reads (one copy; for filesystems without leases)",
+    )
+    p.add_argument(
         "--read-ahead",
         type=int,
         default=None,
@@ -172,6 +179,7 @@ def _worker_argv(args: argparse.Namespace, datasets: dict[str, str], host: str) 
         "--client-bytes-in-flight": getattr(args, "client_bytes_in_flight", None),
         "--read-ahead": args.read_ahead,
         "--verify": args.verify,
+        "--arrow-io": args.arrow_io,
         "--tls-cert": args.tls_cert,
         "--tls-key": args.tls_key,
         "--auth-token-file": args.auth_token_file,
@@ -209,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
     metrics = ServerMetrics()
     options.metrics = metrics
     options.verify = str(_setting(args, config, "verify", "lazy"))
+    options.arrow_io = str(_setting(args, config, "arrow_io", "mmap"))
     tls = None
     if args.tls_cert or args.tls_key:
         if not (args.tls_cert and args.tls_key):

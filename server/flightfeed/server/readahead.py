@@ -3,7 +3,8 @@
 The server knows every epoch's block sequence (``order.py``), so a shuffled stream's future is
 known: window ``w + 1``'s blocks (each a contiguous run of stored rows, ~8 MiB) are fetched while
 window ``w`` is being served, ``windows`` windows ahead of the stream. A stored-order stream reads
-its next ``messages`` messages ahead (sequential read-ahead).
+its next ``messages`` messages ahead (sequential read-ahead; 0 by default: on the disk measured
+in bench/RESULTS.md the kernel's own readahead did better for stored order).
 
 How a run of rows is fetched depends on the shard:
 
@@ -51,6 +52,7 @@ class _Task:
     key: tuple[Any, ...]
     runs: list[tuple[int, int]]  # (first stored row, rows)
     stream: int
+    settle: bool  # wait for the reads to complete (a stream will wait for this task)
     done: bool = False
     cancelled: bool = False
     finished: threading.Event = field(default_factory=threading.Event)  # done or cancelled
@@ -65,7 +67,7 @@ class ReadAhead:
         metrics: IoMetrics | None = None,
         *,
         windows: int = 1,
-        messages: int = 2,
+        messages: int = 0,
         chunk_budget: int | None = None,
     ) -> None:
         self.ds = ds
@@ -87,11 +89,13 @@ class ReadAhead:
     def stream(self, order: EpochOrder, part: Partition, messages: Sequence[tuple[int, int]]) -> StreamAhead:
         return StreamAhead(self, next(self._ids), order, part, messages)
 
-    def _submit(self, key: tuple[Any, ...], runs: Callable[[], list[tuple[int, int]]], stream: int) -> None:
+    def _submit(
+        self, key: tuple[Any, ...], runs: Callable[[], list[tuple[int, int]]], stream: int, settle: bool
+    ) -> None:
         with self._lock:
             if self._stopped or key in self._tasks:
                 return
-            task = _Task(key, runs(), stream)
+            task = _Task(key, runs(), stream, settle)
             self._tasks[key] = task
             while len(self._tasks) > _DONE_KEYS:
                 self._tasks.popitem(last=False)
@@ -152,7 +156,7 @@ class ReadAhead:
                     return
                 task = self._queue.popleft()
             nbytes = 0
-            for settle in (False, True):  # queue every read first, then wait for them all
+            for settle in (False, True) if task.settle else (False,):  # queue every read, then wait for them
                 for first, rows in task.runs:
                     if self._stopped or task.cancelled:
                         break
@@ -226,10 +230,11 @@ class StreamAhead:
             for w in range(last + 1, last + 1 + o.windows):
                 self._window(w)
             self._last_window = max(self._last_window, last)
-        else:
+        elif o.messages:  # off by default: the kernel's own sequential readahead measured better
             o._need((*self._key, "m", *self._runs_key(k)), wait=False)  # zero-copy sends: no GIL held
             for j in range(k, min(len(self._messages), k + 1 + o.messages)):
-                o._submit((*self._key, "m", *self._runs_key(j)), functools.partial(self._message_runs, j), self._sid)
+                runs = functools.partial(self._message_runs, j)
+                o._submit((*self._key, "m", *self._runs_key(j)), runs, self._sid, False)
 
     def _message_runs(self, k: int) -> list[tuple[int, int]]:
         return list(self._part.runs(*self._messages[k]))
@@ -253,7 +258,7 @@ class StreamAhead:
             return
         hi = min(order.num_rows, lo + order.buffer_rows)
         # in file order: the device sees the window's blocks as an ascending sweep
-        self._owner._submit((*self._key, "w", w), lambda: sorted(order.stored_runs(lo, hi)), self._sid)
+        self._owner._submit((*self._key, "w", w), lambda: sorted(order.stored_runs(lo, hi)), self._sid, True)
 
     def close(self) -> None:
         self._owner._stream_closed(self._sid)

@@ -24,15 +24,17 @@ def format_of(path: str) -> str:
 
 
 def open_shard(path: str, uri: str | None = None, **options: object) -> ShardReader:
-    """Open one local shard file; ``uri`` is the name shown in errors (e.g. its s3:// origin)."""
+    """Open one local shard file; ``uri`` is the name shown in errors (e.g. its s3:// origin).
+    Arrow shards take ``io="mmap"|"read"`` (see ``arrow_ipc``); HDF5 shards their own options."""
     fmt = format_of(path)
+    arrow_io = str(options.pop("io", "mmap")) if fmt == "arrow" else "mmap"
     if options and fmt != "hdf5":
         raise ConfigError(
             f"{uri or path}: {', '.join(_FLAGS.get(k, k) for k in sorted(options))} only apply to "
             f"HDF5 shards; this dataset is {fmt} (convert it or drop the option)"
         )
     if fmt == "arrow":
-        return ArrowShard(path, uri)
+        return ArrowShard(path, uri, io=arrow_io)
     if fmt == "hdf5":
         from flightfeed.server.readers.hdf5 import open_hdf5_shard
 

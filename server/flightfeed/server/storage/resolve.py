@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from flightfeed.server.catalog import Catalog, ChunkCache, Dataset
 from flightfeed.server.metrics import ServerMetrics
-from flightfeed.server.readers import ShardReader, open_shard
+from flightfeed.server.readers import ShardReader, format_of, open_shard
 from flightfeed.server.storage.local import list_local_shards
 
 __all__ = ["StorageOptions", "open_dataset", "open_catalog"]
@@ -38,6 +38,8 @@ class StorageOptions:
     s3_prefetch: bool = True
     # local shards vs their manifest.json: "startup", "lazy" (hashed on first read) or "off"
     verify: str = "lazy"
+    # local .arrow shards: "mmap" (memory map under a read lease) or "read" (positioned reads)
+    arrow_io: str = "mmap"
     # where the shard cache reports flightfeed_cache_* (pass the server's ServerMetrics)
     metrics: ServerMetrics | None = field(default=None, repr=False, compare=False)
 
@@ -58,7 +60,9 @@ def open_dataset(name: str, uri: str, options: StorageOptions | None = None) -> 
         shards = []
         try:
             for path in list_local_shards(uri):
-                shards.append(open_shard(path, None, **reader_opts))
+                arrow = opts.arrow_io != "mmap" and format_of(path) == "arrow"
+                io: dict[str, object] = {"io": opts.arrow_io} if arrow else {}
+                shards.append(open_shard(path, None, **reader_opts, **io))
         except Exception:
             for s in shards:
                 s.close()
