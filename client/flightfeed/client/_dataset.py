@@ -283,8 +283,10 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         self._resume = None
         if start.epoch != epoch:
             start = ReadState.fresh(self._settings(), epoch=epoch)
+        in_worker = torch.utils.data.get_worker_info() is not None
         if topo.num_workers > 1:
             start = worker_start(start, topo)
+        if in_worker:
             self._shared.bump(SharedSlots.WORKER_ITERATIONS)
             hint_once(self._shared, topo)
         else:
