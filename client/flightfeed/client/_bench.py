@@ -42,6 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--message-rows", type=int, default=0, help="rows per Flight message (default: server's)")
     parser.add_argument("--auth-token-file", metavar="FILE", help="bearer token for a server with --auth-token-file")
     parser.add_argument("--tls-root-cert", metavar="PEM", help="CA certificate for grpc+tls:// servers")
+    parser.add_argument(
+        "--report-interval",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="send stall/throughput to the server's metrics every S seconds (default 5; 0: never)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
 
 
@@ -102,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         token=token,
         tls_root_certs=_read(args.tls_root_cert),
         message_rows=args.message_rows,
-        report_interval=None,
+        report_interval=args.report_interval or None,
     )
     try:
         epochs = [measure_epoch(ds, e, step_s=args.step_ms / 1e3) for e in range(args.epochs)]

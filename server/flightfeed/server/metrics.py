@@ -40,7 +40,7 @@ class ServerMetrics:
     """
 
     def __init__(
-        self, *, window_s: float = 10.0, client_active_s: float = 30.0, client_forget_s: float = 600.0,
+        self, *, window_s: float = 10.0, client_active_s: float = 30.0, client_forget_s: float = 120.0,
         max_clients: int = MAX_CLIENTS,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)

@@ -1,0 +1,45 @@
+"""What the server's metrics see of a trainer: one client per FlightDataset across epochs (one per
+DataLoader worker), and ``flightfeed bench`` reports like a trainer does."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from flightfeed.client import FlightDataset, _bench
+from flightfeed.server.testing import RunningServer, running_server
+from tests.client.support import NAME, ROWS
+
+
+@pytest.fixture
+def server(pics_dir: Path) -> Iterator[RunningServer]:
+    with running_server({NAME: str(pics_dir)}) as srv:  # its own metrics: no other test's clients
+        yield srv
+
+
+def test_one_client_identity_across_epochs(server: RunningServer) -> None:
+    ds = FlightDataset(server.location, NAME, batch_size=64, report_interval=30.0)
+    try:
+        for epoch in range(3):
+            ds.set_epoch(epoch)
+            assert sum(len(b["index"]) for b in ds) == ROWS  # each iteration ends with a final report
+    finally:
+        ds.close()
+    clients = server.metrics.clients()
+    assert len(clients) == 1, clients
+    (report,) = clients.values()
+    assert report["dataset"] == NAME and report["rows_total"] == 3 * ROWS
+    assert server.metrics.active_clients() == {NAME: 1}
+
+
+def test_flightfeed_bench_reports(server: RunningServer) -> None:
+    parser = argparse.ArgumentParser()
+    _bench.add_arguments(parser)
+    args = parser.parse_args([server.location, NAME, "--epochs", "2", "--batch-size", "50", "--json"])
+    assert args.report_interval == 5.0
+    assert _bench.run(args) == 0
+    (report,) = server.metrics.clients().values()
+    assert report["dataset"] == NAME and report["rows_total"] == 2 * ROWS
