@@ -304,6 +304,11 @@ def _serve(
         from flightfeed.server.sidecar import LocalSource, start_sidecar
 
         source = LocalSource(server.metrics, server.catalog, server.location, token=token)
+        pool = server.cluster.workers
+        if pool is not None:  # --workers N: merge every live worker process's figures
+            from flightfeed.server.sidecar.aggregate import AggregateSource
+
+            source = AggregateSource(source, pool.live, token=token)
         handle = start_sidecar(source, sidecar_host, int(_setting(args, config, "sidecar_port", 8816)), token=token)
     print(f"{READY_PREFIX}{server.location}", flush=True)
     if handle is not None:
