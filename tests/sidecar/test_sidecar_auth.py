@@ -101,3 +101,23 @@ def test_dashboard_asks_for_the_token_and_keeps_it(
     assert int(page.by_id["clients-active"]["data-value"]) == 1
     assert "trainer-7" in page.by_id["clients"]["text"]
     assert TOKEN not in opened.stdout  # dropped from the address bar; kept in a variable only
+
+
+def test_standalone_sidecar_process_with_and_without_the_token(dataset_dir: Path, tmp_path: Path) -> None:
+    from tests.sidecar.test_sidecar_remote import _process
+
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    with running_server({"demo": str(dataset_dir)}, auth_token=TOKEN) as srv:
+        base = ["-m", "flightfeed.server.sidecar.cli", "--flight", srv.location, "--port", "0"]
+        with _process([*base, "--auth-token-file", str(token_file)], tmp_path / "with.log") as (_, banner):
+            url = banner.rsplit(" at ", 1)[1]
+            assert httpx.get(url + "/readyz").status_code == 200
+            assert httpx.get(url + "/metrics").status_code == 401  # its own HTTP side wants the token too
+            ok = httpx.get(url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
+            assert ok.status_code == 200 and "flightfeed_sidecar_flight_up 1" in ok.text
+        with _process(base, tmp_path / "without.log") as (_, banner):
+            url = banner.rsplit(" at ", 1)[1]
+            ready = httpx.get(url + "/readyz")
+            assert ready.status_code == 503
+            assert "wants a bearer token and the sidecar sent no token" in ready.json()["reason"]
