@@ -145,6 +145,73 @@ def failover(data: Path, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def locality(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """S3 bytes downloaded for one epoch: 1 node, 3 nodes with and without cache locality
+    (moto in server mode on 127.0.0.1; each node its own empty cache; shards read on demand)."""
+    import os
+    import tempfile
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from flightfeed.server.convert import ConvertSettings, convert
+    from flightfeed.server.storage.local_s3 import LocalS3
+
+    os.environ.update(AWS_EC2_METADATA_DISABLED="true", AWS_ACCESS_KEY_ID=LocalS3.access_key,
+                      AWS_SECRET_ACCESS_KEY=LocalS3.secret_key)
+    out = []
+    with LocalS3() as s3, tempfile.TemporaryDirectory() as tmp:
+        idx = np.arange(args.s3_rows, dtype=np.int64)
+        payload = pa.array([bytes([i % 251]) * 16384 for i in idx], pa.binary())
+        pq.write_table(pa.table({"index": idx, "payload": payload}), f"{tmp}/src.parquet")
+        bucket = s3.new_bucket()
+        convert(f"{tmp}/src.parquet", f"s3://{bucket}/d",
+                ConvertSettings(shard_bytes=4 << 20, rows_per_batch=64, progress=False, storage=s3.options()))
+        total = sum(i.size for i in s3.fs().get_file_info(pafs_selector(f"{bucket}/d")) if i.path.endswith(".arrow"))
+        for n, extra in ((1, []), (3, []), (3, ["--no-cache-locality"])):
+            run = tempfile.mkdtemp(dir=tmp)
+            ports = [free_port() for _ in range(n)]
+            peers = ",".join(f"grpc://127.0.0.1:{p}" for p in ports)
+            nodes = []
+            try:
+                for k, port in enumerate(ports):
+                    cmd = [sys.executable, "-m", "flightfeed.server", "serve", f"d=s3://{bucket}/d",
+                           "--port", str(port), "--no-sidecar", "--s3-endpoint", s3.endpoint,
+                           "--cache-dir", f"{run}/cache{k}", *extra]
+                    nodes.append(ServerProcess(cmd + (["--peers", peers] if n > 1 else [])))
+                if n > 1:
+                    wait_live(nodes[0].location, n - 1)
+                ds = FlightDataset(nodes[0].location, "d", columns=["index"], batch_size=256, seed=2, rank=0,
+                                   world_size=1, streams=6, message_rows=256, report_interval=None)
+                rows = sum(len(b["index"]) for b in ds)
+                per_node = []
+                for node in nodes:
+                    body = b"".join(r.body.to_pybytes() for r in flight.FlightClient(node.location).do_action(
+                        flight.Action("stats", b"")))
+                    snap = json.loads(body)
+                    per_node.append({"locality": snap["cluster"]["locality"], "cache": snap["cache"]})
+            finally:
+                for node in nodes:
+                    node.stop()
+            # what the caches received (nothing is evicted: each cache holds the whole dataset), less
+            # what came from peers; the router's own s3_bytes misses downloads that the startup
+            # prefetch made before it was installed (single node / --no-cache-locality)
+            s3_bytes = sum(p["cache"]["bytes"] - p["locality"]["peer_bytes"] for p in per_node)
+            label = f"{n} node(s)" + (" without locality" if extra else "")
+            out.append({"nodes": n, "locality": not extra and n > 1, "rows": rows, "dataset_bytes": total,
+                        "s3_bytes": s3_bytes, "s3_bytes_vs_dataset": s3_bytes / total, "per_node": per_node})
+            print(f"{label}: S3 {s3_bytes / 1e6:.1f} MB for a {total / 1e6:.1f} MB dataset; cache hit ratios "
+                  f"{[p['cache']['hit_ratio'] for p in per_node]}", flush=True)
+    return out
+
+
+def pafs_selector(path: str) -> Any:
+    import pyarrow.fs as pafs
+
+    return pafs.FileSelector(path, recursive=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nodes", default="1,2,3,4", help="node counts to compare")
@@ -155,19 +222,26 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--kills", type=int, default=3)
     p.add_argument("--data", type=Path, default=Path("/tmp/flightfeed-bench/scaleout"))
+    p.add_argument("--s3-rows", type=int, default=4096, help="rows of 16 KiB in the S3 locality dataset")
+    p.add_argument("--only", choices=["scaling", "failover", "locality"], help="run one part only")
     args = p.parse_args()
     args.nodes = [int(n) for n in args.nodes.split(",")]
     data = image_dataset(args.data, args.rows, shape=(64, 64, 3), shards=4)
-    scale, fail = scaling(data, args), failover(data, args)
-    result = {
+    result: dict[str, Any] = {
         "machine": machine(),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "scaling": scale,
-        "failover": fail,
     }
-    print(json.dumps({"scaling": [(r["nodes"], round(r["efficiency"], 3)) for r in scale],
-                      "failover": {k: fail[k] for k in ("detect_s", "continue_s")}}))
-    print(write_json("scaleout", result))
+    if args.only in (None, "scaling"):
+        result["scaling"] = scaling(data, args)
+        result["ratios"] = {f"efficiency_{r['nodes']}_nodes": r["efficiency"] for r in result["scaling"]}
+        result["targets"] = {"efficiency_4_nodes": 0.8}
+        print(json.dumps({"scaling": [(r["nodes"], round(r["efficiency"], 3)) for r in result["scaling"]]}))
+    if args.only in (None, "failover"):
+        result["failover"] = fail = failover(data, args)
+        print(json.dumps({"failover": {k: fail[k] for k in ("detect_s", "continue_s")}}))
+    if args.only in (None, "locality"):
+        result["locality"] = locality(args)
+    print(write_json("scaleout" + (f"_{args.only}" if args.only else ""), result))
 
 
 if __name__ == "__main__":

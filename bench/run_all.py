@@ -25,6 +25,7 @@ SCRIPTS = {
     "bench_storage": "storage.json",
     "bench_gpu": "gpu.json",
     "bench_imagenet": "imagenet.json",
+    "bench_scaleout": "scaleout.json",
 }
 
 

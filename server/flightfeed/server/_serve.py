@@ -278,10 +278,9 @@ def run(args: argparse.Namespace) -> int:
                 cluster.me, cluster.datasets, static=peers, dns=dns, scheme=scheme, token=token, tls_root_certs=roots
             )
             cluster.start()
-            if locality:
-                router = ShardRouter(cluster, token=token, tls_root_certs=roots)
-                if router.install(catalog):
-                    cluster.locality = router
+        router = ShardRouter(cluster, route=locality, token=token, tls_root_certs=roots)
+        if router.install(catalog):  # remote shards: count S3 bytes; with peers, route them
+            cluster.locality = router
         return _serve(server, args, config, sidecar_host, token, stop, grace)
     finally:
         if server is not None:

@@ -46,9 +46,10 @@ class ShardRouter:
     """Routes this node's shard downloads through their preferred nodes; counts the bytes."""
 
     def __init__(
-        self, cluster: Cluster, *, token: str | None = None, tls_root_certs: bytes | None = None
+        self, cluster: Cluster, *, route: bool = True, token: str | None = None, tls_root_certs: bytes | None = None
     ) -> None:
         self.cluster = cluster
+        self.route = route  # False: only count (every shard from storage, as without peers)
         headers: Any = [(b"authorization", f"Bearer {token}".encode())] if token else []
         self._options = flight.FlightCallOptions(headers=headers)
         self._roots = tls_root_certs
@@ -89,7 +90,7 @@ class ShardRouter:
 
     def _routed(self, dataset: str, uri: str, direct: Fetch) -> Fetch:
         def routed(tmp: str) -> str | None:
-            owner = self.preferred(uri)
+            owner = self.preferred(uri) if self.route else self.cluster.entry()
             if owner != self.cluster.entry():
                 try:
                     got = self._from_peer(owner, dataset, uri, tmp)
