@@ -49,6 +49,8 @@ def test_persistent_spawn_workers_follow_set_epoch_and_main_state_dict_refuses(m
         with pytest.raises(ConfigError, match="StatefulDataLoader"):
             ds.state_dict()
     assert sorted(flat(expected[1])) == list(range(ROWS))
+    ds.epoch = 1  # the attribute form still selects the epoch
+    assert ds.epoch == 1
 
 
 def test_stateful_dataloader_spawn_workers_resume_exactly(make_ds: MakeDs) -> None:

@@ -150,6 +150,10 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         """The epoch the next iteration reads (shared with DataLoader workers, persistent ones too)."""
         return self._shared.get(SharedSlots.EPOCH)
 
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self.set_epoch(value)
+
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch whose order the next iteration follows (call before each epoch).
 
