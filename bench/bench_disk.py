@@ -2,8 +2,9 @@
 
 For each row size (16 KiB and 147 KiB image-like rows) the script writes a dataset of ``--gib``
 GiB (.arrow shards of 512 MiB, record batches of ~16 MiB), then, in each round, reads it cold in
-every way, each after ``sync; echo 1 > /proc/sys/vm/drop_caches`` and each through a freshly
-started server process (pages a running server has mapped survive drop_caches):
+every way (after one untimed read: the first read after writing competes with the write-back; the
+order rotates between rounds), each after ``sync; echo 1 > /proc/sys/vm/drop_caches`` and each
+through a freshly started server process (pages a running server has mapped survive drop_caches):
 
 * ``sequential``: ``cat`` of every shard to /dev/null (the disk's sequential ceiling);
 * ``stored``: one FlightDataset, 4 streams, batch 256, stored order (and ``stored_no_readahead``);
@@ -155,8 +156,12 @@ def main() -> None:
             for mib in filter(None, args.block_mib.split(",")):
                 rows_per_block = max(1, int(float(mib) * 2**20) // row_bytes)
                 kinds[f"shuffled_block_{mib}MiB"] = {"shuffle": True, "block_rows": rows_per_block}
+            read_sequential(root)  # untimed: the first read after writing competes with write-back
             for r in range(args.rounds):
-                for kind, options in kinds.items():
+                names = list(kinds)
+                names = names[r % len(names) :] + names[: r % len(names)]  # rotate the order per round
+                for kind in names:
+                    options = kinds[kind]
                     disk0 = disk_read_bytes()
                     run: dict[str, Any] = (
                         read_flightfeed(root, **options) if options else {"seconds": read_sequential(root)}
