@@ -124,3 +124,38 @@ def test_a_client_names_several_entries_and_skips_a_dead_one(blobs_dir: Path) ->
         assert ds.stats()["failovers"] >= 1  # get_flight_info moved on from the dead entry
     with pytest.raises(StreamError, match=r"get_flight_info for dataset 'blobs': gave up .* locations tried: "):
         next(iter(FlightDataset(dead, "blobs", retry_timeout=0.3, report_interval=None)))
+
+
+class _HalfDown:
+    """A WorkerPool stand-in: one worker live, one restarting."""
+
+    def live(self) -> list[str]:
+        return ["grpc://127.0.0.1:1"]
+
+    def all_live(self) -> bool:
+        return False
+
+    def describe(self) -> list[dict[str, object]]:
+        return [{"index": 0, "state": "live"}, {"index": 1, "state": "restarting"}]
+
+    def stop(self, grace: float) -> None:
+        pass
+
+
+def test_readiness_fails_while_a_worker_is_down(blobs_dir: Path) -> None:
+    with node(blobs_dir, "grpc://127.0.0.1:0") as a:
+        a.server.cluster.workers = _HalfDown()  # type: ignore[assignment]
+        client = flight.FlightClient(a.location)
+        with pytest.raises(flight.FlightUnavailableError, match="a worker process is down"):
+            list(client.do_action(flight.Action("health", b"")))
+        detail = action_json(a.location)
+        assert detail["status"] == "degraded" and detail["processes"] == [a.location, "grpc://127.0.0.1:1"]
+        a.server.cluster.workers = None
+        assert b"".join(r.body.to_pybytes() for r in client.do_action(flight.Action("health", b""))) == b"ok"
+
+
+def action_json(location: str) -> dict[str, object]:
+    import json
+
+    client = flight.FlightClient(location)
+    return dict(json.loads(b"".join(r.body.to_pybytes() for r in client.do_action(flight.Action("health", b"{}")))))
