@@ -164,4 +164,7 @@ def test_stored_runs_cover_exactly_the_rows_of_a_range(
     positions = np.arange(lo, hi)
     expected = order._unblock(positions) if shuffle else positions
     assert sorted(fetched) == sorted(expected.tolist())
-    assert len(runs) <= (hi - lo) // block + 2 if hi > lo else runs == []
+    # at most one run per stored block touched (the dataset's short last block, permuted into the
+    # middle of a range, makes that one more than (hi - lo) // block + 2)
+    touched = {r // block for r in fetched} if shuffle else {0}
+    assert len(runs) <= len(touched) if hi > lo else runs == []
