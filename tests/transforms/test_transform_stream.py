@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from flightfeed.server.testing import RunningServer
-from flightfeed.wire.errors import ShardError
+from flightfeed.wire.errors import ShardError, StaleState
 from tests.transforms.conftest import CORRUPT, ROWS, MakeImages
 
 Sample = dict[int, bytes]
@@ -85,6 +85,14 @@ def test_resume_mid_epoch_is_byte_identical(make_images: MakeImages, reference: 
     resumed = make_images(streams=4)
     resumed.load_state_dict(state)
     assert samples(head) + samples(resumed) == reference
+
+
+def test_a_checkpoint_needs_the_same_transform(make_images: MakeImages) -> None:
+    ds = make_images()
+    next(iter(ds))
+    other = make_images(transform="imagenet_val")
+    with pytest.raises(StaleState, match=r"transform: checkpoint \[\{'name': 'decode'\}"):
+        other.load_state_dict(ds.state_dict())
 
 
 def test_dataloader_workers_give_the_same_samples(make_images: MakeImages,

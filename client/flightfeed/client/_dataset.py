@@ -9,6 +9,7 @@ sequence, even against a restarted server.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -143,6 +144,7 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             "shuffle": self.shuffle,
             "batch_size": self.batch_size,
             "drop_last": self.drop_last,
+            "transform": json.loads(json.dumps(self.transform)),  # as a checkpoint stores it
         }
 
     @property
