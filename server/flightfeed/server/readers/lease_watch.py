@@ -1,10 +1,11 @@
 """One thread per process that notices broken shard leases and detaches their mappings.
 
 Every leased :class:`~flightfeed.server.readers.mapped.MappedFile` registers here with a callback.
-The thread polls each file's lease (one ``fcntl`` per file and sweep; a writer waits at most one
-sweep plus the copy of the shard), calls the callback (the dataset is marked changed), then
-detaches the breaking file (the writer then proceeds). The thread starts with the first registration
-and exits when the last file is unregistered.
+The thread polls each file's lease (one ``fcntl`` per file and sweep, every 20 ms, or every
+``files x 50 us`` for many files; a writer waits at most one sweep plus the copy of the shard),
+calls the callback (the dataset is marked changed), then detaches the breaking file (the writer
+then proceeds). The thread starts with the first registration and exits when the last file is
+unregistered.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ class LeaseWatcher:
                     mapped.detach()
                 except Exception:  # keep watching the others; the kernel frees the writer at lease-break-time
                     log.exception("could not detach the mapping of %s", mapped.path)
-            if self._wake.wait(self.interval_s):
+            # many shards: sweep less often (n files every n x 50 us: about 1% of a core)
+            if self._wake.wait(max(self.interval_s, len(items) * 50e-6)):
                 self._wake.clear()
 
 
