@@ -278,9 +278,10 @@ def main() -> int:
     p.add_argument("--seed-impl", choices=["auto", "torchvision", "pillow"], default="auto",
                    help="the seed recipe's transforms: torchvision where its wheel loads, else the same ops in Pillow")
     args = p.parse_args()
-    folder = make_jpegs(args.data / "folder", args.images)
+    data = args.data / f"{args.images}-images"  # one folder per size: a rerun with another --images never mixes them
+    folder = make_jpegs(data / "folder", args.images)
     sizes = [f.stat().st_size for f in folder.rglob("*.jpg")]
-    shards = convert(folder, args.data / "shards")
+    shards = convert(folder, data / "shards")
     impl = args.seed_impl if args.seed_impl != "auto" else ("torchvision" if torchvision_works() else "pillow")
     results: dict[str, Any] = {
         "machine": machine(),
