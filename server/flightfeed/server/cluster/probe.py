@@ -15,57 +15,24 @@ detail instead, which is answered whatever the state::
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
 from typing import Any
 
-import pyarrow.flight as flight
+from flightfeed.server.flight_probe import FlightProbe
 
 __all__ = ["HealthProbe", "DETAIL_KEYS"]
 
 DETAIL_KEYS = ("id", "status", "node", "processes", "peers", "datasets")
 
 
-class HealthProbe:
-    """One FlightClient to one process, for ``health`` detail requests with a timeout."""
-
-    def __init__(
-        self,
-        location: str,
-        *,
-        timeout_s: float = 2.0,
-        token: str | None = None,
-        tls_root_certs: bytes | None = None,
-    ) -> None:
-        self.location = location
-        headers: Any = [(b"authorization", f"Bearer {token}".encode())] if token else []
-        self._options = flight.FlightCallOptions(timeout=timeout_s, headers=headers)
-        self._tls_root_certs = tls_root_certs
-        self._client: flight.FlightClient | None = None
-        self._lock = threading.Lock()
+class HealthProbe(FlightProbe):
+    """A :class:`FlightProbe` that asks for the ``health`` detail (``timeout_s``, ``token`` and
+    ``tls_root_certs`` as there)."""
 
     def detail(self, caller: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The process's health detail; raises ``flight.FlightError``/``OSError``/``ValueError``."""
-        with self._lock:
-            if self._client is None:
-                kwargs: dict[str, Any] = {"tls_root_certs": self._tls_root_certs} if self._tls_root_certs else {}
-                self._client = flight.FlightClient(self.location, **kwargs)
-            client = self._client
+        """The process's health detail; raises FlightFeedError (no answer) or ValueError (no detail)."""
         body = json.dumps({"detail": True, **(caller or {})}).encode()
-        try:
-            results = client.do_action(flight.Action("health", body), self._options)
-            answer = json.loads(b"".join(r.body.to_pybytes() for r in results))
-        except Exception:
-            self.close()
-            raise
+        answer = json.loads(self.action("health", body))
         if not isinstance(answer, dict) or not all(k in answer for k in DETAIL_KEYS):
             raise ValueError(f"{self.location} answered 'health' without the detail fields {DETAIL_KEYS}")
         return answer
-
-    def close(self) -> None:
-        with self._lock:
-            client, self._client = self._client, None
-        if client is not None:
-            with contextlib.suppress(Exception):
-                client.close()
