@@ -15,11 +15,9 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import pyarrow.flight as flight
 import torch.utils.data
 
 from flightfeed.client._assemble import ordered_messages, split_batches
-from flightfeed.client._boundary import flight_call
 from flightfeed.client._convert import batch_to_torch
 from flightfeed.client._datapipe import FlightDataPipe
 from flightfeed.client._device import DeviceStage
@@ -27,7 +25,8 @@ from flightfeed.client._info import dataset_info
 from flightfeed.client._node import FlightNode
 from flightfeed.client._pool import ConnectionPool, ConnectOptions
 from flightfeed.client._report import Reporter, _default_client_id
-from flightfeed.client._retry import RetryPolicy, retrying, split_locations
+from flightfeed.client._request import columns_arg, open_readers, read_command
+from flightfeed.client._retry import RetryPolicy, split_locations
 from flightfeed.client._skips import positions_of
 from flightfeed.client._state import ReadState
 from flightfeed.client._stats import StallMeter
@@ -43,7 +42,7 @@ from flightfeed.client._workers import (
     worker_start,
 )
 from flightfeed.wire.errors import ConfigError
-from flightfeed.wire.messages import COMPRESSIONS, WIRE_VERSION, ReadCommand, StreamTicket
+from flightfeed.wire.messages import COMPRESSIONS, ReadCommand
 from flightfeed.wire.transforms import TransformSpec, set_transform
 
 __all__ = ["FlightDataset"]
@@ -112,7 +111,7 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             raise ConfigError(f"prefetch is {prefetch}; it must be >= 1 (messages per stream)")
         self.location, self.name = location, name
         split_locations(location)  # one or several comma-separated entries; a clear error if none
-        self.columns = _columns(columns)
+        self.columns = columns_arg(columns)
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
         self.device = torch.device(device) if device is not None else None
@@ -216,63 +215,12 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             self._pool = ConnectionPool(split_locations(self.location)[0], self._connect)
         return self._pool
 
-    def _command(self, topo: Topology, start: ReadState, epoch: int) -> Any:
-        cmd = ReadCommand(
-            version=WIRE_VERSION,
-            dataset=self.name,
-            columns=self.columns,
-            seed=self.seed,
-            epoch=epoch,
-            rank=topo.rank,
-            world_size=topo.world_size,
-            batch_rows=self.batch_size,
-            drop_last=self.drop_last,
-            streams=self.streams,
-            start_row=start.rows_consumed,
-            global_start=start.global_start,
-            worker=topo.worker,
-            num_workers=topo.num_workers,
-            fingerprint=start.fingerprint,
-            compression=self.compression,
-            message_rows=(start.message_rows if start.num_workers > 1 else 0) or self.message_rows,
-        )
-        set_transform(cmd, self.transform, self.on_decode_error)
-        cmd.shuffle.enabled = self.shuffle
-        cmd.shuffle.block_rows = start.block_rows or self.block_rows
-        cmd.shuffle.buffer_rows = start.buffer_rows or self.buffer_rows
-        return cmd
-
     def open_streams(
         self, topo: Topology, start: ReadState, stop: threading.Event, epoch: int | None = None
     ) -> list[StreamReader]:
-        pool = self._get_pool()
-        cmd = self._command(topo, start, self.epoch if epoch is None else epoch)
-        descriptor = flight.FlightDescriptor.for_command(cmd.SerializeToString())
-        answered: list[str] = []
-
-        def get_info(entry: str) -> Any:
-            with flight_call(f"get_flight_info for dataset {self.name!r} at {entry}"):
-                info = pool.client(0, entry).get_flight_info(descriptor, self._connect.call_options())
-            answered.append(entry)
-            return info
-
-        entries = split_locations(self.location)
-        info = retrying(
-            get_info, entries, self.retry, what=f"get_flight_info for dataset {self.name!r}", on_retry=self._retried
-        )
-        # an endpoint without locations is served by the node that answered (or any other entry)
-        home = [answered[-1], *(e for e in entries if e != answered[-1])]
-        readers = []
-        for k, ep in enumerate(info.endpoints):
-            ticket = StreamTicket.FromString(ep.ticket.ticket)
-            locations = [loc.uri.decode() if isinstance(loc.uri, bytes) else str(loc.uri) for loc in ep.locations]
-            readers.append(
-                StreamReader(
-                    pool, k, ticket, locations or home,
-                    depth=self.prefetch, policy=self.retry, stop=stop, on_retry=self._retried,
-                )
-            )
-        return readers
+        """One started-later StreamReader per endpoint of this reader's request (``_request``)."""
+        cmd = read_command(self, topo, start, self.epoch if epoch is None else epoch)
+        return open_readers(self, self._get_pool(), cmd, stop)
 
     def _retried(self, failed: str, next_location: str) -> None:
         self.meter.count("retries")
@@ -400,16 +348,3 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
 def _device_stage(device: torch.device | None, meter: StallMeter) -> DeviceStage:
     """CPU: batches stay on Arrow memory. CUDA: pinned ring + side-stream copies (``_device``)."""
     return DeviceStage(device, timer=meter.spent)
-
-
-def _columns(columns: str | Sequence[str] | None) -> list[str]:
-    """``columns`` as a list: a string names one column (not its characters)."""
-    if columns is None:
-        return []
-    if isinstance(columns, str):
-        return [columns]
-    out = list(columns)
-    bad = [c for c in out if not isinstance(c, str)]
-    if bad:
-        raise ConfigError(f"columns must be column names (strings); got {bad!r} in {columns!r}")
-    return out
