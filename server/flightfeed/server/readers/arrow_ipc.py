@@ -164,11 +164,13 @@ class ArrowShard(ShardFields):
             return 0
         total = 0
         for lo, length in _row_ranges(self._batches[chunk], first, stop):
+            total += length
+            if mapped.resident(lo - mapped.address, length):
+                continue  # already in memory: no reads to queue or wait for
             if settle:
                 mapped.settle(lo - mapped.address, length)
             else:
                 mapped.willneed(lo - mapped.address, length)
-            total += length
         return total
 
     def close(self) -> None:

@@ -40,6 +40,8 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
 _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
 _libc.munmap.restype = ctypes.c_int
+_libc.mincore.restype = ctypes.c_int
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _libc.mremap.restype = ctypes.c_void_p
 _libc.mremap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p]
@@ -163,6 +165,21 @@ class MappedFile:
         hi = min(region.size, offset + length)
         for at in range(lo, hi, self.piece):
             _libc.madvise(region.address + at, min(self.piece, hi - at), _MADV_WILLNEED)
+
+    def resident(self, offset: int, length: int) -> bool:
+        """True when every page of ``[offset, offset+length)`` is in memory (``mincore``): reading
+        it ahead would only cost calls (warm data, a second epoch)."""
+        region = self._region
+        if region is None or length <= 0:
+            return True
+        lo = max(0, offset) // PAGE * PAGE
+        hi = min(region.size, offset + length)
+        if hi <= lo:
+            return True
+        vec = np.empty((hi - lo + PAGE - 1) // PAGE, dtype=np.uint8)
+        if _libc.mincore(region.address + lo, hi - lo, vec.ctypes.data) != 0:
+            return False  # cannot tell: read ahead as usual
+        return bool(np.all(vec & 1))
 
     def settle(self, offset: int, length: int) -> None:
         """Wait (GIL released) until the reads queued by :meth:`willneed` for the same range are
