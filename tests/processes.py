@@ -6,10 +6,10 @@ import subprocess
 import sys
 
 
-def start_serve(*args: str) -> tuple[subprocess.Popen[str], str]:
-    """Start ``flightfeed serve ARGS --port 0 --no-sidecar``; return the process and its location
+def start_serve(*args: str, port: int = 0) -> tuple[subprocess.Popen[str], str]:
+    """Start ``flightfeed serve ARGS --port PORT --no-sidecar``; return the process and its location
     once it prints ``flight: LOCATION``."""
-    cmd = [sys.executable, "-m", "flightfeed.server", "serve", *args, "--port", "0", "--no-sidecar"]
+    cmd = [sys.executable, "-m", "flightfeed.server", "serve", *args, "--port", str(port), "--no-sidecar"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     for line in proc.stdout:

@@ -73,20 +73,6 @@ def eventually(what: str, check: Callable[[], Any], timeout: float = 60.0) -> An
         time.sleep(0.2)
 
 
-def start_node(*args: str, port: int = 0) -> tuple[Any, str]:
-    """``flightfeed serve ARGS --port PORT --no-sidecar`` as a process; (process, location)."""
-    import subprocess
-    import sys
-
-    cmd = [sys.executable, "-m", "flightfeed.server", "serve", *args, "--port", str(port), "--no-sidecar"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if line.startswith("flight: "):
-            return proc, line.split()[1]
-    raise AssertionError(f"server did not start: {proc.wait()} {proc.stderr.read() if proc.stderr else ''}")
-
-
 def gone(pid: int) -> bool:
     """True when process ``pid`` has exited (a zombie counts: it runs no more)."""
     try:

@@ -14,7 +14,8 @@ from typing import Any
 import pyarrow.flight as flight
 
 from flightfeed.client import FlightDataset
-from tests.cluster.conftest import BLOB_ROWS, action, eventually, free_port, gone, start_node
+from tests.cluster.conftest import BLOB_ROWS, action, eventually, free_port, gone
+from tests.processes import start_serve
 
 
 @contextmanager
@@ -49,13 +50,13 @@ def test_epoch_over_two_ranks_survives_a_killed_node_and_a_joining_node(blobs_di
     entry, other = (loc for loc in locs[:3] if loc != victim)
     with nodes() as procs:
         for port in ports[:3]:
-            procs.append(start_node(f"blobs={blobs_dir}", "--peers", peers, port=port)[0])
+            procs.append(start_serve(f"blobs={blobs_dir}", "--peers", peers, port=port)[0])
         eventually("the three nodes see each other", lambda: live_peers(entry) == {victim, other})
         rank0 = reader(entry, 0, streams=1)
         it = iter(rank0)
         got0 = [i for _ in range(4) for i in next(it)["index"].tolist()]
         procs[locs.index(victim)].send_signal(signal.SIGKILL)  # its stream is in flight
-        procs.append(start_node(f"blobs={blobs_dir}", "--peers", peers, port=ports[3])[0])  # a node joins
+        procs.append(start_serve(f"blobs={blobs_dir}", "--peers", peers, port=ports[3])[0])  # a node joins
         got0 += [i for batch in it for i in batch["index"].tolist()]
         assert rank0.stats()["failovers"] >= 1  # the stream continued on another node
         eventually("the new node live, the victim gone", lambda: live_peers(entry) == {other, locs[3]})
@@ -76,7 +77,7 @@ def stalled_stream(location: str) -> Any:
 
 
 def test_sigterm_with_a_stalled_client_ends_after_grace(blobs_dir: Path) -> None:
-    proc, location = start_node(f"blobs={blobs_dir}", "--grace", "2", "--message-size", "1MB")
+    proc, location = start_serve(f"blobs={blobs_dir}", "--grace", "2", "--message-size", "1MB")
     with nodes() as procs:
         procs.append(proc)
         held = stalled_stream(location)
@@ -87,7 +88,7 @@ def test_sigterm_with_a_stalled_client_ends_after_grace(blobs_dir: Path) -> None
 
 
 def test_a_second_signal_exits_at_once(blobs_dir: Path) -> None:
-    proc, location = start_node(f"blobs={blobs_dir}", "--grace", "600", "--message-size", "1MB")
+    proc, location = start_serve(f"blobs={blobs_dir}", "--grace", "600", "--message-size", "1MB")
     with nodes() as procs:
         procs.append(proc)
         held = stalled_stream(location)
@@ -111,7 +112,7 @@ def endpoint_firsts(location: str) -> set[str]:
 
 
 def test_a_killed_worker_is_unlisted_restarted_and_the_epoch_completes(blobs_dir: Path) -> None:
-    proc, location = start_node(f"blobs={blobs_dir}", "--workers", "3")
+    proc, location = start_serve(f"blobs={blobs_dir}", "--workers", "3")
     with nodes() as procs:
         procs.append(proc)
         first = workers_of(location)
@@ -134,7 +135,7 @@ def test_a_killed_worker_is_unlisted_restarted_and_the_epoch_completes(blobs_dir
 
 
 def test_workers_exit_when_the_coordinator_is_killed(blobs_dir: Path) -> None:
-    proc, location = start_node(f"blobs={blobs_dir}", "--workers", "3")
+    proc, location = start_serve(f"blobs={blobs_dir}", "--workers", "3")
     with nodes() as procs:
         procs.append(proc)
         pids = [w["pid"] for w in workers_of(location)]
@@ -147,7 +148,7 @@ def test_many_short_outages_in_one_epoch_are_survived(blobs_dir: Path) -> None:
     """The retry budget is per outage: four kill -9 + restarts of the only node in one epoch."""
     port = free_port()
     with nodes() as procs:
-        procs.append(start_node(f"blobs={blobs_dir}", port=port)[0])
+        procs.append(start_serve(f"blobs={blobs_dir}", port=port)[0])
         location = f"grpc://127.0.0.1:{port}"
         ds = FlightDataset(location, "blobs", batch_size=100, streams=1, message_rows=100, prefetch=1,
                            report_interval=None)
@@ -157,7 +158,7 @@ def test_many_short_outages_in_one_epoch_are_survived(blobs_dir: Path) -> None:
             got += [i for _ in range(3) for i in next(it)["index"].tolist()]
             procs[-1].kill()
             procs[-1].wait(timeout=30)
-            procs.append(start_node(f"blobs={blobs_dir}", port=port)[0])
+            procs.append(start_serve(f"blobs={blobs_dir}", port=port)[0])
         got += [i for batch in it for i in batch["index"].tolist()]
     assert sorted(got) == list(range(BLOB_ROWS))
     assert ds.stats()["retries"] >= 4
