@@ -204,21 +204,34 @@ def gpu_decode_case(shards: Path, batch: int, epochs: int, streams: int) -> dict
 
     with flightfeed_server({"imgs": shards}) as server:
         ds = FlightDataset(server.location, "imgs", batch_size=batch, streams=streams, report_interval=None)
-        for b in ds:  # warm-up epoch
-            augment(b)
-        torch.cuda.synchronize()
-        s0, c0 = process_cpu_s(server.pid), time.process_time()
-        t0 = time.perf_counter()
-        n = 0
-        for e in range(1, epochs + 1):
-            ds.set_epoch(e)
-            for b in ds:
-                n += len(augment(b))
-        torch.cuda.synchronize()
-        wall = time.perf_counter() - t0
-        server_cpu, client_cpu = process_cpu_s(server.pid) - s0, time.process_time() - c0
+        n, wall, server_cpu, client_cpu = _timed_epochs(
+            ds, server.pid, epochs, lambda b: len(augment(b)), sync=torch.cuda.synchronize
+        )
         ds.close()
     return _figures(n, wall, server_cpu=server_cpu, client_cpu=client_cpu, extra={"streams": streams})
+
+
+def _timed_epochs(
+    ds: FlightDataset,
+    server_pid: int,
+    epochs: int,
+    consume: Callable[[dict[str, Any]], int],
+    sync: Callable[[], None] = lambda: None,
+) -> tuple[int, float, float, float]:
+    """One warm-up epoch, then ``epochs`` timed ones through ``consume`` (returns the batch's images):
+    (images, wall s, server CPU s, client CPU s)."""
+    for b in ds:
+        consume(b)
+    sync()
+    s0, c0 = process_cpu_s(server_pid), time.process_time()
+    t0 = time.perf_counter()
+    n = 0
+    for e in range(1, epochs + 1):
+        ds.set_epoch(e)
+        for b in ds:
+            n += consume(b)
+    sync()
+    return n, time.perf_counter() - t0, process_cpu_s(server_pid) - s0, time.process_time() - c0
 
 
 # -- (b), (c) flightfeed ---------------------------------------------------------------------------------
@@ -229,18 +242,11 @@ def flightfeed_case(
     with flightfeed_server({"imgs": shards}, "--decode-workers", decode, "--workers", str(procs)) as server:
         ds = FlightDataset(server.location, "imgs", batch_size=batch, transform=preset, streams=streams,
                            report_interval=None)
-        for _ in ds:  # warm-up epoch
-            pass
-        s0, c0 = process_cpu_s(server.pid), time.process_time()
-        t0 = time.perf_counter()
-        n = 0
-        for e in range(1, epochs + 1):
-            ds.set_epoch(e)
-            for b in ds:
-                n += len(b["label"])
-                assert b["image"].shape[1:] == (224, 224, 3)
-        wall = time.perf_counter() - t0
-        server_cpu, client_cpu = process_cpu_s(server.pid) - s0, time.process_time() - c0
+        def consume(b: dict[str, Any]) -> int:
+            assert b["image"].shape[1:] == (224, 224, 3)
+            return len(b["label"])
+
+        n, wall, server_cpu, client_cpu = _timed_epochs(ds, server.pid, epochs, consume)
         ds.close()
     return _figures(
         n, wall, server_cpu=server_cpu, client_cpu=client_cpu, extra={"streams": streams, "server_processes": procs}
