@@ -161,11 +161,11 @@ class ReadAhead:
                     if self._stopped or task.cancelled:
                         break
                     nbytes += self._fetch(first, first + rows, settle)
-            task.done = not task.cancelled
-            task.finished.set()
-            self.bytes_ahead += nbytes
+            self.bytes_ahead += nbytes  # counted before a waiting stream is released
             if self.metrics is not None and nbytes:
                 self.metrics.prefetch_bytes.labels(self.ds.name).inc(nbytes)
+            task.done = not task.cancelled
+            task.finished.set()
 
     def _fetch(self, lo: int, hi: int, settle: bool) -> int:
         """Bring stored rows ``[lo, hi)`` into memory ahead of need; returns the bytes asked for.
