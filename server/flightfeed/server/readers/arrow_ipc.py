@@ -118,6 +118,11 @@ class ArrowShard(ShardFields):
         self._batches = []
         self._counts = counts
 
+    @property
+    def identity(self) -> tuple[int, int, int]:
+        """(size, mtime, inode) of the file this reader opened (to tell a replaced file apart)."""
+        return self._mapped.identity if self._mapped is not None else self._stat
+
     def _fstat(self) -> tuple[int, int, int]:
         assert self._file is not None
         st = os.fstat(self._file.fileno())
@@ -173,12 +178,23 @@ class ArrowShard(ShardFields):
                 mapped.willneed(lo - mapped.address, length)
         return total
 
-    def close(self) -> None:
+    def close(self, released: Callable[[], None] | None = None) -> None:
+        """Close the file. A memory map still used by batches in flight keeps its descriptor and
+        lease (still watched) until the last of them goes; ``released()`` runs when the file is
+        finally released (now, or then)."""
         self._batches = []
         self._file_reader = None
-        if self._mapped is not None:
-            watcher().unregister(self._mapped)
-            self._mapped.close()
+        mapped = self._mapped
+        if mapped is not None:
+
+            def on_release() -> None:
+                watcher().unregister(mapped)
+                if released is not None:
+                    released()
+
+            mapped.close(on_release)
+        elif released is not None:
+            released()
         if self._file is not None:
             self._file.close()
 

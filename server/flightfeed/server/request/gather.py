@@ -1,11 +1,13 @@
 """Rows of a Dataset -> RecordBatches.
 
 * ``contiguous``: stored rows ``[start, stop)`` as zero-copy slices of the chunks; a client batch
-  that straddles two chunks is concatenated so every RecordBatch holds whole client batches.
+  that straddles two chunks is concatenated so every RecordBatch holds whole client batches, and
+  runs of small pieces (many small shards) are copied into one batch.
 * ``gather``: arbitrary rows (a shuffled message) in one copy per column. Fixed-width columns
   (primitives, FixedSizeList, ``arrow.fixed_shape_tensor``) are gathered with numpy straight into
   the output buffer, per source chunk (``ChunkedArray.take`` on multi-chunk FixedSizeList is two
-  orders of magnitude slower); other columns use Arrow ``take`` per chunk.
+  orders of magnitude slower); other columns use Arrow ``take`` per chunk. Chunks are visited one
+  at a time for all columns, so a message over thousands of shards holds one shard's memory at once.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ _I64 = npt.NDArray[np.int64]
 _Arr = Any  # pyarrow arrays (the stubs type them per scalar type)
 _concat_batches: Callable[[list[pa.RecordBatch]], pa.RecordBatch] = pa.concat_batches  # type: ignore[attr-defined]
 _ROW_LOOP_BYTES = 16 << 10
+_COALESCE_BYTES = 1 << 20  # contiguous pieces smaller than this are copied together
 _VIEW_ENTRIES = 8192  # memoised (chunk, column) views per dataset
 _MISS = object()  # rows at least this large are copied one by one (one copy, no temp)
 
@@ -38,7 +41,38 @@ def contiguous(
     ds: Dataset, start: int, stop: int, batch_rows: int, columns: Sequence[str] | None
 ) -> Iterator[pa.RecordBatch]:
     """Stored rows ``[start, stop)``; each RecordBatch holds whole ``batch_rows`` batches (the
-    last may be partial). ``batch_rows=0`` means no batch alignment (pure zero-copy slices)."""
+    last may be partial). ``batch_rows=0`` means no batch alignment. Large pieces are zero-copy
+    slices of the chunks; consecutive small ones (under ``_COALESCE_BYTES``: many small shards or
+    chunks) are copied into one batch, so a message never pins many shards' memory while it waits
+    to be sent, and Flight sends a few large IPC messages instead of many tiny ones."""
+    pending: list[pa.RecordBatch] = []
+    size = 0
+    for piece in _pieces(ds, start, stop, batch_rows, columns):
+        n = piece.nbytes
+        if n >= _COALESCE_BYTES:
+            if pending:
+                yield _joined(pending)
+                pending, size = [], 0
+            yield piece
+            continue
+        pending.append(piece)
+        size += n
+        if size >= _COALESCE_BYTES:
+            yield _joined(pending)
+            pending, size = [], 0
+    if pending:
+        yield _joined(pending)
+
+
+def _joined(pieces: list[pa.RecordBatch]) -> pa.RecordBatch:
+    return pieces[0] if len(pieces) == 1 else _concat_batches(pieces)
+
+
+def _pieces(
+    ds: Dataset, start: int, stop: int, batch_rows: int, columns: Sequence[str] | None
+) -> Iterator[pa.RecordBatch]:
+    """:func:`contiguous`'s pieces: zero-copy slices of whole batches per chunk, and the batches
+    that straddle two chunks concatenated."""
     starts = ds.chunk_starts
     align = batch_rows or (stop - start)
     row = start
@@ -119,58 +153,92 @@ def _flat_view(ds: Dataset, cid: int, name: str, width: int) -> npt.NDArray[np.g
     arr = ds.chunk(cid).column(name)
     view = None if arr.null_count else _flat_values(arr).reshape(len(arr), width)
     if cacheable:
-        with ds.views_lock:
-            ds.views[key] = view
-            if len(ds.views) > _VIEW_ENTRIES:
-                ds.views.popitem(last=False)
+        ds.keep_view(key, view, _VIEW_ENTRIES)
     return view
 
 
+class _Column:
+    """One output column of a gather, filled chunk by chunk: fixed-width columns straight into
+    their output buffer, others as per-chunk ``take`` pieces put in order at the end."""
+
+    def __init__(self, fld: pa.Field[Any], n: int) -> None:
+        self.name = fld.name
+        self.layout = _fixed_layout(fld.type)
+        self.pieces: list[tuple[_Arr, _I64]] = []
+        self.done: list[_I64] = []
+        self.row_loop = False
+        self.out: npt.NDArray[np.generic] = np.empty((0, 0))
+        if self.layout is not None:
+            # allocate from Arrow's pool (mimalloc reuses freed pages: no page faults per message)
+            # and gather straight into the buffer the RecordBatch will own
+            lay = self.layout
+            self.buf = pa.allocate_buffer(max(1, n * lay.width * lay.dtype.itemsize))
+            memory: Any = self.buf  # a mutable Arrow buffer exposes the buffer protocol (not in the stubs)
+            self.out = np.frombuffer(memory, dtype=lay.dtype, count=n * lay.width).reshape(n, lay.width)
+            self.row_loop = lay.width * lay.dtype.itemsize >= _ROW_LOOP_BYTES
+
+    def put(self, vals: npt.NDArray[np.generic], dst: _I64, src: _I64) -> None:
+        if self.row_loop:  # large rows: one copy each, no temporary
+            for d, s in zip(dst.tolist(), src.tolist(), strict=True):
+                self.out[d] = vals[s]
+        else:
+            self.out[dst] = vals[src]
+        self.done.append(dst)
+
+    def to_generic(self) -> None:
+        """A chunk with nulls: gather this column with ``take`` from now on (the rows already
+        gathered become the first piece)."""
+        layout = self.layout
+        assert layout is not None
+        if self.done:
+            dst = np.concatenate(self.done)
+            values: Any = self.out[dst].reshape(-1)  # a fresh copy, handed to Arrow
+            leaf = pa.Array.from_buffers(pa.from_numpy_dtype(layout.dtype), values.size, [None, pa.py_buffer(values)])
+            self.pieces.append((layout.rebuild(leaf), dst))
+        self.layout = None
+
+    def finish(self, n: int) -> _Arr:
+        layout = self.layout
+        if layout is not None:
+            leaf = pa.Array.from_buffers(pa.from_numpy_dtype(layout.dtype), self.out.size, [None, self.buf])
+            return layout.rebuild(leaf)
+        return _gather_generic(self.pieces, n)
+
+
 def gather(ds: Dataset, rows: _I64, columns: Sequence[str] | None) -> pa.RecordBatch:
-    """Stored ``rows`` (in this order) as one RecordBatch."""
+    """Stored ``rows`` (in this order) as one RecordBatch. Chunk by chunk, every column at once:
+    at most one chunk's memory is held at a time (a message may touch more shards than may be
+    open at once)."""
     n = len(rows)
     cid, local = ds.locate(rows)
     order = np.argsort(cid, kind="stable")
     sorted_cid = cid[order]
     bounds = np.flatnonzero(np.diff(sorted_cid)) + 1
-    groups = [
-        (int(sorted_cid[a]), order[a:b], local[order[a:b]])
-        for a, b in zip(np.r_[0, bounds], np.r_[bounds, n], strict=True)
-    ]
     schema = ds.project_schema(columns or ())
-    arrays = []
-    for fld in schema:
-        layout = _fixed_layout(fld.type)
-        if layout is not None:
-            views = [_flat_view(ds, c, fld.name, layout.width) for c, _, _ in groups]
-            if all(v is not None for v in views):
-                parts = [(v, dst, src) for v, (_, dst, src) in zip(views, groups, strict=True)]
-                arrays.append(_gather_fixed(layout, parts, n))  # type: ignore[arg-type]
-                continue
-        arrays.append(_gather_generic([(ds.chunk(c).column(fld.name), dst, src) for c, dst, src in groups], n))
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+    cols = [_Column(fld, n) for fld in schema]
+    for a, b in zip(np.r_[0, bounds], np.r_[bounds, n], strict=True):
+        if a == b:
+            continue
+        c, dst = int(sorted_cid[a]), order[a:b]
+        src = local[dst]
+        batch = None
+        for col in cols:
+            if col.layout is not None:
+                view = _flat_view(ds, c, col.name, col.layout.width)
+                if view is not None:
+                    col.put(view, dst, src)
+                    continue
+                col.to_generic()
+            if batch is None:
+                batch = ds.chunk(c)
+            col.pieces.append((batch.column(col.name).take(src), dst))
+        del batch
+    return pa.RecordBatch.from_arrays([col.finish(n) for col in cols], schema=schema)
 
 
-def _gather_fixed(layout: _Fixed, parts: list[tuple[npt.NDArray[np.generic], _I64, _I64]], n: int) -> _Arr:
-    # allocate from Arrow's pool (mimalloc reuses freed pages: no page faults per message) and
-    # gather straight into the buffer the RecordBatch will own
-    buf = pa.allocate_buffer(max(1, n * layout.width * layout.dtype.itemsize))
-    memory: Any = buf  # a mutable Arrow buffer exposes the buffer protocol (the stubs do not say so)
-    out = np.frombuffer(memory, dtype=layout.dtype, count=n * layout.width).reshape(n, layout.width)
-    row_loop = layout.width * layout.dtype.itemsize >= _ROW_LOOP_BYTES
-    for vals, dst, src in parts:
-        if row_loop:
-            for d, s in zip(dst.tolist(), src.tolist(), strict=True):
-                out[d] = vals[s]
-        else:
-            out[dst] = vals[src]
-    leaf = pa.Array.from_buffers(pa.from_numpy_dtype(layout.dtype), out.size, [None, buf])
-    return layout.rebuild(leaf)
-
-
-def _gather_generic(parts: list[tuple[_Arr, _I64, _I64]], n: int) -> _Arr:
-    pieces = [arr.take(src) for arr, _, src in parts]
-    dst = np.concatenate([d for _, d, _ in parts]) if parts else np.empty(0, np.int64)
+def _gather_generic(parts: list[tuple[_Arr, _I64]], n: int) -> _Arr:
+    pieces = [arr for arr, _ in parts]
+    dst = np.concatenate([d for _, d in parts]) if parts else np.empty(0, np.int64)
     inverse = np.empty(n, dtype=np.int64)
     inverse[dst] = np.arange(n, dtype=np.int64)
     return pa.concat_arrays(pieces).take(inverse)

@@ -2,27 +2,63 @@
 
 Its metadata (schema, rows, chunk offsets) comes either from a manifest (nothing is downloaded
 until the first read: *lazy*) or from downloading and opening the shard when the dataset is opened
-(*eager*). Either way the open reader is kept between reads, and the cache pins the file only
-while a chunk is being read, so a dataset larger than the cache still works: an evicted shard's
-reader is dropped, and the next read of it fetches it again.
+(*eager*). An open reader of the cached copy is held by the process's bound on open files
+(``readers/open_files``: the least recently used idle one is closed past ``--max-open-shards``),
+and the cache pins the file only while a chunk is being read, so a dataset larger than the cache
+still works: an evicted shard's reader is dropped, and the next read of it fetches it again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 
 import numpy as np
 import pyarrow as pa
 
 from flightfeed.server.readers import ShardReader, format_of, open_shard
+from flightfeed.server.readers.arrow_ipc import ArrowShard
 from flightfeed.server.readers.base import ShardFields
+from flightfeed.server.readers.open_files import OpenFiles, shared_open_files
 from flightfeed.server.storage.cache import CacheLease, ShardCache
 from flightfeed.server.storage.manifest import ManifestShard
 from flightfeed.wire.errors import ShardError
 
 __all__ = ["RemoteShard"]
+
+_ATTEMPTS = 3  # reads of a copy the cache replaced meanwhile, before giving up
+
+
+class _Copy:
+    """An open reader of the cached copy and the cache lease it was opened under (its first use
+    takes that lease; later uses pin the copy again by its token)."""
+
+    __slots__ = ("_files", "_first", "_lock", "reader", "token")
+
+    def __init__(self, reader: ShardReader, lease: CacheLease, files: OpenFiles) -> None:
+        self.reader = reader
+        self.token = lease
+        self._first: CacheLease | None = lease
+        self._lock = threading.Lock()
+        self._files = files
+
+    def pin(self, cache: ShardCache, dataset: str) -> CacheLease | None:
+        """The copy pinned in the cache for one read, or None when the cache dropped it."""
+        with self._lock:
+            first, self._first = self._first, None
+        return first if first is not None else cache.reacquire(self.token, dataset)
+
+    def close(self) -> None:
+        with self._lock:
+            first, self._first = self._first, None
+        if first is not None:
+            first.release()
+        if isinstance(self.reader, ArrowShard):
+            self.reader.close(released=self._files.retire())
+        else:
+            self.reader.close()
 
 
 class RemoteShard(ShardFields):
@@ -39,6 +75,7 @@ class RemoteShard(ShardFields):
         dataset: str = "",
         reader_options: Mapping[str, object] | None = None,
         manifest: tuple[pa.Schema, ManifestShard] | None = None,
+        files: OpenFiles | None = None,
     ) -> None:
         self.uri = uri
         self.zero_copy = format_of(uri) == "arrow"
@@ -49,17 +86,14 @@ class RemoteShard(ShardFields):
         self._version = version
         self._dataset = dataset
         self._options = dict(reader_options or {})
-        self._lock = threading.Lock()
+        self._files = files or shared_open_files()
         self._closed = False
         self.prefetched: Future[None] | None = None  # set when a background prefetch was queued
-        self._reader: ShardReader | None = None
-        self._token: CacheLease | None = None
         self._sha256: str | None = None
         if manifest is None:
-            lease, reader = self._open()
-            lease.release()
-            self._schema = reader.schema
-            self._offsets = reader.chunk_offsets
+            with self.opened() as reader:
+                self._schema = reader.schema
+                self._offsets = reader.chunk_offsets
         else:
             schema, entry = manifest
             if entry.bytes != size:
@@ -71,16 +105,12 @@ class RemoteShard(ShardFields):
 
     # -- ShardReader ------------------------------------------------------------------------
     def read_chunk(self, index: int) -> pa.RecordBatch:
-        lease, reader = self._open()
-        try:
+        with self.opened() as reader:
             return reader.read_chunk(index)
-        finally:
-            lease.release()
 
     def close(self) -> None:
         self._closed = True  # a queued prefetch of this shard becomes a no-op
-        self._reader = None
-        self._token = None
+        self._files.drop(self)
 
     def prefetch(self) -> None:
         """Bring the shard into the cache without opening it (background warm-up)."""
@@ -103,27 +133,32 @@ class RemoteShard(ShardFields):
         )
 
     # -- local copy -------------------------------------------------------------------------
-    def local_reader(self) -> tuple[CacheLease, ShardReader]:
-        """The pinned local copy and its open reader (``inspect``); release the lease when done."""
-        return self._open()
+    @contextlib.contextmanager
+    def opened(self) -> Iterator[ShardReader]:
+        """The open reader of the local copy, pinned in the cache and held open for the block."""
+        for _ in range(_ATTEMPTS):
+            with self._files.use(self, self._open) as copy:
+                lease = copy.pin(self._cache, self._dataset)
+                if lease is not None:
+                    try:
+                        yield copy.reader
+                    finally:
+                        lease.release()
+                    return
+            self._files.drop(self)  # the cache replaced the copy meanwhile: open the new one
+        raise ShardError(f"shard {self.uri}: its cached copy was replaced {_ATTEMPTS} times while opening it; "
+                         "is the shard cache (--cache-size) too small for the shards read at once?")
 
-    def _open(self) -> tuple[CacheLease, ShardReader]:
-        with self._lock:
-            reader, token = self._reader, self._token
-            if reader is not None and token is not None:
-                again = self._cache.reacquire(token, self._dataset)
-                if again is not None:
-                    return again, reader
-            lease = self._acquire()
-            try:
-                reader = open_shard(lease.path, self.uri, **self._options)
-                if self._sha256 is not None:
-                    self._check(reader)
-            except BaseException:
-                lease.release()
-                raise
-            self._reader, self._token = reader, lease
-            return lease, reader
+    def _open(self) -> _Copy:
+        lease = self._acquire()
+        try:
+            reader = open_shard(lease.path, self.uri, **self._options)
+            if self._sha256 is not None:
+                self._check(reader)
+        except BaseException:
+            lease.release()
+            raise
+        return _Copy(reader, lease, self._files)
 
     def _acquire(self) -> CacheLease:
         return self._cache.acquire(
@@ -146,6 +181,7 @@ class RemoteShard(ShardFields):
             )
 
     def _evicted(self) -> None:
-        # Called by the cache, maybe from another thread: drop the reader without locking (its
-        # memory stays valid for batches still in use; the file's space returns once they go).
-        self._reader = None
+        # Called by the cache, maybe from another thread: close the reader (now, or when its
+        # current read ends; its memory stays valid for batches still in use, and the file's
+        # space returns once they go).
+        self._files.drop(self)

@@ -128,6 +128,10 @@ def _compressions(uri: str, shards: Sequence[ShardReader], opts: StorageOptions)
     from flightfeed.server.storage.remote import RemoteShard
 
     def of(reader: Any) -> str:
+        opened = getattr(reader, "opened", None)  # a shard opened on demand (readers/lazy.py)
+        if opened is not None:
+            with opened() as real:
+                return of(real)
         if hasattr(reader, "compression"):
             return str(reader.compression)
         path = getattr(reader, "path", None)
@@ -141,11 +145,9 @@ def _compressions(uri: str, shards: Sequence[ShardReader], opts: StorageOptions)
     manifest = read_manifest(filesystem_for(opts), uri, retries=opts.s3_retries) if uri.startswith("s3://") else None
     if manifest is not None:
         return [manifest.compression]
-    lease, reader = first.local_reader()
-    try:
-        return [ipc_compression(lease.path) if first.zero_copy else of(reader)]
-    finally:
-        lease.release()
+    with first.opened() as reader:
+        path = getattr(reader, "path", None)
+        return [ipc_compression(path) if first.zero_copy and isinstance(path, str) else of(reader)]
 
 
 def inspect_server(target: str, *, token: str | None = None, timeout_s: float = 10.0) -> dict[str, Any]:

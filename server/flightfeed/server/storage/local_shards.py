@@ -1,0 +1,173 @@
+"""A local dataset's shards at start-up: listed once, described without being kept open.
+
+The shards become :class:`~flightfeed.server.readers.lazy.LazyShard`s (opened on demand, at most
+``--max-open-shards`` at a time). What the catalog needs of each (schema, record batch rows) comes
+from, in order of preference:
+
+1. ``manifest.json`` (``flightfeed convert``) when it lists exactly the shards found, with their
+   sizes: nothing is read from the shards at start-up;
+2. Arrow IPC files: their footers and record batch headers, read with a few positioned reads per
+   file (``readers/ipc_footer``) on a thread pool (the reads of a cold disk overlap);
+3. anything else (HDF5, Parquet, the IPC stream format): each shard is opened and closed again.
+
+Each file is checked against its identity from the listing (size, mtime, inode) when it is
+opened later, so a shard replaced after start-up is noticed instead of served.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from flightfeed.server.readers import ShardReader, format_of, open_shard
+from flightfeed.server.readers.ipc_footer import read_ipc_layout
+from flightfeed.server.readers.lazy import LazyShard, ShardGroup
+from flightfeed.server.readers.open_files import OpenFiles, shared_open_files
+from flightfeed.server.storage.local import LocalListing, scan_local_shards
+from flightfeed.server.storage.manifest import MANIFEST_NAME, Manifest
+from flightfeed.server.storage.options import StorageOptions
+from flightfeed.wire.errors import ShardError
+
+__all__ = ["open_local_shards", "FOOTER_THREADS"]
+
+log = logging.getLogger("flightfeed.server")
+
+#: threads reading footers at start-up (their reads overlap on a cold disk)
+FOOTER_THREADS = 8
+
+Layout = tuple[pa.Schema, Sequence[int]]  # schema, rows of the non-empty record batches
+
+
+def open_local_shards(uri: str, opts: StorageOptions, files: OpenFiles | None = None) -> list[ShardReader]:
+    """The shards of the local dataset at ``uri`` (see the module docstring)."""
+    listing = scan_local_shards(uri)
+    fmt = format_of(listing.paths[0])
+    options: dict[str, object] = {}
+    if opts.hdf5_group is not None:
+        options["group"] = opts.hdf5_group
+    if opts.casts:
+        options["casts"] = opts.casts
+    if options and fmt != "hdf5":
+        open_shard(listing.paths[0], None, **options)  # the reader's clear error for the option
+    layouts = _from_manifest(uri, listing) if fmt == "arrow" else None
+    if layouts is None:
+        read = _arrow_layout if fmt == "arrow" else _opener_layout(options)
+        layouts = _read_all(listing.paths, read)
+    io = opts.arrow_io if fmt == "arrow" else "mmap"
+    group = ShardGroup(
+        files or shared_open_files(),
+        listing.identities,
+        zero_copy=fmt == "arrow" and io == "mmap",
+        io=io,
+        reader_options=options,
+        fmt=fmt,
+        small_bytes=opts.small_shard_bytes,
+    )
+    return [
+        LazyShard(group, i, path, schema, _offsets(rows))
+        for i, (path, (schema, rows)) in enumerate(zip(listing.paths, layouts, strict=True))
+    ]
+
+
+def _offsets(rows: Sequence[int]) -> npt.NDArray[np.int64]:
+    out = np.zeros(len(rows) + 1, dtype=np.int64)
+    np.cumsum(rows, out=out[1:])
+    return out
+
+
+# -- 1. the manifest ----------------------------------------------------------------------------
+def _from_manifest(uri: str, listing: LocalListing) -> list[Layout] | None:
+    root = uri[len("file://") :] if uri.startswith("file://") else uri
+    path = os.path.join(root, MANIFEST_NAME)
+    if not os.path.isdir(root) or not os.path.isfile(path):
+        return None
+    with open(path, "rb") as f:
+        manifest = Manifest.from_json(f.read(), path)
+    by_path = {os.path.normpath(os.path.join(root, s.name)): s for s in manifest.shards}
+    layouts: list[Layout] = []
+    for i, shard_path in enumerate(listing.paths):
+        entry = by_path.get(os.path.normpath(shard_path))
+        if entry is None or entry.bytes != int(listing.identities[i, 0]):
+            log.warning(
+                "%s: %s does not describe %s as found; reading every shard's footer instead",
+                uri, MANIFEST_NAME, shard_path,
+            )
+            return None
+        layouts.append((manifest.schema, [n for n in entry.batch_rows if n > 0]))
+    if len(by_path) != len(listing.paths):
+        log.warning("%s: %s lists shards that are not there; reading every shard's footer instead", uri, MANIFEST_NAME)
+        return None
+    return layouts
+
+
+# -- 2. Arrow IPC footers -----------------------------------------------------------------------
+_SCHEMAS: dict[bytes, pa.Schema] = {}
+
+
+def _arrow_layout(path: str) -> Layout:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ShardError(f"cannot open shard {path}: {exc}") from None
+    try:
+        layout = read_ipc_layout(fd, os.fstat(fd).st_size)
+    except ValueError:
+        return _pyarrow_layout(path)  # the stream format, or a damaged file: pyarrow names it
+    finally:
+        os.close(fd)
+    schema = _SCHEMAS.get(layout.schema_message)
+    if schema is None:
+        try:
+            schema = ipc.read_schema(pa.py_buffer(layout.schema_message))
+        except pa.ArrowException:
+            return _pyarrow_layout(path)
+        if len(_SCHEMAS) < 64:  # shards written alike share one schema object
+            schema = _SCHEMAS.setdefault(layout.schema_message, schema)
+    return schema, [n for n in layout.batch_rows if n > 0]
+
+
+def _pyarrow_layout(path: str) -> Layout:
+    try:
+        with pa.memory_map(path, "r") as source:
+            try:
+                reader = ipc.open_file(source)
+                rows = [reader.get_batch(i).num_rows for i in range(reader.num_record_batches)]
+                schema = reader.schema
+            except pa.ArrowInvalid:
+                source.seek(0)
+                stream = ipc.open_stream(source)
+                schema = stream.schema
+                rows = [b.num_rows for b in stream]
+    except (OSError, pa.ArrowException) as exc:
+        raise ShardError(
+            f"shard {path} is not a readable Arrow IPC file or stream (corrupt or truncated?): {exc}"
+        ) from None
+    return schema, [n for n in rows if n > 0]
+
+
+# -- 3. other formats ---------------------------------------------------------------------------
+def _opener_layout(options: dict[str, object]) -> Callable[[str], Layout]:
+    def layout(path: str) -> Layout:
+        reader = open_shard(path, None, **options)
+        try:
+            offsets = reader.chunk_offsets
+            return reader.schema, np.diff(offsets).tolist()
+        finally:
+            reader.close()
+
+    return layout
+
+
+def _read_all(paths: list[str], read: Callable[[str], Layout]) -> list[Layout]:
+    if len(paths) < 64:
+        return [read(p) for p in paths]
+    with ThreadPoolExecutor(FOOTER_THREADS, thread_name_prefix="flightfeed-footers") as pool:
+        return list(pool.map(read, paths, chunksize=256))
+
