@@ -38,9 +38,11 @@ class SmallArrowShard(ShardFields):
     zero_copy = True
     io = "buffer"
 
-    def __init__(self, path: str, uri: str | None = None) -> None:
+    def __init__(self, path: str, uri: str | None = None, *, check: bool = True) -> None:
         self.path = path
         self.uri = uri or path
+        #: stat the file at every read (a copy in the shard cache is the cache's to manage: False)
+        self.check = check
         self.changed: str | None = None
         self._listeners: list[OnChange] = []
         try:
@@ -72,7 +74,7 @@ class SmallArrowShard(ShardFields):
         self._offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
 
     def read_chunk(self, index: int) -> pa.RecordBatch:
-        if self.changed is None:
+        if self.check and self.changed is None:
             try:
                 now = _identity(os.stat(self.path))
             except OSError:

@@ -20,6 +20,7 @@ import pyarrow as pa
 
 from flightfeed.server.readers import ShardReader, format_of, open_shard
 from flightfeed.server.readers.arrow_ipc import ArrowShard
+from flightfeed.server.readers.arrow_small import SMALL_READ_BYTES, SmallArrowShard
 from flightfeed.server.readers.base import ShardFields
 from flightfeed.server.readers.open_files import OpenFiles, shared_open_files
 from flightfeed.server.storage.cache import CacheLease, ShardCache
@@ -35,14 +36,17 @@ class _Copy:
     """An open reader of the cached copy and the cache lease it was opened under (its first use
     takes that lease; later uses pin the copy again by its token)."""
 
-    __slots__ = ("_files", "_first", "_lock", "reader", "token")
+    __slots__ = ("_files", "_first", "_lock", "_on_close", "reader", "token")
 
-    def __init__(self, reader: ShardReader, lease: CacheLease, files: OpenFiles) -> None:
+    def __init__(
+        self, reader: ShardReader, lease: CacheLease, files: OpenFiles, on_close: Callable[[], None]
+    ) -> None:
         self.reader = reader
         self.token = lease
         self._first: CacheLease | None = lease
         self._lock = threading.Lock()
         self._files = files
+        self._on_close = on_close
 
     def pin(self, cache: ShardCache, dataset: str) -> CacheLease | None:
         """The copy pinned in the cache for one read, or None when the cache dropped it."""
@@ -55,6 +59,7 @@ class _Copy:
             first, self._first = self._first, None
         if first is not None:
             first.release()
+        self._on_close()  # the dataset forgets its views into this copy
         if isinstance(self.reader, ArrowShard):
             self.reader.close(released=self._files.retire())
         else:
@@ -76,6 +81,8 @@ class RemoteShard(ShardFields):
         reader_options: Mapping[str, object] | None = None,
         manifest: tuple[pa.Schema, ManifestShard] | None = None,
         files: OpenFiles | None = None,
+        index: int = 0,
+        small_bytes: int = SMALL_READ_BYTES,
     ) -> None:
         self.uri = uri
         self.zero_copy = format_of(uri) == "arrow"
@@ -87,6 +94,10 @@ class RemoteShard(ShardFields):
         self._dataset = dataset
         self._options = dict(reader_options or {})
         self._files = files or shared_open_files()
+        self._small = small_bytes if self.zero_copy else -1  # read whole when opened (readers/arrow_small)
+        #: this shard's position in its dataset (what close listeners are told)
+        self.index = index
+        self._close_listeners: list[Callable[[int], None]] = []
         self._closed = False
         self.prefetched: Future[None] | None = None  # set when a background prefetch was queued
         self._sha256: str | None = None
@@ -111,6 +122,19 @@ class RemoteShard(ShardFields):
     def close(self) -> None:
         self._closed = True  # a queued prefetch of this shard becomes a no-op
         self._files.drop(self)
+
+    def is_open(self) -> bool:
+        """Whether a reader of the local copy is open now."""
+        return self._files.is_open(self)
+
+    def on_close(self, listener: Callable[[int], None]) -> None:
+        """Call ``listener(index)`` whenever the open reader of this shard is closed."""
+        if listener not in self._close_listeners:
+            self._close_listeners.append(listener)
+
+    def _closed_reader(self) -> None:
+        for listener in list(self._close_listeners):
+            listener(self.index)
 
     def prefetch(self) -> None:
         """Bring the shard into the cache without opening it (background warm-up)."""
@@ -152,13 +176,16 @@ class RemoteShard(ShardFields):
     def _open(self) -> _Copy:
         lease = self._acquire()
         try:
-            reader = open_shard(lease.path, self.uri, **self._options)
+            if self._nbytes <= self._small:
+                reader: ShardReader = SmallArrowShard(lease.path, self.uri, check=False)  # the cache versions it
+            else:
+                reader = open_shard(lease.path, self.uri, **self._options)
             if self._sha256 is not None:
                 self._check(reader)
         except BaseException:
             lease.release()
             raise
-        return _Copy(reader, lease, self._files)
+        return _Copy(reader, lease, self._files, self._closed_reader)
 
     def _acquire(self) -> CacheLease:
         return self._cache.acquire(

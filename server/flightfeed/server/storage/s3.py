@@ -65,7 +65,7 @@ def open_s3_shards(uri: str, opts: StorageOptions, *, dataset: str = "") -> list
     if opts.casts:
         reader_options["casts"] = opts.casts
 
-    def make(info: pafs.FileInfo) -> RemoteShard:
+    def make(index: int, info: pafs.FileInfo) -> RemoteShard:
         entry = entries.get(info.path)
         return RemoteShard(
             f"s3://{info.path}",
@@ -76,12 +76,14 @@ def open_s3_shards(uri: str, opts: StorageOptions, *, dataset: str = "") -> list
             dataset=dataset,
             reader_options=reader_options,
             manifest=(manifest.schema, entry) if manifest is not None and entry is not None else None,
+            index=index,
+            small_bytes=opts.small_shard_bytes,
         )
 
     # without a manifest every shard is downloaded here: several at once, as many as the cache holds
     parallel = max(1, min(opts.s3_parallel_shards, cache.max_bytes // max(1, max(i.size for i in infos))))
     with ThreadPoolExecutor(parallel, thread_name_prefix="s3-open") as pool:
-        futures = [pool.submit(make, info) for info in infos]
+        futures = [pool.submit(make, i, info) for i, info in enumerate(infos)]
     shards = [f.result() for f in futures if f.exception() is None]
     failed = next((f.exception() for f in futures if f.exception() is not None), None)
     if failed is not None:
