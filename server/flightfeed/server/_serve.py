@@ -31,8 +31,10 @@ from flightfeed.server.service import FlightFeedServer
 from flightfeed.server.storage import StorageOptions, open_catalog
 from flightfeed.server.storage.cli_options import (
     add_cache_arguments,
+    add_chunk_cache_argument,
     add_reader_arguments,
     add_s3_arguments,
+    apply_config,
     size_argument,
     storage_options_from_args,
 )
@@ -119,6 +121,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_s3_arguments(p)
     add_cache_arguments(p)
     add_reader_arguments(p)
+    add_chunk_cache_argument(p)
 
 
 def parse_datasets(items: list[str]) -> dict[str, str]:
@@ -171,7 +174,7 @@ def _worker_argv(args: argparse.Namespace, datasets: dict[str, str], host: str) 
         "--s3-region": getattr(args, "s3_region", None),
         "--cache-dir": getattr(args, "cache_dir", None),
         "--cache-size": getattr(args, "cache_size", None),
-        "--hdf5-group": getattr(args, "hdf5_group", None),
+        "--chunk-cache": getattr(args, "chunk_cache", None),
         "--message-size": args.message_size,
         "--decode-workers": getattr(args, "decode_workers", None),
         "--max-streams": getattr(args, "max_streams", None),
@@ -189,6 +192,8 @@ def _worker_argv(args: argparse.Namespace, datasets: dict[str, str], host: str) 
             out += [flag, str(value)]
     for cast in getattr(args, "cast", None) or []:
         out += ["--cast", cast]
+    for group in getattr(args, "hdf5_group", None) or []:
+        out += ["--hdf5-group", group]
     return out
 
 
@@ -211,6 +216,7 @@ def run(args: argparse.Namespace) -> int:
     if args.exit_with_parent:
         exit_with_parent()
     options = storage_options_from_args(args, os.environ)
+    apply_config(options, args, config)
     locality = bool(peers or dns) and not args.no_cache_locality
     if locality:  # shards come on first read, through their preferred node (not all at startup)
         options.s3_prefetch = False

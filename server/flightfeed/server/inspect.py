@@ -25,7 +25,7 @@ from flightfeed.server.storage.cli_options import (
 )
 from flightfeed.server.storage.resolve import StorageOptions
 from flightfeed.wire.classes import classes_of
-from flightfeed.wire.errors import FlightFeedError, StorageError, Unauthenticated
+from flightfeed.wire.errors import ConfigError, FlightFeedError, StorageError, Unauthenticated
 from flightfeed.wire.tokens import normalize_token, read_token_file
 
 __all__ = ["add_arguments", "run", "inspect_dataset", "inspect_server", "format_report"]
@@ -56,7 +56,10 @@ def run(args: argparse.Namespace) -> int:
             token = read_token_file(args.auth_token_file) if args.auth_token_file else None
             report = inspect_server(args.target, token=token)
         else:
-            report = inspect_dataset(args.target, storage_options_from_args(args, os.environ), verify=args.verify)
+            options = storage_options_from_args(args, os.environ)
+            if options.hdf5_groups:
+                raise ConfigError("inspect reads one dataset: give its group as --hdf5-group GROUP (no NAME=)")
+            report = inspect_dataset(args.target, options, verify=args.verify)
     except (FlightFeedError, OSError) as exc:
         print(f"flightfeed inspect: error: {exc}", file=sys.stderr)
         return 1

@@ -12,7 +12,9 @@ How a run of rows is fetched depends on the shard:
   size (the kernel caps one call at it), issued from one I/O thread: the kernel reads in large requests, nothing is
   copied, and the bytes live in the page cache (memory bounded by ``windows`` windows);
 * decoded shards (HDF5, Parquet, Arrow read mode): the chunks are decoded into the dataset's
-  bounded chunk LRU, at most ``chunk_budget`` bytes ahead.
+  bounded chunk LRU, at most ``chunk_budget`` bytes per window (by default the cache's share of
+  one window, so read-ahead never evicts the chunks of the window being served; HDF5 windows are
+  sized to fit, ``shuffle_sizing``). A chunk being decoded by a stream is not decoded again.
 
 Read-ahead never changes what is delivered (it only warms caches). Each stream's pending work is
 dropped when the stream stops, and the I/O thread exits when it has nothing left to do.
@@ -74,13 +76,15 @@ class ReadAhead:
         self.metrics = metrics
         self.windows = max(0, windows)
         self.messages = max(0, messages)
-        self.chunk_budget = chunk_budget if chunk_budget is not None else ds.chunk_cache.max_bytes // 4
+        share = ds.chunk_cache.max_bytes / (1 + self.windows + 0.25)  # as shuffle_sizing sizes windows
+        self.chunk_budget = chunk_budget if chunk_budget is not None else int(share)
         self._lock = threading.Lock()
         self._queue: deque[_Task] = deque()
         self._tasks: OrderedDict[tuple[Any, ...], _Task] = OrderedDict()
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
         self._stopped = False
+        self._decoded = 0  # the I/O thread's decoded bytes for its current task
         self.bytes_ahead = 0  # totals, also when no metrics are attached
         self.hits = 0
         self.misses = 0
@@ -156,6 +160,7 @@ class ReadAhead:
                     return
                 task = self._queue.popleft()
             nbytes = 0
+            self._decoded = 0  # bytes of chunks decoded for this task (bounded by chunk_budget)
             for settle in (False, True) if task.settle else (False,):  # queue every read, then wait for them
                 for first, rows in task.runs:
                     if self._stopped or task.cancelled:
@@ -169,7 +174,8 @@ class ReadAhead:
 
     def _fetch(self, lo: int, hi: int, settle: bool) -> int:
         """Bring stored rows ``[lo, hi)`` into memory ahead of need; returns the bytes asked for.
-        Mapped shards: ``settle=False`` queues the reads, ``settle=True`` waits for them."""
+        Mapped shards: ``settle=False`` queues the reads, ``settle=True`` waits for them. Decoded
+        chunks: at most ``chunk_budget`` bytes per task (``_decoded`` counts them)."""
         ds = self.ds
         starts = ds.chunk_starts
         total = 0
@@ -183,9 +189,11 @@ class ReadAhead:
                 if willneed is not None:
                     n = int(willneed(index, lo - c_lo, stop - c_lo, settle))
                     total += 0 if settle else n
-            elif not settle and ds.chunk_cache.nbytes < self.chunk_budget and ds.chunk_cache.get(cid) is None:
+            elif not settle and self._decoded < self.chunk_budget and cid not in ds.chunk_cache:
                 with contextlib.suppress(Exception):  # the stream that needs it raises the error itself
-                    total += ds.chunk(cid).nbytes
+                    n = ds.chunk(cid).nbytes
+                    total += n
+                    self._decoded += n
             lo = stop
             cid += 1
         return total

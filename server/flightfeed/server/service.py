@@ -19,6 +19,7 @@ import pyarrow.flight as flight
 from flightfeed.server._boundary import flight_errors, guarded_stream
 from flightfeed.server.auth import TokenAuthFactory
 from flightfeed.server.catalog import Catalog, Dataset
+from flightfeed.server.chunk_stats import install_chunk_stats
 from flightfeed.server.cluster import Cluster
 from flightfeed.server.in_flight import BytesInFlight, metered, peer_host
 from flightfeed.server.limits import Limits, check_read, check_ticket
@@ -92,6 +93,7 @@ class FlightFeedServer(flight.FlightServerBase):
         self.bytes_in_flight = bytes_in_flight or BytesInFlight(metrics=self.metrics)
         self.bytes_in_flight.metrics = self.metrics
         self.metrics.sections["bytes_in_flight"] = self.bytes_in_flight.snapshot
+        install_chunk_stats(self.metrics, catalog)  # flightfeed_chunk_decodes_total, /stats chunk_cache
         for ds in catalog.datasets():  # a shard changed in place while served: count it
             ds.on_change(lambda d, _reason: self.metrics.io.shard_changes.labels(d.name).inc())
             if self.settings.readahead_windows > 0 and ds.readahead is None:

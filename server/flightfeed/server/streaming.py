@@ -17,9 +17,10 @@ import pyarrow as pa
 
 from flightfeed.server.catalog import Dataset
 from flightfeed.server.gather import contiguous, gather
-from flightfeed.server.order import EpochOrder, default_shuffle
+from flightfeed.server.order import EpochOrder
 from flightfeed.server.readahead import NO_READAHEAD
 from flightfeed.server.shared_messages import SHARED, message_key
+from flightfeed.server.shuffle_sizing import shuffle_defaults
 from flightfeed.wire.errors import InvalidRequest, StaleState
 from flightfeed.wire.messages import WIRE_VERSION, ReadCommand, StreamTicket, span_of
 from flightfeed.wire.plan import Partition, ceil_div, default_message_rows, split_streams
@@ -92,7 +93,7 @@ def make_tickets(ds: Dataset, cmd: Any, settings: StreamSettings, transformer: T
     resolved = ReadCommand()
     resolved.CopyFrom(cmd)
     if resolved.shuffle.enabled:
-        block, buffer = default_shuffle(ds.row_bytes(columns), ds.num_rows)
+        block, buffer = shuffle_defaults(ds, columns, settings.readahead_windows)
         resolved.shuffle.block_rows = resolved.shuffle.block_rows or block
         resolved.shuffle.buffer_rows = resolved.shuffle.buffer_rows or buffer
     resolved.fingerprint = ds.fingerprint

@@ -25,14 +25,17 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from flightfeed.server.readers.base import ShardFields
-from flightfeed.server.readers.hdf5_layout import Column, find_columns
-from flightfeed.server.readers.ndarray import column_from_ndarray
+from flightfeed.server.readers.hdf5_column import Column, column_values
+from flightfeed.server.readers.hdf5_layout import find_columns
 from flightfeed.wire.errors import ConfigError, ShardError
 
 __all__ = ["Hdf5Shard", "open_hdf5_shard", "TARGET_CHUNK_BYTES"]
 
 #: rows per served chunk aim at this many bytes (a multiple of the HDF5 chunk rows)
 TARGET_CHUNK_BYTES = 16 << 20
+#: ... and at most this many rows (unless one HDF5 chunk has more), so that a shuffle window
+#: (at most 65,536 rows, ``shuffle_sizing``) holds several whole chunks even for narrow rows
+MAX_CHUNK_ROWS = 8192
 
 
 def open_hdf5_shard(path: str, uri: str | None = None, **options: object) -> Hdf5Shard:
@@ -74,10 +77,12 @@ class Hdf5Shard(ShardFields):
         self._lock = threading.Lock()
         self._file = self._open()
         try:
-            self.group, self.columns = find_columns(self._file, self.uri, group, casts or {})
+            layout = find_columns(self._file, self.uri, group, casts or {})
+            self._datasets = self._resolve(layout.columns)
         except BaseException:
             self._file.close()
             raise
+        self.group, self.columns, self.skipped = layout.group, layout.columns, layout.skipped
         self._pid = os.getpid()
         num_rows = self.columns[0].rows if self.columns else 0
         metadata: dict[bytes | str, bytes | str] = {
@@ -95,7 +100,18 @@ class Hdf5Shard(ShardFields):
         try:
             return h5py.File(self.path, "r")
         except (OSError, ValueError) as exc:
-            raise ShardError(f"cannot open HDF5 shard {self.uri}: {exc} (is it an HDF5 file?)") from None
+            raise ShardError(f"cannot open HDF5 shard {self.uri}: {exc} ({_what_it_is(self.path)})") from None
+
+    def _resolve(self, columns: list[Column]) -> dict[str, h5py.Dataset]:
+        """Each column's dataset, opened through its link path in this file (an external link's
+        target file stays open as long as its dataset handle does)."""
+        out: dict[str, h5py.Dataset] = {}
+        for c in columns:
+            if c.path not in out:
+                obj = self._file[c.path]
+                assert isinstance(obj, h5py.Dataset), c.path
+                out[c.path] = obj
+        return out
 
     # -- ShardReader ------------------------------------------------------------------------
     @property
@@ -104,37 +120,71 @@ class Hdf5Shard(ShardFields):
         found = sorted({c.compression for c in self.columns})
         return ",".join(found) if found else "none"
 
+    @property
+    def notes(self) -> list[str]:
+        """Links followed and datasets left out, one line each (for ``inspect``)."""
+        links = sorted({f"{c.path}: {c.link}" for c in self.columns if c.link})
+        return links + [f"left out {s}" for s in self.skipped]
+
     def read_chunk(self, index: int) -> pa.RecordBatch:
         return self.read_rows(int(self._offsets[index]), int(self._offsets[index + 1]))
 
     def read_rows(self, start: int, stop: int) -> pa.RecordBatch:
         """Rows ``[start, stop)`` as one batch (used by ``convert``)."""
-        arrays = [column_from_ndarray(self._read(c, start, stop), c.arrow_type) for c in self.columns]
+        raw: dict[str, npt.NDArray[Any]] = {}
+        arrays = []
+        for c in self.columns:
+            if c.path not in raw:
+                raw[c.path] = self._read(c, start, stop)
+            values = raw[c.path]
+            for pick in c.select:
+                values = values[pick] if isinstance(pick, str) else values[:, pick]
+            arrays.append(column_values(c, values, self.uri))
         return pa.RecordBatch.from_arrays(arrays, schema=self._schema)
 
     def close(self) -> None:
         with self._lock:
+            self._datasets = {}
             if self._file.id.valid:
                 self._file.close()
 
     # -- reading ----------------------------------------------------------------------------
     def _read(self, column: Column, start: int, stop: int) -> npt.NDArray[Any]:
-        out = np.empty((stop - start, *column.row_shape), dtype=column.stored_dtype)
+        """Rows ``[start, stop)`` of ``column``'s dataset, whole (every field/position)."""
         with self._lock:
             if self._pid != os.getpid():  # forked: HDF5 state of the parent is not usable here
                 self._file = self._open()
+                self._datasets = self._resolve(self.columns)
                 self._pid = os.getpid()
+            ds = self._datasets[column.path]
             try:
-                if out.size:
-                    self._file[column.path].read_direct(out, np.s_[start:stop], None)
-            except (OSError, ValueError, KeyError) as exc:
+                if column.select or column.text is not None:  # compound, pandas block or strings: h5py converts
+                    out: npt.NDArray[Any] = ds[start:stop]
+                else:
+                    out = np.empty((stop - start, *column.row_shape), dtype=column.stored_dtype)
+                    if out.size:
+                        ds.read_direct(out, np.s_[start:stop], None)
+            except (OSError, ValueError, KeyError, TypeError) as exc:
                 raise ShardError(
-                    f"HDF5 shard {self.uri}: reading rows {start}:{stop} of dataset {column.path!r} failed: "
+                    f"HDF5 shard {self.uri}: reading rows {start}:{stop} of dataset {column.described} failed: "
                     f"{exc} (corrupt file, or a compression filter this build lacks?)"
                 ) from None
-        if column.cast is not None:
-            return out.astype(column.cast, copy=False)
         return out
+
+
+def _what_it_is(path: str) -> str:
+    """What a file that HDF5 cannot open looks like, and what to do about it."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return "is it readable?"
+    if head[:3] == b"CDF":
+        return (
+            "a netCDF-3 classic file, which is not HDF5: convert it to netCDF-4 first, e.g. "
+            "`nccopy -k netCDF-4 in.nc out.nc`"
+        )
+    return "is it an HDF5 (or netCDF-4) file?"
 
 
 def _rows_per_chunk(columns: list[Column], num_rows: int, target_bytes: int) -> int:
@@ -150,5 +200,5 @@ def _rows_per_chunk(columns: list[Column], num_rows: int, target_bytes: int) -> 
         lcm = math.lcm(*(c.chunk_rows or 1 for c in chunked))
         widest = max(chunked, key=lambda c: c.row_bytes).chunk_rows or 1
         base = lcm if lcm * row_bytes <= 2 * target_bytes else widest
-    step = base * max(1, target_bytes // (base * row_bytes))
+    step = base * max(1, min(target_bytes // (base * row_bytes), MAX_CHUNK_ROWS // base))
     return max(1, min(step, num_rows))

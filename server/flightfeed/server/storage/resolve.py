@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from flightfeed.server.catalog import Catalog, ChunkCache, Dataset
+from flightfeed.server.catalog import DEFAULT_CHUNK_CACHE, Catalog, ChunkCache, Dataset
 from flightfeed.server.metrics import ServerMetrics
 from flightfeed.server.readers import ShardReader, format_of, open_shard
 from flightfeed.server.storage.local import list_local_shards
+from flightfeed.wire.errors import ConfigError, DatasetError
 
-__all__ = ["StorageOptions", "open_dataset", "open_catalog"]
+__all__ = ["StorageOptions", "open_dataset", "open_catalog", "reader_options"]
 
 
 @dataclass
@@ -25,9 +26,12 @@ class StorageOptions:
     s3_scheme: str = "https"
     cache_dir: str | None = None
     cache_size: int | None = None
-    hdf5_group: str | None = None
+    hdf5_group: str | None = None  # for every HDF5 dataset without its own entry in hdf5_groups
+    hdf5_groups: dict[str, str] = field(default_factory=dict)  # dataset name -> HDF5 group
     casts: dict[str, str] = field(default_factory=dict)
-    chunk_cache_bytes: int = 512 << 20
+    # False (several datasets served): the plain --hdf5-group / --cast skip non-HDF5 datasets
+    strict_reader_options: bool = True
+    chunk_cache_bytes: int = DEFAULT_CHUNK_CACHE  # per dataset (decoded HDF5/Parquet chunks)
     # S3 transfers: whole objects in sized reads of s3_part_size bytes, s3_parallel at a time
     s3_part_size: int = 64 << 20
     s3_parallel: int = 8
@@ -52,14 +56,11 @@ def open_dataset(name: str, uri: str, options: StorageOptions | None = None) -> 
 
         shards = open_s3_shards(uri, opts, dataset=name)
     else:
-        reader_opts: dict[str, object] = {}
-        if opts.hdf5_group is not None:
-            reader_opts["group"] = opts.hdf5_group
-        if opts.casts:
-            reader_opts["casts"] = opts.casts
+        files = list_local_shards(uri)
+        reader_opts = reader_options(opts, name, format_of(files[0]), uri)
         shards = []
         try:
-            for path in list_local_shards(uri):
+            for path in files:
                 arrow = opts.arrow_io != "mmap" and format_of(path) == "arrow"
                 io: dict[str, object] = {"io": opts.arrow_io} if arrow else {}
                 shards.append(open_shard(path, None, **reader_opts, **io))
@@ -79,13 +80,61 @@ def open_dataset(name: str, uri: str, options: StorageOptions | None = None) -> 
     return ds
 
 
+def reader_options(opts: StorageOptions, name: str, fmt: str, uri: str) -> dict[str, object]:
+    """The format reader's options for dataset ``name`` (of format ``fmt``): its HDF5 group (its own
+    ``--hdf5-group NAME=GROUP``, else the plain ``--hdf5-group GROUP``) and the casts."""
+    out: dict[str, object] = {}
+    if fmt != "hdf5":
+        if name in opts.hdf5_groups:
+            raise ConfigError(
+                f"--hdf5-group {name}={opts.hdf5_groups[name]}: dataset {name!r} ({uri}) is {fmt}, not HDF5; "
+                "--hdf5-group applies only to HDF5 datasets"
+            )
+        if opts.strict_reader_options:  # open_shard refuses them, naming the dataset's format
+            if opts.hdf5_group is not None:
+                out["group"] = opts.hdf5_group
+            if opts.casts:
+                out["casts"] = opts.casts
+        return out
+    group = opts.hdf5_groups.get(name, opts.hdf5_group)
+    if group is not None:
+        out["group"] = group
+    if opts.casts:
+        out["casts"] = opts.casts
+    return out
+
+
 def open_catalog(datasets: Mapping[str, str], options: StorageOptions | None = None) -> Catalog:
-    """Open every ``name -> uri``; on any failure, close what was opened and re-raise."""
+    """Open every ``name -> uri``; on any failure, close what was opened and re-raise.
+
+    With several datasets, the plain ``--hdf5-group GROUP`` and ``--cast`` apply to the HDF5 ones
+    (others are served as they are); a dataset that has no rows is refused (nothing to serve)."""
+    opts = options or StorageOptions()
+    unknown = sorted(set(opts.hdf5_groups) - set(datasets))
+    if unknown:
+        raise ConfigError(
+            f"--hdf5-group {unknown[0]}={opts.hdf5_groups[unknown[0]]}: no dataset is named {unknown[0]!r} "
+            f"(datasets: {', '.join(datasets)})"
+        )
+    shared = opts.hdf5_group is not None or bool(opts.casts)
+    per = replace(opts, strict_reader_options=False) if len(datasets) > 1 else opts
     catalog = Catalog()
+    formats: set[str] = set()
     try:
         for name, uri in datasets.items():
-            catalog.add(open_dataset(name, uri, options))
+            ds = open_dataset(name, uri, per)
+            catalog.add(ds)
+            formats.add(ds.schema.metadata.get(b"flightfeed.source", b"").decode() if ds.schema.metadata else "")
+            if ds.num_rows == 0:
+                raise DatasetError(
+                    f"dataset {name!r} ({uri}) has no rows: every shard's columns are empty "
+                    f"({', '.join(s.uri for s in ds.shards[:3])}{', ...' if len(ds.shards) > 3 else ''}). "
+                    "Nothing to serve: fill it, or leave it out of the command line"
+                )
+        if shared and len(datasets) > 1 and "hdf5" not in formats:
+            raise ConfigError("--hdf5-group and --cast apply only to HDF5 datasets, and none of these is HDF5")
     except Exception:
         catalog.close()
         raise
     return catalog
+

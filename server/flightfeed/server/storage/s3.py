@@ -25,6 +25,7 @@ from flightfeed.server.storage.local import SHARD_SUFFIXES
 from flightfeed.server.storage.manifest import MANIFEST_NAME, Manifest, ManifestShard
 from flightfeed.server.storage.remote import RemoteShard
 from flightfeed.server.storage.resolve import StorageOptions
+from flightfeed.server.storage.resolve import reader_options as resolve_reader_options
 from flightfeed.server.storage.s3_client import download, s3_filesystem, split_s3_uri, translate, with_retries
 from flightfeed.wire.errors import DatasetError, StorageError
 
@@ -59,11 +60,7 @@ def open_s3_shards(uri: str, opts: StorageOptions, *, dataset: str = "") -> list
     manifest = None if single_object else read_manifest(fs, uri, retries=opts.s3_retries)
     entries = _match_manifest(manifest, infos, root, uri)
     cache = _cache_for(opts)
-    reader_options: dict[str, object] = {}
-    if opts.hdf5_group is not None:
-        reader_options["group"] = opts.hdf5_group
-    if opts.casts:
-        reader_options["casts"] = opts.casts
+    reader_options = resolve_reader_options(opts, dataset, format_of(infos[0].path), uri)
 
     def make(info: pafs.FileInfo) -> RemoteShard:
         entry = entries.get(info.path)
