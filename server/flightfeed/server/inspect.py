@@ -83,6 +83,7 @@ def inspect_dataset(uri: str, options: StorageOptions | None = None, *, verify: 
                 "bytes": shard.nbytes,
                 "chunks": len(shard.chunk_offsets) - 1,
                 "compression": compressions[i] if i < len(compressions) else compressions[0],
+                "notes": list(getattr(shard, "notes", [])),  # HDF5: links followed, datasets left out
             }
             for i, shard in enumerate(ds.shards)
         ]
@@ -235,6 +236,7 @@ def format_report(report: dict[str, Any]) -> str:
     marks = {True: "  ok (matches manifest)", False: "  MISMATCH (differs from manifest)", None: ""}
     for s in shown:
         lines.append(f"  {s['uri']}  rows: {s['rows']:,}  bytes: {_size(s['bytes'])}  chunks: {s['chunks']}")
+        lines.extend(f"    {note}" for note in s.get("notes") or [])
         if s.get("sha256"):
             lines.append(f"    sha256: {s['sha256']}{marks[s.get('verified')]}")
     if len(report["shard_list"]) > len(shown):

@@ -125,6 +125,23 @@ class ReadAhead:
         if wait and task is not None and not hit:
             task.finished.wait(_WAIT_S)
 
+    def _touch(self, key: tuple[Any, ...]) -> None:
+        """Mark the decoded chunks of window ``key`` as just used, so that decoding the next windows
+        evicts older chunks first (the chunk cache is an LRU)."""
+        ds = self.ds
+        if all(s.zero_copy for s in ds.shards):
+            return
+        with self._lock:
+            task = self._tasks.get(key)
+        if task is None:
+            return
+        starts = ds.chunk_starts
+        for first, rows in task.runs:
+            lo = int(np.searchsorted(starts, first, side="right") - 1)
+            hi = int(np.searchsorted(starts, first + rows - 1, side="right") - 1)
+            for cid in range(lo, hi + 1):
+                ds.chunk_cache.get(cid)
+
     def _stream_closed(self, stream: int) -> None:
         """Drop the stream's unfinished work (another stream that needs it submits it again)."""
         with self._lock:
@@ -232,6 +249,7 @@ class StreamAhead:
             first, last = int(pos[0]) // buf, int(pos[-1]) // buf
             for w in range(max(first, self._last_window + 1), last + 1):
                 self._window(w)  # needed now: fetch at once if nobody asked for it yet
+                o._touch((*self._key, "w", w))  # its chunks outlive those of earlier windows
                 for ahead in range(w + 1, w + 1 + o.windows):
                     self._window(ahead)  # queue the next ones before waiting for this one
                 o._need((*self._key, "w", w), wait=True)
