@@ -238,7 +238,8 @@ def endian_float16(root: Path) -> Case:
         kind = h5py.enum_dtype({"RED": 0, "GREEN": 1, "BLUE": 2}, basetype="u1")
         f.create_dataset("color", data=(np.arange(ROWS) % 3).astype(np.uint8), dtype=kind)
         f.create_dataset("version", data=3)  # a scalar: not a column
-    return Case(root / "types.h5", None, lambda f: {k: f[k][()] for k in ("be_int", "be_double", "half", "flag", "color")})
+    names = ("be_int", "be_double", "half", "flag", "color")
+    return Case(root / "types.h5", None, lambda f: {k: f[k][()] for k in names})
 
 
 def h5py_compound(root: Path) -> Case:

@@ -41,6 +41,7 @@ import numpy as np
 from flightfeed.server.catalog import Dataset
 from flightfeed.server.metrics_io import IoMetrics
 from flightfeed.server.order import EpochOrder
+from flightfeed.server.shuffle_sizing import cache_windows
 from flightfeed.wire.plan import Partition
 
 __all__ = ["ReadAhead", "StreamAhead", "NO_READAHEAD"]
@@ -76,7 +77,7 @@ class ReadAhead:
         self.metrics = metrics
         self.windows = max(0, windows)
         self.messages = max(0, messages)
-        share = ds.chunk_cache.max_bytes / (1 + self.windows + 0.25)  # as shuffle_sizing sizes windows
+        share = ds.chunk_cache.max_bytes / cache_windows(self.windows)  # as shuffle_sizing sizes windows
         self.chunk_budget = chunk_budget if chunk_budget is not None else int(share)
         self._lock = threading.Lock()
         self._queue: deque[_Task] = deque()

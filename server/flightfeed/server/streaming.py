@@ -20,7 +20,7 @@ from flightfeed.server.gather import contiguous, gather
 from flightfeed.server.order import EpochOrder
 from flightfeed.server.readahead import NO_READAHEAD
 from flightfeed.server.shared_messages import SHARED, message_key
-from flightfeed.server.shuffle_sizing import shuffle_defaults
+from flightfeed.server.shuffle_sizing import message_rows_cap, shuffle_defaults
 from flightfeed.wire.errors import InvalidRequest, StaleState
 from flightfeed.wire.messages import WIRE_VERSION, ReadCommand, StreamTicket, span_of
 from flightfeed.wire.plan import Partition, ceil_div, default_message_rows, split_streams
@@ -108,6 +108,8 @@ def make_tickets(ds: Dataset, cmd: Any, settings: StreamSettings, transformer: T
     message_rows = resolved.message_rows or default_message_rows(
         resolved.batch_rows, row_bytes, resolved.num_workers, settings.message_bytes
     )
+    if resolved.shuffle.enabled and not resolved.message_rows:  # HDF5: a message within one window
+        message_rows = message_rows_cap(ds, message_rows, int(resolved.batch_rows), int(resolved.shuffle.buffer_rows))
     resolved.message_rows = message_rows
     spans = split_streams(
         int(cmd.start_row), part.rows, message_rows, resolved.streams, resolved.worker, resolved.num_workers

@@ -1,9 +1,13 @@
-"""HDF5 shards: the datasets of one group with equal first dimension become columns.
+"""HDF5 shards (netCDF-4 included): the datasets of one group with equal first dimension become columns.
 
-N-d datasets become ``arrow.fixed_shape_tensor`` columns, 1-d datasets primitive columns; dtypes
-are kept unless a per-column cast is asked for. A chunk is a run of whole HDF5 chunks along axis 0
-(about ``target_chunk_bytes`` of rows), read with ``read_direct`` into preallocated buffers.
-Chunks are decoded into fresh memory (``zero_copy = False``); the catalog's ChunkCache keeps them.
+Which datasets and as which types: ``hdf5_layout`` (links, compound tables, pandas frames,
+netCDF-4 dimension scales). N-d datasets become ``arrow.fixed_shape_tensor`` columns, 1-d datasets
+primitive columns, strings Arrow string/binary; dtypes are kept unless a per-column cast is asked
+for. A chunk is a run of whole HDF5 chunks along axis 0 (about 1 MiB of rows for chunked datasets,
+``target_chunk_bytes`` for contiguous ones), read with ``read_direct`` into preallocated buffers
+(compound and string datasets through h5py's conversion). Every dataset is read through the link
+path it has in this file. Chunks are decoded into fresh memory (``zero_copy = False``); the
+catalog's ChunkCache keeps them.
 
 h5py holds one global lock for every HDF5 call in a process, so threads of one process read HDF5
 one at a time: parallel reading needs several server worker processes. A reader notices when it
@@ -29,12 +33,15 @@ from flightfeed.server.readers.hdf5_column import Column, column_values
 from flightfeed.server.readers.hdf5_layout import find_columns
 from flightfeed.wire.errors import ConfigError, ShardError
 
-__all__ = ["Hdf5Shard", "open_hdf5_shard", "TARGET_CHUNK_BYTES"]
+__all__ = ["Hdf5Shard", "open_hdf5_shard", "TARGET_CHUNK_BYTES", "CHUNKED_TARGET_BYTES", "MAX_CHUNK_ROWS"]
 
 #: rows per served chunk aim at this many bytes (a multiple of the HDF5 chunk rows)
 TARGET_CHUNK_BYTES = 16 << 20
+#: ... or at this many for chunked datasets: a served chunk is the unit that is decoded (and
+#: that a shuffle block is made of, ``shuffle_sizing``), so small ones mix better
+CHUNKED_TARGET_BYTES = 1 << 20
 #: ... and at most this many rows (unless one HDF5 chunk has more), so that a shuffle window
-#: (at most 65,536 rows, ``shuffle_sizing``) holds several whole chunks even for narrow rows
+#: (at most 65,536 rows) holds several whole chunks even for narrow rows
 MAX_CHUNK_ROWS = 8192
 
 
@@ -189,8 +196,10 @@ def _what_it_is(path: str) -> str:
 
 def _rows_per_chunk(columns: list[Column], num_rows: int, target_bytes: int) -> int:
     """Rows per served chunk: a multiple of every dataset's HDF5 chunk rows where that stays
-    near ``target_bytes``, else of the chunk rows of the widest chunked dataset (the bulk of the
-    bytes); never more than ``num_rows``."""
+    near the target bytes, else of the chunk rows of the widest chunked dataset (the bulk of the
+    bytes); at most ``MAX_CHUNK_ROWS`` rows unless one HDF5 chunk has more; never more than
+    ``num_rows``. The target is ``target_bytes``, at most ``CHUNKED_TARGET_BYTES`` when the
+    datasets are chunked."""
     if num_rows == 0:
         return 1
     row_bytes = max(1, sum(c.row_bytes for c in columns))
@@ -200,5 +209,6 @@ def _rows_per_chunk(columns: list[Column], num_rows: int, target_bytes: int) -> 
         lcm = math.lcm(*(c.chunk_rows or 1 for c in chunked))
         widest = max(chunked, key=lambda c: c.row_bytes).chunk_rows or 1
         base = lcm if lcm * row_bytes <= 2 * target_bytes else widest
+        target_bytes = min(target_bytes, CHUNKED_TARGET_BYTES)
     step = base * max(1, min(target_bytes // (base * row_bytes), MAX_CHUNK_ROWS // base))
     return max(1, min(step, num_rows))
