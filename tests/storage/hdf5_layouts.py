@@ -76,11 +76,11 @@ def external_group(root: Path) -> Case:
 def pytables_table(root: Path) -> Case:
     import tables
 
-    class Info(tables.IsDescription):
+    class Info(tables.IsDescription):  # type: ignore[misc]
         kind = tables.UInt8Col(pos=0)
         weight = tables.Float32Col(pos=1)
 
-    class Particle(tables.IsDescription):
+    class Particle(tables.IsDescription):  # type: ignore[misc]
         name = tables.StringCol(16, pos=0)
         idnumber = tables.Int64Col(pos=1)
         energy = tables.Float64Col(pos=2)

@@ -92,9 +92,13 @@ def test_each_chunk_decoded_once_per_shuffled_epoch(stack: Path, read_ahead: int
         load = ds.chunk_cache.get_or_load
 
         def spy(key: int, loader: Callable[[], pa.RecordBatch]) -> pa.RecordBatch:
-            return load(key, lambda: (decoded.append(key), loader())[1])
+            def counted() -> pa.RecordBatch:
+                decoded.append(key)
+                return loader()
 
-        ds.chunk_cache.get_or_load = spy  # type: ignore[method-assign]
+            return load(key, counted)
+
+        ds.chunk_cache.get_or_load = spy  # type: ignore[method-assign,assignment]
         loader = FlightDataset(server.location, "stack", batch_size=64, shuffle=True, seed=1, streams=1)
         per_epoch = []
         for epoch in range(2):

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from flightfeed.server.catalog import Catalog, Dataset
 from flightfeed.server.metrics import ServerMetrics
@@ -37,7 +36,9 @@ def chunk_figures(catalog: Catalog) -> dict[str, dict[str, Any]]:
     return out
 
 
-class _Collector(Collector):
+class _Collector:
+    """A prometheus_client collector (duck-typed: ``collect`` yields metric families)."""
+
     def __init__(self, catalog: Catalog) -> None:
         self._catalog = catalog
 

@@ -36,9 +36,10 @@ def open_shard(path: str, uri: str | None = None, **options: object) -> ShardRea
     if options and fmt != "hdf5":
         flags = [_FLAGS.get(k, k) for k in sorted(options)]
         verb = "applies" if len(flags) == 1 else "apply"
+        per = ", or give the group per dataset (--hdf5-group NAME=GROUP)" if "group" in options else ""
         raise ConfigError(
             f"{uri or path}: {' and '.join(flags)} {verb} only to HDF5 shards, and this dataset is {fmt}: "
-            "drop the option, or give it per dataset (--hdf5-group NAME=GROUP)"
+            f"drop the option{per}"
         )
     if fmt == "arrow":
         return ArrowShard(path, uri, io=arrow_io)

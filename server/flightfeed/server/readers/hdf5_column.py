@@ -95,4 +95,5 @@ def _fixed_binary(values: npt.NDArray[np.bytes_]) -> pa.Array[Any]:
     offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(lengths, out=offsets[1:])
     data = u8[np.arange(width)[None, :] < lengths[:, None]]  # row-major: the values, concatenated
-    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data.tobytes())])
+    buffers = [None, pa.array(offsets).buffers()[1], pa.array(data).buffers()[1]]  # zero-copy wraps
+    return pa.Array.from_buffers(pa.binary(), n, buffers)

@@ -39,7 +39,8 @@ _TYPE_CLASSES = {0: "integer", 1: "float", 2: "time", 3: "string", 4: "bitfield"
 def dataset_dtype(ds: h5py.Dataset) -> np.dtype[Any]:
     """The dataset's NumPy dtype; raises Refusal for HDF5 types NumPy cannot hold."""
     try:
-        return ds.dtype
+        dtype: np.dtype[Any] = ds.dtype
+        return dtype
     except (TypeError, ValueError) as exc:
         h5type = ds.id.get_type()
         cls, size = h5type.get_class(), h5type.get_size()
