@@ -164,3 +164,30 @@ def test_evictions_are_counted() -> None:
         cache.get_or_load(key, lambda: big)
     assert cache.evictions == 2
     assert cache.figures()["chunks_cached"] == 1
+
+
+def test_deflate_chunks_decoded_outside_hdf5_equal_h5py(tmp_path: Path) -> None:
+    """gzip (+ shuffle) chunks inflated outside h5py's lock: big-endian values, a partial last chunk
+    and chunks never written (HDF5's fill value) read exactly as h5py reads them."""
+    from flightfeed.server.readers.hdf5 import open_hdf5_shard
+
+    path = tmp_path / "deflate.h5"
+    with h5py.File(path, "w") as f:
+        data = np.arange(1000 * 3, dtype=">f8").reshape(1000, 3) / 7
+        f.create_dataset("be", data=data, chunks=(64, 3), compression="gzip", shuffle=True)
+        sparse = f.create_dataset("sparse", (1000,), "<i4", chunks=(100,), compression="gzip", fillvalue=-7)
+        sparse[0:100] = np.arange(100)
+        f.create_dataset("tiled", data=np.zeros((1000, 4)), chunks=(100, 2), compression="gzip")  # not whole rows
+    shard = open_hdf5_shard(str(path), target_chunk_bytes=5000)
+    assert set(shard._fast) == {"/be", "/sparse"}
+    batches = [shard.read_chunk(i) for i in range(len(shard.chunk_offsets) - 1)]
+    with h5py.File(path, "r") as f:
+        for name in ("be", "sparse"):
+            columns = [b.column(name) for b in batches]
+            got = np.concatenate(
+                [c.to_numpy_ndarray() if isinstance(c, pa.FixedShapeTensorArray) else c.to_numpy() for c in columns]
+            )
+            want = f[name][()]
+            assert got.dtype == want.dtype.newbyteorder("=")
+            assert got.tobytes() == want.astype(got.dtype).tobytes(), name
+    shard.close()

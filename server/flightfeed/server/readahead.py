@@ -26,13 +26,14 @@ window or message a *hit* when its read-ahead had completed before the stream ne
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
+import os
 import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +73,7 @@ class ReadAhead:
         windows: int = 1,
         messages: int = 0,
         chunk_budget: int | None = None,
+        decode_threads: int | None = None,
     ) -> None:
         self.ds = ds
         self.metrics = metrics
@@ -86,6 +88,11 @@ class ReadAhead:
         self._thread: threading.Thread | None = None
         self._stopped = False
         self._decoded = 0  # the I/O thread's decoded bytes for its current task
+        #: chunks of a task are decoded by this many threads at once (HDF5 deflate chunks inflate
+        #: outside h5py's lock, ``readers/hdf5_chunks``); their results are awaited by the I/O thread
+        self.decode_threads = max(1, decode_threads or min(4, os.cpu_count() or 1))
+        self._decoders: ThreadPoolExecutor | None = None
+        self._jobs: list[Future[int]] = []
         self.bytes_ahead = 0  # totals, also when no metrics are attached
         self.hits = 0
         self.misses = 0
@@ -168,6 +175,8 @@ class ReadAhead:
             thread = self._thread
         if thread is not None:
             thread.join(timeout=30)
+        if self._decoders is not None:
+            self._decoders.shutdown(wait=False, cancel_futures=True)
 
     # -- the I/O thread ---------------------------------------------------------------------
     def _run(self) -> None:
@@ -184,6 +193,8 @@ class ReadAhead:
                     if self._stopped or task.cancelled:
                         break
                     nbytes += self._fetch(first, first + rows, settle)
+                jobs, self._jobs = self._jobs, []
+                nbytes += sum(job.result() for job in jobs)  # decoded chunks, before the settle pass
             self.bytes_ahead += nbytes  # counted before a waiting stream is released
             if self.metrics is not None and nbytes:
                 self.metrics.prefetch_bytes.labels(self.ds.name).inc(nbytes)
@@ -208,13 +219,20 @@ class ReadAhead:
                     n = int(willneed(index, lo - c_lo, stop - c_lo, settle))
                     total += 0 if settle else n
             elif not settle and self._decoded < self.chunk_budget and cid not in ds.chunk_cache:
-                with contextlib.suppress(Exception):  # the stream that needs it raises the error itself
-                    n = ds.chunk(cid).nbytes
-                    total += n
-                    self._decoded += n
+                self._decoded += (c_hi - c_lo) * ds.row_bytes()
+                if self._decoders is None:
+                    self._decoders = ThreadPoolExecutor(self.decode_threads, thread_name_prefix="flightfeed-decode")
+                self._jobs.append(self._decoders.submit(self._decode, cid))
             lo = stop
             cid += 1
         return total
+
+
+    def _decode(self, cid: int) -> int:
+        try:
+            return int(self.ds.chunk(cid).nbytes)
+        except Exception:  # the stream that needs it raises the error itself
+            return 0
 
 
 class StreamAhead:

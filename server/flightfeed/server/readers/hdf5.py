@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,6 +30,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from flightfeed.server.readers.base import ShardFields
+from flightfeed.server.readers.hdf5_chunks import DeflateChunks, deflate_chunks
 from flightfeed.server.readers.hdf5_column import Column, column_values
 from flightfeed.server.readers.hdf5_layout import find_columns
 from flightfeed.wire.errors import ConfigError, ShardError
@@ -85,7 +87,7 @@ class Hdf5Shard(ShardFields):
         self._file = self._open()
         try:
             layout = find_columns(self._file, self.uri, group, casts or {})
-            self._datasets = self._resolve(layout.columns)
+            self._datasets, self._fast = self._resolve(layout.columns)
         except BaseException:
             self._file.close()
             raise
@@ -109,16 +111,21 @@ class Hdf5Shard(ShardFields):
         except (OSError, ValueError) as exc:
             raise ShardError(f"cannot open HDF5 shard {self.uri}: {exc} ({_what_it_is(self.path)})") from None
 
-    def _resolve(self, columns: list[Column]) -> dict[str, h5py.Dataset]:
+    def _resolve(self, columns: list[Column]) -> tuple[dict[str, h5py.Dataset], dict[str, DeflateChunks]]:
         """Each column's dataset, opened through its link path in this file (an external link's
-        target file stays open as long as its dataset handle does)."""
+        target file stays open as long as its dataset handle does), and the deflate readers of
+        the plain numeric ones that can be decoded outside HDF5's lock (``hdf5_chunks``)."""
         out: dict[str, h5py.Dataset] = {}
+        fast: dict[str, DeflateChunks] = {}
         for c in columns:
             if c.path not in out:
                 obj = self._file[c.path]
                 assert isinstance(obj, h5py.Dataset), c.path
                 out[c.path] = obj
-        return out
+                reader = deflate_chunks(obj) if not c.select and c.text is None else None
+                if reader is not None:
+                    fast[c.path] = reader
+        return out, fast
 
     # -- ShardReader ------------------------------------------------------------------------
     @property
@@ -151,7 +158,7 @@ class Hdf5Shard(ShardFields):
 
     def close(self) -> None:
         with self._lock:
-            self._datasets = {}
+            self._datasets, self._fast = {}, {}
             if self._file.id.valid:
                 self._file.close()
 
@@ -161,9 +168,21 @@ class Hdf5Shard(ShardFields):
         with self._lock:
             if self._pid != os.getpid():  # forked: HDF5 state of the parent is not usable here
                 self._file = self._open()
-                self._datasets = self._resolve(self.columns)
+                self._datasets, self._fast = self._resolve(self.columns)
                 self._pid = os.getpid()
             ds = self._datasets[column.path]
+            fast = self._fast.get(column.path)
+        if fast is not None:  # inflated outside the lock: several threads decode at once
+            out = np.empty((stop - start, *column.row_shape), dtype=column.stored_dtype)
+            try:
+                fast.read(start, stop, out, self._lock)
+            except (OSError, ValueError, zlib.error) as exc:
+                raise ShardError(
+                    f"HDF5 shard {self.uri}: reading rows {start}:{stop} of dataset {column.described} failed: "
+                    f"{exc} (corrupt file?)"
+                ) from None
+            return out
+        with self._lock:
             try:
                 if column.select or column.text is not None:  # compound, pandas block or strings: h5py converts
                     out: npt.NDArray[Any] = ds[start:stop]
