@@ -20,7 +20,7 @@ from flightfeed.client import (
     StreamTruncated,
     Unauthenticated,
 )
-from flightfeed.server.service import FlightFeedServer
+from flightfeed.server.request.service import FlightFeedServer
 from flightfeed.server.storage import open_catalog
 from flightfeed.server.testing import RunningServer, running_server
 from tests.datasets import SMALL_ROWS, image_of
@@ -82,7 +82,7 @@ class TruncatingServer(FlightFeedServer):
     """Every stream ends one message early, cleanly (no error): only row counting can tell."""
 
     def do_get(self, context: Any, ticket: flight.Ticket) -> Any:
-        from flightfeed.server.streaming import ticket_batches
+        from flightfeed.server.request.streaming import ticket_batches
         from flightfeed.wire.messages import decode_ticket
 
         t = decode_ticket(ticket.ticket)
@@ -99,7 +99,7 @@ class FlakyServer(FlightFeedServer):
         self.failed: set[int] = set()
 
     def do_get(self, context: Any, ticket: flight.Ticket) -> Any:
-        from flightfeed.server.streaming import ticket_batches
+        from flightfeed.server.request.streaming import ticket_batches
         from flightfeed.wire.messages import decode_ticket
 
         t = decode_ticket(ticket.ticket)
