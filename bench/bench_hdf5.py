@@ -60,9 +60,9 @@ def _stats(location: str) -> dict[str, Any]:
 
 
 def _epoch(location: str, name: str, epoch: int, rows: int, streams: int) -> float:
-    from flightfeed.client import FlightDataset
+    from flightfeed.client import FlightDataset, ReadOptions
 
-    ds = FlightDataset(location, name, batch_size=256, shuffle=True, seed=0, streams=streams)
+    ds = FlightDataset(location, name, batch_size=256, shuffle=True, seed=0, options=ReadOptions(streams=streams))
     ds.set_epoch(epoch)
     start = time.perf_counter()
     n = sum(int(b["image"].shape[0]) for b in ds)
@@ -90,7 +90,7 @@ def main() -> None:
     write_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     if not (arrow / "manifest.json").exists():
-        from flightfeed.server.convert import ConvertSettings, convert
+        from flightfeed.server.tools.convert import ConvertSettings, convert
 
         convert(str(h5), str(arrow), ConvertSettings(progress=False, overwrite=True))
     convert_s = time.perf_counter() - t0

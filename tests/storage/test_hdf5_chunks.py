@@ -16,9 +16,9 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
-from flightfeed.server.chunk_cache import ChunkCache
-from flightfeed.server.order import EpochOrder
-from flightfeed.server.shuffle_sizing import chunk_aligned_shuffle, shuffle_defaults
+from flightfeed.server.data.chunk_cache import ChunkCache
+from flightfeed.server.data.order import EpochOrder
+from flightfeed.server.data.shuffle_sizing import chunk_aligned_shuffle, shuffle_defaults
 from flightfeed.server.storage import StorageOptions, open_dataset
 from flightfeed.server.testing import running_server
 
@@ -79,8 +79,8 @@ def _decodes(server_metrics: object, name: str) -> float:
 
 @pytest.mark.parametrize("read_ahead", [0, 1])
 def test_each_chunk_decoded_once_per_shuffled_epoch(stack: Path, read_ahead: int) -> None:
-    from flightfeed.client import FlightDataset
-    from flightfeed.server.streaming import StreamSettings
+    from flightfeed.client import FlightDataset, ReadOptions
+    from flightfeed.server.request.streaming import StreamSettings
 
     options = StorageOptions(chunk_cache_bytes=CACHE)
     settings = StreamSettings(readahead_windows=read_ahead)
@@ -99,7 +99,8 @@ def test_each_chunk_decoded_once_per_shuffled_epoch(stack: Path, read_ahead: int
             return load(key, counted)
 
         ds.chunk_cache.get_or_load = spy  # type: ignore[method-assign,assignment]
-        loader = FlightDataset(server.location, "stack", batch_size=64, shuffle=True, seed=1, streams=1)
+        one = ReadOptions(streams=1)
+        loader = FlightDataset(server.location, "stack", batch_size=64, shuffle=True, seed=1, options=one)
         per_epoch = []
         for epoch in range(2):
             loader.set_epoch(epoch)

@@ -12,10 +12,10 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
-from flightfeed.server.convert import ConvertSettings, convert
-from flightfeed.server.inspect import format_report, inspect_dataset
 from flightfeed.server.storage import StorageOptions, open_dataset
 from flightfeed.server.testing import running_server
+from flightfeed.server.tools.convert import ConvertSettings, convert
+from flightfeed.server.tools.inspect import format_report, inspect_dataset
 from tests.storage.hdf5_layouts import CASES, ROWS, Case
 
 

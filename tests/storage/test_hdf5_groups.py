@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow.flight as flight
 import pytest
 
-from flightfeed.server import _serve
+from flightfeed.server import serve as _serve
 from flightfeed.server.storage import open_catalog
 from flightfeed.server.storage.cli_options import apply_config, parse_hdf5_groups, storage_options_from_args
 from flightfeed.server.testing import running_server

@@ -12,11 +12,11 @@ import pytest
 from h5py import h5d, h5s, h5t
 
 from flightfeed.server.cli import main as flightfeed_main
-from flightfeed.server.convert import ConvertSettings, convert
-from flightfeed.server.inspect import inspect_dataset
 from flightfeed.server.readers.hdf5 import open_hdf5_shard
 from flightfeed.server.storage import StorageOptions, open_catalog
 from flightfeed.server.testing import running_server
+from flightfeed.server.tools.convert import ConvertSettings, convert
+from flightfeed.server.tools.inspect import inspect_dataset
 from flightfeed.wire.errors import ConfigError, DatasetError, ShardError
 
 
@@ -141,7 +141,7 @@ def test_an_empty_file_among_others_is_served(tmp_path: Path) -> None:
 
 
 def test_a_row_over_the_batch_cap_names_message_size(tmp_path: Path) -> None:
-    from flightfeed.server.limits import Limits
+    from flightfeed.server.guards.limits import Limits
 
     path = tmp_path / "wide.h5"
     with h5py.File(path, "w") as f:

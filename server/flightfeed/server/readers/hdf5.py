@@ -173,15 +173,15 @@ class Hdf5Shard(ShardFields):
             ds = self._datasets[column.path]
             fast = self._fast.get(column.path)
         if fast is not None:  # inflated outside the lock: several threads decode at once
-            out = np.empty((stop - start, *column.row_shape), dtype=column.stored_dtype)
+            buf = np.empty((stop - start, *column.row_shape), dtype=column.stored_dtype)
             try:
-                fast.read(start, stop, out, self._lock)
+                fast.read(start, stop, buf, self._lock)
             except (OSError, ValueError, zlib.error) as exc:
                 raise ShardError(
                     f"HDF5 shard {self.uri}: reading rows {start}:{stop} of dataset {column.described} failed: "
                     f"{exc} (corrupt file?)"
                 ) from None
-            return out
+            return buf
         with self._lock:
             try:
                 if column.select or column.text is not None:  # compound, pandas block or strings: h5py converts

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import logging
 
-from flightfeed.server.catalog import Dataset
-from flightfeed.server.order import default_shuffle
+from flightfeed.server.data.catalog import Dataset
+from flightfeed.server.data.order import default_shuffle
 
 __all__ = [
     "shuffle_defaults",

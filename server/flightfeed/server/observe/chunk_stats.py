@@ -1,5 +1,5 @@
 """The chunk caches' figures: ``flightfeed_chunk_*`` metrics and the ``chunk_cache`` section of
-``/stats``, read from each dataset's :class:`~flightfeed.server.chunk_cache.ChunkCache` when asked.
+``/stats``, read from each dataset's :class:`~flightfeed.server.data.chunk_cache.ChunkCache` when asked.
 
 Per dataset: ``decodes`` (``flightfeed_chunk_decodes_total``: chunks decoded from storage),
 ``hits``, ``evictions``, ``bytes`` / ``max_bytes`` (the cache), ``chunks`` (the dataset's decoded
@@ -14,8 +14,8 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from flightfeed.server.catalog import Catalog, Dataset
-from flightfeed.server.metrics import ServerMetrics
+from flightfeed.server.data.catalog import Catalog, Dataset
+from flightfeed.server.observe.metrics import ServerMetrics
 
 __all__ = ["install_chunk_stats", "chunk_figures"]
 

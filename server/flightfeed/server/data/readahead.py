@@ -39,10 +39,10 @@ from typing import Any
 
 import numpy as np
 
-from flightfeed.server.catalog import Dataset
-from flightfeed.server.metrics_io import IoMetrics
-from flightfeed.server.order import EpochOrder
-from flightfeed.server.shuffle_sizing import cache_windows
+from flightfeed.server.data.catalog import Dataset
+from flightfeed.server.data.order import EpochOrder
+from flightfeed.server.data.shuffle_sizing import cache_windows
+from flightfeed.server.observe.io import IoMetrics
 from flightfeed.wire.plan import Partition
 
 __all__ = ["ReadAhead", "StreamAhead", "NO_READAHEAD"]
