@@ -26,6 +26,7 @@ from flightfeed.server.cluster.locality import ShardRouter
 from flightfeed.server.exposure import warn_if_exposed
 from flightfeed.server.in_flight import DEFAULT_BYTES_IN_FLIGHT, DEFAULT_CLIENT_BYTES_IN_FLIGHT, BytesInFlight
 from flightfeed.server.limits import DEFAULT_MAX_STREAMS, Limits
+from flightfeed.server.listen import check_tls_files
 from flightfeed.server.metrics import ServerMetrics
 from flightfeed.server.service import FlightFeedServer
 from flightfeed.server.storage import StorageOptions, open_catalog
@@ -222,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
     if args.tls_cert or args.tls_key:
         if not (args.tls_cert and args.tls_key):
             raise ConfigError("TLS needs both --tls-cert and --tls-key")
-        tls = [(Path(args.tls_cert).read_bytes(), Path(args.tls_key).read_bytes())]
+        tls = [check_tls_files(args.tls_cert, args.tls_key)]
     token_file = _setting(args, config, "auth_token_file", None)
     token = read_token_file(token_file) if token_file else None
     settings = StreamSettings(

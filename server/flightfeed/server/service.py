@@ -16,12 +16,13 @@ from urllib.parse import urlparse
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from flightfeed.server._boundary import flight_errors, guarded_stream
+from flightfeed.server._boundary import flight_errors, guarded_stream, schema_errors
 from flightfeed.server.auth import TokenAuthFactory
 from flightfeed.server.catalog import Catalog, Dataset
 from flightfeed.server.cluster import Cluster
 from flightfeed.server.in_flight import BytesInFlight, metered, peer_host
 from flightfeed.server.limits import Limits, check_read, check_ticket
+from flightfeed.server.listen import grpc_log, release, start_failure
 from flightfeed.server.metrics import ServerMetrics
 from flightfeed.server.readahead import ReadAhead
 from flightfeed.server.report_registry import MAX_REPORT_BYTES, validate_report
@@ -35,7 +36,7 @@ from flightfeed.server.streaming import (
     transform_plan,
 )
 from flightfeed.server.transforms import SKIP_KEY, Transformer
-from flightfeed.wire.errors import ConfigError, InvalidRequest
+from flightfeed.wire.errors import InvalidRequest
 from flightfeed.wire.messages import decode_command, decode_report, decode_ticket
 
 __all__ = ["FlightFeedServer"]
@@ -71,15 +72,14 @@ class FlightFeedServer(flight.FlightServerBase):
         )
         certs: Any = list(tls_certificates or [])
         try:
-            super().__init__(location, tls_certificates=certs, middleware=middleware)
+            with grpc_log() as captured:  # gRPC's absl lines about a failed bind stay off the terminal
+                super().__init__(location, tls_certificates=certs, middleware=middleware)
         except pa.ArrowException as exc:
             if "did not start" not in str(exc):
+                release(captured)
                 raise
-            raise ConfigError(
-                f"the Flight server cannot listen on {location}: the port is in use (or the address is not "
-                "one of this machine's); pick another --port (0: any free port) or stop the process using it "
-                "(`ss -ltnp` shows it)"
-            ) from None
+            raise start_failure(location, captured.text, tls=bool(certs)) from None
+        release(captured)
         self.catalog = catalog
         self.metrics = metrics or ServerMetrics()
         #: runs the transform steps clients name (``--decode-workers`` threads)
@@ -150,7 +150,7 @@ class FlightFeedServer(flight.FlightServerBase):
         """Bytes of one row as sent (after the request's transforms): what message sizes count."""
         return message_row_bytes(ds, list(read.columns), transform_plan(ds, read, self.transformer))
 
-    @flight_errors
+    @schema_errors
     def get_schema(self, context: Any, descriptor: flight.FlightDescriptor) -> Any:
         if descriptor.descriptor_type == flight.DescriptorType.PATH:
             return flight.SchemaResult(self._path_dataset(descriptor).schema)
