@@ -126,8 +126,8 @@ class SchemaRefused(Exception):
     """What ``get_schema`` raises: its text is the tagged Flight error's; pyarrow cannot format a
     traceback for it (``__notes__`` raises), so the client gets the text once and no traceback."""
 
-    @property  # type: ignore[override]  # read-only on purpose: see the class docstring
-    def __notes__(self) -> list[str]:
+    @property
+    def __notes__(self) -> list[str]:  # type: ignore[override]  # read-only on purpose (see above)
         raise TypeError("a get_schema refusal carries no traceback")
 
 
