@@ -108,10 +108,15 @@ class Cluster:
             caller = json.loads(body)
         except ValueError:
             caller = {}
-        if isinstance(caller, dict) and self.membership is not None and caller.get("id") != self.node_id:
-            self.membership.learn(str(caller.get("node", "")))
-        peers = [p.location for p in self.membership.live()] if self.membership is not None else []
-        detail = {
+        if not isinstance(caller, dict):
+            caller = {}
+        membership = self.membership
+        key = membership.key if membership is not None else None
+        if membership is not None and key is not None and caller.get("id") != self.node_id and key.admits(caller):
+            # only a node holding the cluster credential is learned: a client's body is never enough
+            membership.learn(str(caller.get("node", "")))
+        peers = [p.location for p in membership.live()] if membership is not None else []
+        detail: dict[str, Any] = {
             "id": self.node_id,
             "status": self.status(),
             "node": self.entry(),
@@ -119,6 +124,8 @@ class Cluster:
             "peers": peers,
             "datasets": self.datasets(),
         }
+        if key is not None:
+            detail = key.sign_answer(caller, detail)
         return json.dumps(detail).encode()
 
     # -- reporting ------------------------------------------------------------------------
