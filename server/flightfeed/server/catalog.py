@@ -117,6 +117,9 @@ class Dataset:
             watch = getattr(shard, "watch", None)
             if watch is not None:
                 watch(self._shard_changed)
+            on_corrupt = getattr(shard, "on_corrupt", None)  # a block failed its checksum
+            if on_corrupt is not None:
+                on_corrupt(self.mark_corrupt)
 
     # -- shards changed in place while served ---------------------------------------------------
     def on_change(self, listener: Callable[[Dataset, str], None]) -> None:
@@ -140,6 +143,7 @@ class Dataset:
         """A shard failed verification: every stream and request on this dataset fails."""
         if self.corrupt is None:
             self.corrupt = reason
+            log.error("dataset %r is corrupt: %s", self.name, reason)
 
     def check_unchanged(self, *, stale: bool = False) -> None:
         """Raise if a shard changed on disk while served: ``StaleState`` for a new request

@@ -21,6 +21,7 @@ from flightfeed.server.convert.sources import (
     require,
 )
 from flightfeed.server.convert.writer import Compression, ShardWriter, rebatch
+from flightfeed.server.readers.blocks import BLOCK_BYTES
 from flightfeed.server.storage.manifest import Manifest
 from flightfeed.server.storage.resolve import StorageOptions
 from flightfeed.wire.errors import ConfigError, DatasetError, ShardError
@@ -36,6 +37,7 @@ _PROBE_ROWS = 64
 @dataclass
 class ConvertSettings:
     shard_bytes: int = 512 * 10**6
+    block_bytes: int = BLOCK_BYTES  # checksum blocks recorded in the manifest
     compression: Compression = "none"
     rows_per_batch: int | None = None
     kind: SourceKind = "auto"
@@ -83,6 +85,8 @@ def convert(src: str, dst: str, settings: ConvertSettings | None = None) -> Mani
     settings = settings or ConvertSettings()
     if settings.shard_bytes <= 0:
         raise ConfigError("--shard-size must be positive")
+    if settings.block_bytes < 4096:
+        raise ConfigError(f"--block-size {settings.block_bytes}: must be at least 4096 bytes (default 8MiB)")
     source = open_source(src, settings)
     try:
         if source.num_rows == 0:
@@ -98,6 +102,7 @@ def convert(src: str, dst: str, settings: ConvertSettings | None = None) -> Mani
                 shard_bytes=settings.shard_bytes,
                 compression=settings.compression,
                 on_shard=dest.publish,
+                block_bytes=settings.block_bytes,
             )
             bar = tqdm(
                 total=source.num_rows,

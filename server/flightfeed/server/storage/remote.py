@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from flightfeed.server.readers import ShardReader, format_of, open_shard
 from flightfeed.server.readers.base import ShardFields
+from flightfeed.server.readers.blocks import BlockSums
 from flightfeed.server.storage.cache import CacheLease, ShardCache
 from flightfeed.server.storage.manifest import ManifestShard
 from flightfeed.wire.errors import ShardError
@@ -55,6 +56,8 @@ class RemoteShard(ShardFields):
         self._reader: ShardReader | None = None
         self._token: CacheLease | None = None
         self._sha256: str | None = None
+        self._blocks: BlockSums | None = None  # the manifest's block checksums: checked per opened file
+        self._corrupt: list[Callable[[str], None]] = []
         if manifest is None:
             lease, reader = self._open()
             lease.release()
@@ -68,6 +71,7 @@ class RemoteShard(ShardFields):
             rows = np.asarray([n for n in entry.batch_rows if n > 0], dtype=np.int64)
             self._offsets = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
             self._sha256 = entry.sha256
+            self._blocks = entry.blocks
 
     # -- ShardReader ------------------------------------------------------------------------
     def read_chunk(self, index: int) -> pa.RecordBatch:
@@ -119,6 +123,7 @@ class RemoteShard(ShardFields):
                 reader = open_shard(lease.path, self.uri, **self._options)
                 if self._sha256 is not None:
                     self._check(reader)
+                self._guard(reader)
             except BaseException:
                 lease.release()
                 raise
@@ -135,6 +140,19 @@ class RemoteShard(ShardFields):
             dataset=self._dataset,
             on_evict=self._evicted,
         )
+
+    def on_corrupt(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(reason)`` when a block of an opened copy fails its checksum."""
+        self._corrupt.append(listener)
+
+    def _guard(self, reader: ShardReader) -> None:
+        """Verify the manifest's block checksums on this copy before its chunks are handed out."""
+        verify_blocks = getattr(reader, "verify_blocks", None)
+        if self._blocks is None or verify_blocks is None:
+            return
+        for listener in self._corrupt:
+            reader.on_corrupt(listener)  # type: ignore[attr-defined]  # an ArrowShard, as verify_blocks says
+        verify_blocks(self._blocks)
 
     def _check(self, reader: ShardReader) -> None:
         if not reader.schema.equals(self._schema, check_metadata=False) or not np.array_equal(
