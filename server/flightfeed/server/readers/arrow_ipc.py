@@ -171,6 +171,8 @@ class ArrowShard(ShardFields):
             check.ensure(0, 1)  # the schema message
             check.ensure(self._nbytes - 1, self._nbytes)  # the footer (batch offsets)
             check.ensure(*ranges[index])
+            if index + 1 < len(ranges) and not self._chunk_ok[index + 1]:
+                check.ensure_ahead(*ranges[index + 1])  # verified while this one is sent
         self._chunk_ok[index] = 1
 
     def read_chunk(self, index: int) -> pa.RecordBatch:

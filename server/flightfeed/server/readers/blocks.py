@@ -9,14 +9,17 @@ file gets a new one). ``ensure(lo, hi)`` hashes each block overlapping ``[lo, hi
 time it is asked for and remembers which passed; a block that does not match raises a
 :class:`ShardError` naming the shard and the block (every time it is asked for again) and calls
 the failure listeners once, so the dataset is marked corrupt. Readers call it before they hand
-out a chunk, so rows whose bytes were not verified never leave the node.
+out a chunk, so rows whose bytes were not verified never leave the node; ``ensure_ahead`` queues
+the next chunk's blocks on a background thread, so hashing overlaps with sending.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,12 +29,19 @@ from flightfeed.wire.errors import DatasetError, ShardError
 
 __all__ = ["BLOCK_BYTES", "BLOCK_ALGO", "BlockSums", "BlockCheck", "hash_block", "digest_file", "chunk_ranges"]
 
+log = logging.getLogger("flightfeed.server")
+
 BLOCK_BYTES = 8 << 20
 BLOCK_ALGO = "xxh3_128"
 _READ_BYTES = 8 << 20
 
 #: (lo, hi) -> the file's bytes [lo, hi) (a memoryview of a mapping, or bytes read)
 ReadRange = Callable[[int, int], Any]
+
+
+#: one background thread per process hashes the blocks readers will want next (xxhash releases
+#: the GIL): a stream's next record batch is verified while this one is sent
+_AHEAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flightfeed-verify-ahead")
 
 
 def hash_block(data: Any) -> str:
@@ -99,6 +109,7 @@ class BlockCheck:
         self._ok = bytearray(len(sums.hashes))  # 1: passed
         self._failed: dict[int, str] = {}
         self._lock = threading.Lock()
+        self._ahead: set[int] = set()  # blocks queued for the background
         self._listeners: list[Callable[[str], None]] = []
         self.complete = False
         #: blocks hashed by this check (each at most once)
@@ -127,6 +138,24 @@ class BlockCheck:
 
     def ensure_all(self) -> None:
         self.ensure(0, self.nbytes)
+
+    def ensure_ahead(self, lo: int, hi: int) -> None:
+        """Verify ``[lo, hi)`` soon, in the background (the next record batch while this one is
+        sent): a later ``ensure`` of it then finds it done, or waits for the hash in progress."""
+        size = self.sums.size
+        blocks = range(max(0, lo) // size, min(max(lo + 1, hi) - 1, self.nbytes - 1) // size + 1)
+        if self.complete or all(self._ok[b] or b in self._ahead for b in blocks):
+            return
+        self._ahead.update(blocks)
+        _AHEAD.submit(self._background, lo, hi)
+
+    def _background(self, lo: int, hi: int) -> None:
+        try:
+            self.ensure(lo, hi)
+        except ShardError:
+            pass  # recorded (and the listeners told): the reader that needs it gets the error
+        except Exception:  # the file went away (closed, evicted): the reader checks again itself
+            log.debug("background block check of %s failed", self.where, exc_info=True)
 
     def _verify(self, b: int) -> None:
         size = self.sums.size
