@@ -23,12 +23,12 @@ import pyarrow.flight as flight
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import machine, median, write_json  # noqa: E402
+from common import machine, median, write_json
 
-from flightfeed.server.convert import ConvertSettings, convert  # noqa: E402
-from flightfeed.server.readers.blocks import BLOCK_BYTES, hash_block  # noqa: E402
-from flightfeed.server.storage import StorageOptions  # noqa: E402
-from flightfeed.server.testing import running_server  # noqa: E402
+from flightfeed.server.convert import ConvertSettings, convert
+from flightfeed.server.readers.blocks import BLOCK_BYTES, hash_block
+from flightfeed.server.storage import StorageOptions
+from flightfeed.server.testing import running_server
 
 TARGET = 0.95
 
