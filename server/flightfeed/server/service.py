@@ -6,6 +6,7 @@ Actions: ``stats`` (JSON figures for the sidecar), ``report`` (a client's Client
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Iterator, Sequence
@@ -102,6 +103,9 @@ class FlightFeedServer(flight.FlightServerBase):
         self.location = f"{scheme}://{host}:{self.port}"
         #: where streams go: this process, its workers and the live peer nodes (``cluster``)
         self.cluster = Cluster(self.location, self._fingerprints)
+        caches = {id(c): c for ds in catalog.datasets() for s in ds.shards if (c := getattr(s, "cache", None))}
+        for cache in caches.values():  # a full cache disk makes the node unready, saying why
+            self.cluster.checks.append(functools.partial(getattr, cache, "problem"))
         self.metrics.sections["cluster"] = self.cluster.describe
         self.metrics.registry.register(self.cluster.collector())
 

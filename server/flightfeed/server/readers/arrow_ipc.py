@@ -146,6 +146,11 @@ class ArrowShard(ShardFields):
         self._blocks = check
         return check
 
+    def on_unmapped(self, callback: Callable[[], None]) -> bool:
+        """Call ``callback()`` once this shard's memory map is gone (after ``close``, with the last
+        batch that uses it); False when it is not memory-mapped."""
+        return self._mapped.on_unmapped(callback) if self._mapped is not None else False
+
     def on_corrupt(self, listener: Callable[[str], None]) -> None:
         """Call ``listener(reason)`` when a block fails its checksum."""
         self._corrupt.append(listener)
@@ -228,11 +233,13 @@ class ArrowShard(ShardFields):
         return total
 
     def close(self) -> None:
+        """Let go of the file and the mapping: the mapping goes with the last batch still in use."""
         self._batches = []
         self._file_reader = None
-        if self._mapped is not None:
-            watcher().unregister(self._mapped)
-            self._mapped.close()
+        mapped, self._mapped = self._mapped, None
+        if mapped is not None:
+            watcher().unregister(mapped)
+            mapped.close()
         if self._file is not None:
             self._file.close()
 
