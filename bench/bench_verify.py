@@ -21,14 +21,13 @@ from typing import Any
 import numpy as np
 import pyarrow.flight as flight
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from common import machine, median, write_json
-
-from flightfeed.server.convert import ConvertSettings, convert
+from bench.common import machine, median, write_json
 from flightfeed.server.readers.blocks import BLOCK_BYTES, hash_block
 from flightfeed.server.storage import StorageOptions
 from flightfeed.server.testing import running_server
+from flightfeed.server.tools.convert import ConvertSettings, convert
 
 TARGET = 0.95
 

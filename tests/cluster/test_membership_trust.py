@@ -14,7 +14,8 @@ import pytest
 
 from flightfeed.server.cluster import Membership
 from flightfeed.server.cluster.credential import ClusterKey, read_cluster_key
-from flightfeed.server.service import FlightFeedServer
+from flightfeed.server.observe.snapshot import metrics_snapshot
+from flightfeed.server.request.service import FlightFeedServer
 from flightfeed.server.storage import open_catalog
 from flightfeed.server.testing import RunningServer
 from flightfeed.wire.errors import ConfigError
@@ -67,7 +68,7 @@ def test_a_clients_health_action_never_adds_a_peer(blobs_dir: Path) -> None:
             mb.check_once()
         assert states(ma) == {b.location: "live"} and states(mb) == {a.location: "live"}
         assert rogue.location not in {loc for eps in first_locations(a.location) for loc in eps}
-        assert rogue.metrics.snapshot()["totals"]["rows"] == 0
+        assert metrics_snapshot(rogue.metrics)["totals"]["rows"] == 0
 
 
 def test_a_trainer_with_the_data_token_cannot_write_membership(blobs_dir: Path) -> None:

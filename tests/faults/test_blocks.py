@@ -13,14 +13,14 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
-from flightfeed.client import FlightDataset
+from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.cli import main as cli_main
-from flightfeed.server.convert.pipeline import ConvertSettings, convert
-from flightfeed.server.metrics import ServerMetrics
+from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.storage import StorageOptions, open_catalog
 from flightfeed.server.storage.manifest import MANIFEST_NAME
 from flightfeed.server.storage.write_manifest import write_manifest
 from flightfeed.server.testing import running_server
+from flightfeed.server.tools.convert.pipeline import ConvertSettings, convert
 from flightfeed.wire.errors import DatasetError, ShardError
 
 ROWS, WIDTH, BLOCK = 4000, 1024, 64 << 10
@@ -76,10 +76,11 @@ def _payload(batch: pa.RecordBatch) -> np.ndarray:
     return np.asarray(column.storage.flatten().to_numpy()).reshape(-1, WIDTH)
 
 
-def _read(location: str, **kwargs: object) -> tuple[list[int], str]:
+def _read(location: str, *, shuffle: bool, seed: int = 0, streams: int = 1) -> tuple[list[int], str]:
     """Rows delivered (checked intact) and the error that ended the epoch ('' if none)."""
     got: list[dict[str, np.ndarray]] = []
-    ds = FlightDataset(location, "d", batch_size=50, report_interval=None, **kwargs)  # type: ignore[arg-type]
+    options = ReadOptions(streams=streams, report_interval=None)
+    ds = FlightDataset(location, "d", batch_size=50, shuffle=shuffle, seed=seed, options=options)
     try:
         for batch in ds:
             got.append({k: v.numpy() for k, v in batch.items()})

@@ -13,8 +13,8 @@ import pyarrow.flight as flight
 import pytest
 
 from flightfeed.server.cli import main as cli_main
-from flightfeed.server.exposure import exposure_warnings, sidecar_exposure_warnings
-from flightfeed.server.service import FlightFeedServer
+from flightfeed.server.guards.exposure import exposure_warnings, sidecar_exposure_warnings
+from flightfeed.server.request.service import FlightFeedServer
 from flightfeed.server.storage import open_catalog
 from flightfeed.server.testing import RunningServer
 from flightfeed.wire.errors import ConfigError

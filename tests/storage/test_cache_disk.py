@@ -15,12 +15,12 @@ import numpy as np
 import pyarrow.flight as flight
 import pytest
 
-from flightfeed.client import FlightDataset
-from flightfeed.server.convert import ConvertSettings, convert
-from flightfeed.server.metrics import ServerMetrics
+from flightfeed.client import FlightDataset, ReadOptions
+from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.storage import open_catalog
 from flightfeed.server.storage.local_s3 import LocalS3
 from flightfeed.server.testing import running_server
+from flightfeed.server.tools.convert import ConvertSettings, convert
 from flightfeed.wire.errors import DiskFull
 
 ROW_BYTES = 16 << 10
@@ -76,7 +76,7 @@ def test_evicted_shards_give_their_disk_space_back(s3: LocalS3, tmp_path: Path) 
     with running_server({"d": uri}, storage=opts, metrics=metrics) as srv:
         for epoch in range(2):  # two shuffled epochs over 8 shards of ~6 MB through a 20 MB cache
             ds = FlightDataset(srv.location, "d", columns=["index"], batch_size=64, shuffle=True, seed=5,
-                               streams=2, report_interval=None)
+                               options=ReadOptions(streams=2, report_interval=None))
             ds.set_epoch(epoch)
             for batch in ds:
                 rows += len(batch["index"])
@@ -111,7 +111,7 @@ def test_a_full_disk_is_one_clear_error_and_readyz_says_why(s3: LocalS3, tmp_pat
         opts = s3.options(disk / "cache", cache_size=CACHE_SIZE, s3_prefetch=False)
         catalog = open_catalog({"d": uri}, opts)
         with running_server(catalog) as srv:
-            ds = FlightDataset(srv.location, "d", batch_size=64, report_interval=None)
+            ds = FlightDataset(srv.location, "d", batch_size=64, options=ReadOptions(report_interval=None))
             with pytest.raises(DiskFull) as info:
                 next(iter(ds))
             text = str(info.value)

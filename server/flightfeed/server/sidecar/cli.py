@@ -47,7 +47,7 @@ def _read(path: Path | None, what: str) -> bytes | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flightfeed.server.exposure import sidecar_exposure_warnings
+    from flightfeed.server.guards.exposure import sidecar_exposure_warnings
     from flightfeed.server.sidecar.runner import start_sidecar
     from flightfeed.server.sidecar.sources import RemoteSource
 

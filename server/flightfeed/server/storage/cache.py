@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from flightfeed.server.metrics import ServerMetrics
+from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.storage.cache_files import CacheFiles, sha256_file
 from flightfeed.server.storage.cache_held import HeldMappings
 from flightfeed.wire.errors import DiskFull, StorageError

@@ -25,8 +25,8 @@ import os
 import threading
 from collections import deque
 
-from flightfeed.server.catalog import Dataset
-from flightfeed.server.metrics import ServerMetrics
+from flightfeed.server.data.catalog import Dataset
+from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.readers.blocks import BlockCheck
 from flightfeed.server.storage.cache_files import sha256_file
 from flightfeed.server.storage.manifest import MANIFEST_NAME, Manifest
