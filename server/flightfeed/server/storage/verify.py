@@ -125,7 +125,7 @@ def attach_verifier(ds: Dataset, mode: str, metrics: ServerMetrics | None = None
         return None
     found = local_manifest(ds.uri)
     if found is None:
-        log.warning(
+        log.info(
             "dataset %r has no %s: its bytes are not verified; write one with `flightfeed inspect %s "
             "--write-manifest`", ds.name, MANIFEST_NAME, ds.uri,
         )
