@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from flightfeed.server.catalog import Dataset
 from flightfeed.server.gather import gather
+from flightfeed.server.transforms import native
 from flightfeed.server.transforms.frame import Frame
 from flightfeed.server.transforms.pipeline import ColumnPlan, Plan, Step, compile_plan, resolve_command
 from flightfeed.server.transforms.registry import Registry, default_registry
@@ -37,14 +38,15 @@ from flightfeed.wire.errors import ShardError
 from flightfeed.wire.messages import SkipInfo
 from flightfeed.wire.transforms import SKIP_INFO_KEY
 
-__all__ = ["Transformer", "SKIP_KEY", "run_row", "read_ahead"]
+__all__ = ["Transformer", "SKIP_KEY", "run_row", "fill_row", "prepare_row", "read_ahead"]
 
 SKIP_KEY = SKIP_INFO_KEY  # schema-metadata key the service turns into app_metadata
 _I64 = npt.NDArray[np.int64]
 
 
-def run_row(x: Any, steps: Sequence[Step], key: DrawKey, row: int) -> Any:
-    """One stored row through the row steps; returns a numpy array."""
+def prepare_row(x: Any, steps: Sequence[Step], key: DrawKey, row: int) -> Any:
+    """One stored row through the row steps up to its pixels: a :class:`Frame` whose geometry is
+    settled (every draw made, nothing decoded yet) or a numpy array."""
     for st in steps:
         t = st.transform
         rng = row_generator(key, row, st.index) if t.random else None
@@ -53,7 +55,27 @@ def run_row(x: Any, steps: Sequence[Step], key: DrawKey, row: int) -> Any:
         elif t.takes == "array" and isinstance(x, Frame):
             x = x.pixels()
         x = t.fn(x, st.params, rng)
+    return x
+
+
+def run_row(x: Any, steps: Sequence[Step], key: DrawKey, row: int) -> Any:
+    """One stored row through the row steps; returns a numpy array."""
+    x = prepare_row(x, steps, key, row)
     return x.pixels() if isinstance(x, Frame) else x
+
+
+def fill_row(x: Any, steps: Sequence[Step], key: DrawKey, row: int, slot: npt.NDArray[Any]) -> None:
+    """One stored row through the row steps, written into ``slot`` (its place in the message):
+    a frame decodes and resamples straight into it."""
+    x = prepare_row(x, steps, key, row)
+    if isinstance(x, Frame):
+        if (x.height, x.width, x.channels) != slot.shape:
+            raise ValueError(f"a step made shape {(x.height, x.width, x.channels)}, the plan says {slot.shape}")
+        x.render(slot)
+        return
+    if x.shape != slot.shape:
+        raise ValueError(f"a step made shape {x.shape}, the plan says {slot.shape}")
+    slot[...] = x
 
 
 def read_ahead(items: Iterator[pa.RecordBatch], depth: int = 1) -> Iterator[pa.RecordBatch]:
@@ -122,6 +144,7 @@ class Transformer:
         self.registry = registry or default_registry()
         self.workers = max(1, int(workers))
         self.metrics = metrics
+        native.single_threaded()  # one image per pool thread; OpenCV's own threads would oversubscribe
         self._pool = (
             ThreadPoolExecutor(self.workers, thread_name_prefix="flightfeed-decode") if self.workers > 1 else None
         )
@@ -199,10 +222,7 @@ class Transformer:
             start = time.perf_counter()
             for i in range(*lo_hi):
                 try:
-                    value = run_row(source(i), cp.row_steps, key, int(rows[i]))
-                    if value.shape != out.shape[1:]:
-                        raise ValueError(f"a step made shape {value.shape}, the plan says {out.shape[1:]}")
-                    out[i] = value
+                    fill_row(source(i), cp.row_steps, key, int(rows[i]), out[i])
                 except Exception as exc:  # any failure of a sample is reported with its row
                     errors[i] = f"{type(exc).__name__}: {exc}"
                     out[i] = 0
