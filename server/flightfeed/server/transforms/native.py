@@ -12,8 +12,10 @@ Both calls release the GIL, so a message's rows decode in parallel on the decode
   (PyTurboJPEG 2 wants the system's libjpeg-turbo >= 3; the VM's Debian ships 2.1), so every row
   down to the image's end is entropy-decoded;
 * **resample**: OpenCV ``resize`` (bilinear/bicubic/nearest; ``INTER_AREA`` where the box is still
-  at least twice the output after the DCT scale) for boxes on whole pixels, ``warpAffine`` with the
-  exact sub-pixel box (and zero padding) otherwise; the flip is done in place afterwards.
+  at least twice the output after the DCT scale) for boxes on whole pixels; a box that is a
+  whole-pixel window of the image resized as a whole (``resize`` + ``center_crop``) is made exactly
+  so (resize, then copy the window); any other box goes through ``warpAffine`` with the exact
+  sub-pixel box (and zero padding). The flip is done in place afterwards.
 
 Pixels differ from the Pillow path (full decode + Pillow's antialiased resample) within the
 tolerance that ``tests/transforms/test_native_decode.py`` checks (mean absolute difference of a
@@ -116,8 +118,8 @@ def render(
         _store(cv2.flip(target, 1, dst=target), target)
 
 
-def _whole(v: float) -> bool:
-    return abs(v - round(v)) < _EPS
+def _whole(v: float, eps: float = _EPS) -> bool:
+    return abs(v - round(v)) < eps
 
 
 def _resample(img: _U8, box: tuple[float, float, float, float], dst: _U8, interp: int) -> None:
@@ -136,6 +138,15 @@ def _resample(img: _U8, box: tuple[float, float, float, float], dst: _U8, interp
         _store(cv2.resize(crop, (ow, oh), dst=dst, interpolation=interp), dst)
         return
     sx, sy = (x1 - x0) / ow, (y1 - y0) / oh
+    rw, rh, ox, oy = w / sx, h / sy, x0 / sx, y0 / sy
+    if inside and all(_whole(v, 1e-6 * (w + h)) for v in (rw, rh, ox, oy)):
+        # the box is a whole-pixel window of the image resized as a whole (Resize + CenterCrop):
+        # resize it so, exactly as torchvision defines it, and copy the window
+        if interp == cv2.INTER_LINEAR and sx >= 2 and sy >= 2:
+            interp = cv2.INTER_AREA
+        resized = cv2.resize(img, (round(rw), round(rh)), interpolation=interp)
+        _copy_crop(resized, round(ox), round(oy), dst)
+        return
     if sx >= 2 and sy >= 2:  # pre-reduce by whole factors with averaging, then the exact warp
         fx, fy = int(sx), int(sy)
         img = cv2.resize(img, (max(1, w // fx), max(1, h // fy)), interpolation=cv2.INTER_AREA)
