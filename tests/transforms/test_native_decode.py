@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from flightfeed.server.transforms import DrawKey, compile_plan, default_registry, row_generator, run_row
-from flightfeed.server.transforms import native
+from flightfeed.server.transforms import DrawKey, compile_plan, default_registry, native, row_generator, run_row
 from flightfeed.server.transforms.execute import prepare_row
 from flightfeed.server.transforms.frame import Frame
 from flightfeed.server.transforms.ops import center_offsets, resized_shorter, rrc_params
@@ -150,9 +149,13 @@ def test_what_the_native_path_does_not_take_falls_back_to_pillow_exactly() -> No
     jpeg = encode(pixels, "JPEG")
     assert native.jpeg_size(png) is None and native.jpeg_size(cmyk.getvalue()) is None
     assert native.jpeg_size(jpeg) == (90, 70)
-    lanczos = [{"name": "decode"}, {"name": "random_resized_crop", "size": 40, "interpolation": "lanczos"}]
-    for data, steps in ((png, TRAIN), (cmyk.getvalue(), VAL), (jpeg, lanczos)):
-        steps = [dict(s, size=48) if "size" in s and s["name"] != "random_resized_crop" else s for s in steps]
+    lanczos: list[dict[str, Any]] = [
+        {"name": "decode"}, {"name": "random_resized_crop", "size": 40, "interpolation": "lanczos"}
+    ]
+    small_val: list[dict[str, Any]] = [{"name": "decode"}, {"name": "resize", "size": 56},
+                                       {"name": "center_crop", "size": 48}]
+    cases: list[tuple[bytes, list[dict[str, Any]]]] = [(png, TRAIN), (cmyk.getvalue(), small_val), (jpeg, lanczos)]
+    for data, steps in cases:
         for row in range(3):
             assert np.array_equal(
                 run_row(data, steps_of(steps, "native"), KEY, row), run_row(data, steps_of(steps, "pillow"), KEY, row)

@@ -24,7 +24,7 @@ from flightfeed.client._streams import StreamReader
 from flightfeed.client._topology import Topology
 from flightfeed.wire.errors import ConfigError
 from flightfeed.wire.messages import WIRE_VERSION, ReadCommand, StreamTicket
-from flightfeed.wire.transforms import set_transform
+from flightfeed.wire.transforms import defer_decode, set_transform
 
 if TYPE_CHECKING:
     from flightfeed.client._dataset import FlightDataset
@@ -67,6 +67,8 @@ def read_command(ds: FlightDataset, topo: Topology, start: ReadState, epoch: int
         message_rows=(start.message_rows if start.num_workers > 1 else 0) or ds.message_rows,
     )
     set_transform(cmd, ds.transform, ds.on_decode_error)
+    if ds.decode_on == "trainer":
+        defer_decode(cmd)  # bytes + crop + flip: the trainer decodes (``_trainer_decode``)
     cmd.shuffle.enabled = ds.shuffle
     cmd.shuffle.block_rows = start.block_rows or ds.block_rows
     cmd.shuffle.buffer_rows = start.buffer_rows or ds.buffer_rows

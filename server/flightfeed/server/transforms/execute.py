@@ -30,6 +30,7 @@ import pyarrow as pa
 from flightfeed.server.catalog import Dataset
 from flightfeed.server.gather import gather
 from flightfeed.server.transforms import native
+from flightfeed.server.transforms.deferred import crop_name, flip_name, frame_params, params_arrays
 from flightfeed.server.transforms.frame import Frame
 from flightfeed.server.transforms.pipeline import ColumnPlan, Plan, Step, compile_plan, resolve_command
 from flightfeed.server.transforms.registry import Registry, default_registry
@@ -171,13 +172,22 @@ class Transformer:
         t0 = time.perf_counter()
         n = len(rows)
         schema = plan.schema(ds.project_schema(columns))
-        done = {c.column for c in plan.columns}
-        rest_names = [f.name for f in schema if f.name not in done]
+        made = {c.column for c in plan.columns if not c.deferred}
+        made |= {n for c in plan.columns if c.deferred for n in (crop_name(c.column), flip_name(c.column))}
+        rest_names = [f.name for f in schema if f.name not in made]
         rest = gather(ds, rows, rest_names) if rest_names else None
         arrays: dict[str, Any] = {}
         failed: dict[int, str] = {}
         busy = 0.0
         for cp in plan.columns:
+            if cp.deferred:
+                start = time.perf_counter()
+                crop, flip, errs = _deferred_params(ds, cp, rows, key, schema.field(crop_name(cp.column)))
+                arrays[crop_name(cp.column)], arrays[flip_name(cp.column)] = crop, flip
+                busy += time.perf_counter() - start
+                for i, msg in errs.items():
+                    failed.setdefault(i, msg)
+                continue
             arr, errs, b = self._column(ds, cp, rows, key)
             arrays[cp.column] = arr
             busy += b
@@ -240,6 +250,25 @@ class Transformer:
             storage = pa.FixedSizeListArray.from_arrays(leaf, width)
             return pa.ExtensionArray.from_storage(out_t, storage), errors, busy
         return leaf, errors, busy
+
+
+def _deferred_params(
+    ds: Dataset, cp: ColumnPlan, rows: _I64, key: DrawKey, crop_field: pa.Field[Any]
+) -> tuple[Any, Any, dict[int, str]]:
+    """Crop boxes and flips of a deferred column (headers only: ~tens of us per row, one thread)."""
+    source = _source(ds, cp, rows)
+    n = len(rows)
+    crops = np.zeros((n, 4), dtype=np.int32)
+    flips = np.zeros(n, dtype=bool)
+    errors: dict[int, str] = {}
+    for i in range(n):
+        try:
+            frame = prepare_row(source(i), cp.row_steps, key, int(rows[i]))
+            (crops[i], flips[i]) = frame_params(frame)
+        except Exception as exc:  # a header that does not parse: reported with its row
+            errors[i] = f"{type(exc).__name__}: {exc}"
+    crop, flip = params_arrays(crops, flips, crop_field)
+    return crop, flip, errors
 
 
 def _source(ds: Dataset, cp: ColumnPlan, rows: _I64) -> Any:

@@ -59,7 +59,8 @@ class Frame:
         """Only the header is read here (the native path's JPEGs: ~1 us; else Pillow's open)."""
         size = native.jpeg_size(data) if backend == "native" else None
         if size is not None:
-            return cls(data, size, (0.0, 0.0, float(size[0]), float(size[1])), size, mode=mode, draft=draft, native=True)
+            box = (0.0, 0.0, float(size[0]), float(size[1]))
+            return cls(data, size, box, size, mode=mode, draft=draft, native=True)
         img = Image.open(io.BytesIO(data))
         w, h = img.size
         return cls(data, (w, h), (0.0, 0.0, float(w), float(h)), (w, h), mode=mode, draft=draft, _image=img)
@@ -139,7 +140,7 @@ class Frame:
                 # libjpeg-turbo refused it: Pillow decides (and names the error if it fails too)
         arr = self._pillow_pixels()
         if arr.shape != out.shape:
-            raise ValueError(f"the image has {arr.shape[2]} channel(s) in mode {self.mode!r}, the plan says {out.shape}")
+            raise ValueError(f"the image has {arr.shape[2]} channel(s) in mode {self.mode!r}; the plan: {out.shape}")
         out[...] = arr
 
     def _pillow_pixels(self) -> npt.NDArray[np.uint8]:

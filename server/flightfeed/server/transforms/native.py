@@ -37,7 +37,7 @@ try:  # the `server` / `images` extras; the Pillow path works without them
     import cv2
     import simplejpeg
 except ImportError:  # pragma: no cover - exercised where the extras are missing
-    cv2 = None
+    cv2 = None  # type: ignore[assignment]
     simplejpeg = None
 
 __all__ = ["AVAILABLE", "jpeg_size", "single_threaded", "decode_scale", "render"]
@@ -144,12 +144,12 @@ def _resample(img: _U8, box: tuple[float, float, float, float], dst: _U8, interp
         # resize it so, exactly as torchvision defines it, and copy the window
         if interp == cv2.INTER_LINEAR and sx >= 2 and sy >= 2:
             interp = cv2.INTER_AREA
-        resized = cv2.resize(img, (round(rw), round(rh)), interpolation=interp)
+        resized: _U8 = np.asarray(cv2.resize(img, (round(rw), round(rh)), interpolation=interp))
         _copy_crop(resized, round(ox), round(oy), dst)
         return
     if sx >= 2 and sy >= 2:  # pre-reduce by whole factors with averaging, then the exact warp
         fx, fy = int(sx), int(sy)
-        img = cv2.resize(img, (max(1, w // fx), max(1, h // fy)), interpolation=cv2.INTER_AREA)
+        img = np.asarray(cv2.resize(img, (max(1, w // fx), max(1, h // fy)), interpolation=cv2.INTER_AREA))
         gx, gy = img.shape[1] / w, img.shape[0] / h
         x0, y0, sx, sy = x0 * gx, y0 * gy, sx * gx, sy * gy
     # dst pixel centre (i + 0.5) maps to source x0 + (i + 0.5) * sx (Pillow's and OpenCV's convention)
