@@ -13,15 +13,15 @@ import pyarrow.flight as flight
 import pyarrow.parquet as pq
 import pytest
 
-from flightfeed.client import FlightDataset
+from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.cluster import Membership
 from flightfeed.server.cluster.locality import ShardRouter, rendezvous
-from flightfeed.server.convert import ConvertSettings, convert
-from flightfeed.server.service import FlightFeedServer
+from flightfeed.server.request.service import FlightFeedServer
 from flightfeed.server.storage import cache as cache_module
 from flightfeed.server.storage import open_catalog
 from flightfeed.server.storage.local_s3 import LocalS3
 from flightfeed.server.testing import RunningServer
+from flightfeed.server.tools.convert import ConvertSettings, convert
 
 ROWS = 3000
 
@@ -70,8 +70,13 @@ def test_two_nodes_download_each_shard_from_s3_once(s3: LocalS3, tmp_path: Path)
             c.membership.check_once()
             c.locality = ShardRouter(c)
             assert c.locality.install(me.catalog) == len(shards)
-        ds = FlightDataset(a.location, "d", columns=["index"], batch_size=100, streams=4, message_rows=100,
-                           report_interval=None)
+        ds = FlightDataset(
+            a.location,
+            "d",
+            columns=["index"],
+            batch_size=100,
+            options=ReadOptions(streams=4, message_rows=100, report_interval=None),
+        )
         assert sorted(i for batch in ds for i in batch["index"].tolist()) == list(range(ROWS))
         counts = [n.server.cluster.describe()["locality"] for n in nodes]
         total = sum(s3.fs().get_file_info(u.removeprefix("s3://")).size for u in shards)

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
-from flightfeed.server.streaming import StreamSettings
+from flightfeed.server.request.streaming import StreamSettings
 from flightfeed.server.testing import RunningServer, running_server
 from tests.datasets import SMALL_ROWS, image_of, write_dataset
 
@@ -67,8 +67,14 @@ def test_ipc_stream_format_shards(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("compression", ["lz4", "zstd"])
 def test_compressed_stream(server: RunningServer, compression: str) -> None:
-    from flightfeed.client import FlightDataset
+    from flightfeed.client import FlightDataset, ReadOptions
 
-    ds = FlightDataset(server.location, "small", batch_size=50, shuffle=False, compression=compression, streams=2)
+    ds = FlightDataset(
+        server.location,
+        "small",
+        batch_size=50,
+        shuffle=False,
+        options=ReadOptions(compression=compression, streams=2),
+    )
     got = np.concatenate([b["index"].numpy() for b in ds])
     assert got.tolist() == list(range(SMALL_ROWS))

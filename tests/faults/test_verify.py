@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from flightfeed.client import FlightDataset
-from flightfeed.server.inspect import inspect_dataset
-from flightfeed.server.metrics import ServerMetrics
+from flightfeed.client import FlightDataset, ReadOptions
+from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.storage import StorageOptions, open_catalog
 from flightfeed.server.storage.cache_files import sha256_file
 from flightfeed.server.storage.manifest import MANIFEST_NAME, Manifest, ManifestShard
 from flightfeed.server.testing import running_server
+from flightfeed.server.tools.inspect import inspect_dataset
 from flightfeed.wire.errors import DatasetError, ShardError
 from tests.datasets import SMALL_LAYOUT, SMALL_ROWS, write_dataset
 
@@ -43,7 +43,8 @@ def _flip(path: Path) -> None:
 
 
 def _epoch(location: str) -> list[int]:
-    return [int(i) for b in FlightDataset(location, "d", batch_size=32, report_interval=None) for i in b["index"]]
+    ds = FlightDataset(location, "d", batch_size=32, options=ReadOptions(report_interval=None))
+    return [int(i) for b in ds for i in b["index"]]
 
 
 def _count(metrics: ServerMetrics, key: str) -> float:

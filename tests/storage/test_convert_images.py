@@ -15,9 +15,9 @@ import pyarrow as pa
 import pytest
 from PIL import Image
 
-from flightfeed.server.catalog import Dataset
-from flightfeed.server.convert import ConvertSettings, convert
-from flightfeed.server.convert import cli as convert_cli
+from flightfeed.server.data.catalog import Dataset
+from flightfeed.server.tools.convert import ConvertSettings, convert
+from flightfeed.server.tools.convert import cli as convert_cli
 from flightfeed.server.storage import open_dataset
 from flightfeed.wire.errors import ConfigError, DatasetError
 

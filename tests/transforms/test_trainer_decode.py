@@ -13,7 +13,7 @@ import pytest
 import torch
 from PIL import Image
 
-from flightfeed.client import ConfigError, FlightDataset
+from flightfeed.client import ConfigError, FlightDataset, ReadOptions
 from flightfeed.client._normalize import IMAGENET_MEAN, IMAGENET_STD
 from flightfeed.client._trainer_decode import torchvision_decoder
 from flightfeed.server.testing import RunningServer, running_server
@@ -168,8 +168,9 @@ def clean_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSe
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_decode_matches_the_node(clean_server: RunningServer) -> None:
     def read(**kw: Any) -> dict[int, Any]:
+        device = kw.pop("device", None)
         ds = FlightDataset(clean_server.location, "imgs", batch_size=8, seed=1, rank=0, world_size=1,
-                           report_interval=None, transform=STEPS, **kw)
+                           transform=STEPS, device=device, options=ReadOptions(report_interval=None, **kw))
         try:
             return rows_of(ds)
         finally:

@@ -10,12 +10,11 @@ import pyarrow as pa
 import torch
 
 from flightfeed.client._normalize import Normalize
+from flightfeed.client._options import DECODE_ON
 from flightfeed.client._trainer_decode import TrainerDecode
 from flightfeed.wire.errors import ConfigError
 
-__all__ = ["DECODE_ON", "check_decode_on", "image_stage"]
-
-DECODE_ON = ("server", "trainer")
+__all__ = ["check_decode_on", "image_stage"]
 ImageStage = Callable[[dict[str, Any], pa.RecordBatch], dict[str, Any]]
 
 

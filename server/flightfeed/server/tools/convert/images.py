@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from flightfeed.server.convert.image_check import BadImage, checked_bytes
+from flightfeed.server.tools.convert.image_check import BadImage, checked_bytes
 from flightfeed.server.readers.ndarray import column_from_ndarray
 from flightfeed.wire.errors import ConfigError, DatasetError
 
