@@ -16,9 +16,9 @@ import pytest
 from PIL import Image
 
 from flightfeed.server.data.catalog import Dataset
+from flightfeed.server.storage import open_dataset
 from flightfeed.server.tools.convert import ConvertSettings, convert
 from flightfeed.server.tools.convert import cli as convert_cli
-from flightfeed.server.storage import open_dataset
 from flightfeed.wire.errors import ConfigError, DatasetError
 
 ReadAll = Callable[[Dataset], pa.Table]

@@ -24,8 +24,8 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from flightfeed.server.tools.convert.image_check import BadImage, checked_bytes
 from flightfeed.server.readers.ndarray import column_from_ndarray
+from flightfeed.server.tools.convert.image_check import BadImage, checked_bytes
 from flightfeed.wire.errors import ConfigError, DatasetError
 
 __all__ = ["ImageFolderSource", "IMAGE_SUFFIXES", "looks_like_image_folder"]
