@@ -27,6 +27,7 @@ SCRIPTS = {
     "bench_imagenet": "imagenet.json",
     "bench_scaleout": "scaleout.json",
     "bench_hdf5": "hdf5.json",
+    "bench_verify": "verify.json",
 }
 
 

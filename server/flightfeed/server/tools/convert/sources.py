@@ -27,7 +27,9 @@ __all__ = ["Source", "HDF5_SUFFIXES", "find_files", "Hdf5Source", "ParquetSource
 class Source(Protocol):
     description: str
     schema: pa.Schema
-    num_rows: int
+
+    @property
+    def num_rows(self) -> int: ...  # final once batches() is exhausted (image folders may skip files)
 
     def batches(self, rows: int) -> Iterator[pa.RecordBatch]: ...
 
