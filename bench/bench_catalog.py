@@ -49,7 +49,7 @@ import pyarrow.ipc as ipc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ServerProcess, flightfeed_server, machine, write_json  # noqa: E402
+from bench.common import flightfeed_server, machine, write_json
 
 ROWS_PER_SHARD = 10
 NOFILE = 1024
@@ -164,10 +164,11 @@ def get_flight_info_ms(location: str, name: str, calls: int = 30) -> dict[str, f
 
 
 def shuffled_epoch(location: str, name: str, num_rows: int) -> dict[str, Any]:
-    from flightfeed.client import FlightDataset
+    from flightfeed.client import FlightDataset, ReadOptions
 
     t0 = time.perf_counter()
-    ds = FlightDataset(location, name, batch_size=256, shuffle=True, seed=0, streams=4, report_interval=None)
+    options = ReadOptions(streams=4, report_interval=None)
+    ds = FlightDataset(location, name, batch_size=256, shuffle=True, seed=0, options=options)
     seen = [b["index"].numpy().copy() for b in ds]
     seconds = time.perf_counter() - t0
     rows = np.concatenate(seen) if seen else np.zeros(0, np.int64)

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from flightfeed.server.readers.base import ShardFields
+from flightfeed.server.readers.blocks import BlockCheck, BlockSums
 from flightfeed.wire.errors import ShardError
 
 __all__ = ["SmallArrowShard", "SMALL_READ_BYTES"]
@@ -45,6 +46,8 @@ class SmallArrowShard(ShardFields):
         self.check = check
         self.changed: str | None = None
         self._listeners: list[OnChange] = []
+        self._blocks: BlockCheck | None = None
+        self._corrupt: list[Callable[[str], None]] = []
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
@@ -64,6 +67,7 @@ class SmallArrowShard(ShardFields):
         self._nbytes = before[0]
         #: bytes of memory this reader holds (the open-files bound budgets them)
         self.memory_bytes = before[0]
+        self._buf = buf
         try:
             self._schema, self._batches = _parse(buf, self.uri)
         except (OSError, pa.ArrowException) as exc:
@@ -83,7 +87,28 @@ class SmallArrowShard(ShardFields):
                 self._changed(f"shard {self.uri} was truncated or overwritten in place while served")
         if self.changed is not None:
             raise ShardError(self.changed)
+        blocks = self._blocks
+        if blocks is not None and not blocks.complete:
+            blocks.ensure_all()  # a small file: all of it before its first chunk is handed out
         return self._batches[index]
+
+    # -- block checksums (readers/blocks.py) ------------------------------------------------
+    def verify_blocks(self, sums: BlockSums) -> BlockCheck:
+        """From now on, verify ``sums`` (the whole in-memory copy) before a chunk is handed out."""
+        check = BlockCheck(sums, self._nbytes, self._read_range, self.uri)
+        for listener in self._corrupt:
+            check.on_failure(listener)
+        self._blocks = check
+        return check
+
+    def on_corrupt(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(reason)`` when a block fails its checksum."""
+        self._corrupt.append(listener)
+        if self._blocks is not None:
+            self._blocks.on_failure(listener)
+
+    def _read_range(self, lo: int, hi: int) -> object:
+        return memoryview(self._buf)[lo:hi]
 
     def watch(self, on_change: OnChange) -> None:
         """Call ``on_change(reason)`` once if the file is found changed while held."""
@@ -96,6 +121,7 @@ class SmallArrowShard(ShardFields):
 
     def close(self, released: Callable[[], None] | None = None) -> None:
         self._batches = []
+        self._buf = pa.py_buffer(b"")
         if released is not None:
             released()
 

@@ -29,6 +29,7 @@ from flightfeed.server.readers import open_shard
 from flightfeed.server.readers.arrow_ipc import ArrowShard
 from flightfeed.server.readers.arrow_small import SMALL_READ_BYTES, SmallArrowShard
 from flightfeed.server.readers.base import ShardReader
+from flightfeed.server.readers.blocks import BlockCheck, BlockSums
 from flightfeed.server.readers.open_files import OpenFiles
 from flightfeed.wire.errors import ShardError
 
@@ -64,12 +65,22 @@ class ShardGroup:
         self.options = dict(reader_options or {})
         self._changed: list[Listener] = []
         self._closed: list[Callable[[int], None]] = []
+        self._corrupt: list[Listener] = []
         self._lock = threading.Lock()
 
     def add_change_listener(self, listener: Listener) -> None:
         with self._lock:
             if listener not in self._changed:
                 self._changed.append(listener)
+
+    def add_corrupt_listener(self, listener: Listener) -> None:
+        with self._lock:
+            if listener not in self._corrupt:
+                self._corrupt.append(listener)
+
+    def corrupt_listeners(self) -> list[Listener]:
+        with self._lock:
+            return list(self._corrupt)
 
     def add_close_listener(self, listener: Callable[[int], None]) -> None:
         with self._lock:
@@ -95,14 +106,37 @@ class ShardGroup:
             self.zero_copy = False  # positioned reads copy: the dataset's chunk cache keeps them
 
 
+class _Blocks:
+    """A shard's block checksums (``verify_blocks``), applied to every file opened for it; what
+    ``storage/verify`` holds to verify the shard (``ensure_all``) or hear of failures."""
+
+    __slots__ = ("listeners", "shard", "sums")
+
+    def __init__(self, shard: LazyShard, sums: BlockSums) -> None:
+        self.shard = shard
+        self.sums = sums
+        self.listeners: list[Listener] = []
+
+    def on_failure(self, listener: Listener) -> None:
+        self.listeners.append(listener)
+
+    def ensure_all(self) -> None:
+        """Verify every block of the shard's file now (opening it for that)."""
+        shard = self.shard
+        with shard.group.files.use(shard, shard._open) as opened:
+            if opened.check is not None:
+                opened.check.ensure_all()
+
+
 class _Opened:
     """One open reader held by the bound; closing it tells the group (its views go)."""
 
-    __slots__ = ("reader", "shard")
+    __slots__ = ("check", "reader", "shard")
 
-    def __init__(self, reader: ShardReader, shard: LazyShard) -> None:
+    def __init__(self, reader: ShardReader, shard: LazyShard, check: BlockCheck | None) -> None:
         self.reader = reader
         self.shard = shard
+        self.check = check
 
     @property
     def memory_bytes(self) -> int:
@@ -120,7 +154,7 @@ class _Opened:
 class LazyShard:
     """A ``ShardReader`` whose file is open only while the bound keeps it (module docstring)."""
 
-    __slots__ = ("_offsets", "changed", "group", "index", "path", "schema")
+    __slots__ = ("_offsets", "blocks", "changed", "group", "index", "path", "schema")
 
     def __init__(
         self, group: ShardGroup, index: int, path: str, schema: pa.Schema, offsets: npt.NDArray[np.int64]
@@ -131,6 +165,7 @@ class LazyShard:
         self.schema = schema
         self._offsets = offsets
         self.changed: str | None = None
+        self.blocks: _Blocks | None = None
 
     # -- ShardReader ------------------------------------------------------------------------
     @property
@@ -171,6 +206,16 @@ class LazyShard:
         with self.group.files.use(self, self._open) as opened:
             yield opened.reader
 
+    def verify_blocks(self, sums: BlockSums) -> _Blocks:
+        """Verify ``sums`` on every file opened for this shard before its chunks are handed out."""
+        self.blocks = _Blocks(self, sums)
+        self.group.files.drop(self)  # a file open now was opened without them
+        return self.blocks
+
+    def on_corrupt(self, listener: Listener) -> None:
+        """Call ``listener(reason)`` when a block of this dataset's shards fails its checksum."""
+        self.group.add_corrupt_listener(listener)
+
     def is_open(self) -> bool:
         return self.group.files.is_open(self)
 
@@ -207,13 +252,26 @@ class LazyShard:
                 reader.chunk_offsets, self._offsets
             ):
                 raise self._changed("no longer holds the record batches or schema it had at start-up")
+            check = self._guard(reader)
         except BaseException:
             reader.close()
             raise
         watch = getattr(reader, "watch", None)
         if watch is not None:
             watch(self._lease_broke)
-        return _Opened(reader, self)
+        return _Opened(reader, self, check)
+
+    def _guard(self, reader: ShardReader) -> BlockCheck | None:
+        """The block checks of a newly opened file (None without checksums)."""
+        blocks = self.blocks
+        if blocks is None or not isinstance(reader, ArrowShard | SmallArrowShard):
+            return None
+        for listener in self.group.corrupt_listeners():
+            reader.on_corrupt(listener)
+        check = reader.verify_blocks(blocks.sums)
+        for listener in blocks.listeners:
+            check.on_failure(listener)
+        return check
 
     def _identity(self) -> tuple[int, int, int]:
         size, mtime, inode = self.group.identities[self.index]

@@ -140,6 +140,15 @@ class MappedFile:
             }.get(exc.errno or 0, exc.strerror or str(exc))
             raise LeaseUnavailable(exc.errno or 0, f"no read lease on {self.path}: {why}") from None
 
+    def on_unmapped(self, callback: Callable[[], None]) -> bool:
+        """Call ``callback()`` once the mapping is gone (the last Arrow buffer over it dropped,
+        after ``close``); False when there is no mapping (an empty file)."""
+        region = self._region
+        if region is None:
+            return False
+        weakref.finalize(region, callback)
+        return True
+
     @property
     def address(self) -> int:
         return self._region.address if self._region is not None else 0

@@ -157,88 +157,73 @@ def _flat_view(ds: Dataset, cid: int, name: str, width: int) -> npt.NDArray[np.g
     return view
 
 
-class _Column:
-    """One output column of a gather, filled chunk by chunk: fixed-width columns straight into
-    their output buffer, others as per-chunk ``take`` pieces put in order at the end."""
-
-    def __init__(self, fld: pa.Field[Any], n: int) -> None:
-        self.name = fld.name
-        self.layout = _fixed_layout(fld.type)
-        self.pieces: list[tuple[_Arr, _I64]] = []
-        self.done: list[_I64] = []
-        self.row_loop = False
-        self.out: npt.NDArray[np.generic] = np.empty((0, 0))
-        if self.layout is not None:
-            # allocate from Arrow's pool (mimalloc reuses freed pages: no page faults per message)
-            # and gather straight into the buffer the RecordBatch will own
-            lay = self.layout
-            self.buf = pa.allocate_buffer(max(1, n * lay.width * lay.dtype.itemsize))
-            memory: Any = self.buf  # a mutable Arrow buffer exposes the buffer protocol (not in the stubs)
-            self.out = np.frombuffer(memory, dtype=lay.dtype, count=n * lay.width).reshape(n, lay.width)
-            self.row_loop = lay.width * lay.dtype.itemsize >= _ROW_LOOP_BYTES
-
-    def put(self, vals: npt.NDArray[np.generic], dst: _I64, src: _I64) -> None:
-        if self.row_loop:  # large rows: one copy each, no temporary
-            for d, s in zip(dst.tolist(), src.tolist(), strict=True):
-                self.out[d] = vals[s]
-        else:
-            self.out[dst] = vals[src]
-        self.done.append(dst)
-
-    def to_generic(self) -> None:
-        """A chunk with nulls: gather this column with ``take`` from now on (the rows already
-        gathered become the first piece)."""
-        layout = self.layout
-        assert layout is not None
-        if self.done:
-            dst = np.concatenate(self.done)
-            values: Any = self.out[dst].reshape(-1)  # a fresh copy, handed to Arrow
-            leaf = pa.Array.from_buffers(pa.from_numpy_dtype(layout.dtype), values.size, [None, pa.py_buffer(values)])
-            self.pieces.append((layout.rebuild(leaf), dst))
-        self.layout = None
-
-    def finish(self, n: int) -> _Arr:
-        layout = self.layout
-        if layout is not None:
-            leaf = pa.Array.from_buffers(pa.from_numpy_dtype(layout.dtype), self.out.size, [None, self.buf])
-            return layout.rebuild(leaf)
-        return _gather_generic(self.pieces, n)
-
-
 def gather(ds: Dataset, rows: _I64, columns: Sequence[str] | None) -> pa.RecordBatch:
-    """Stored ``rows`` (in this order) as one RecordBatch. Chunk by chunk, every column at once:
-    at most one chunk's memory is held at a time (a message may touch more shards than may be
-    open at once)."""
+    """Stored ``rows`` (in this order) as one RecordBatch.
+
+    Chunk by chunk: each source chunk is read once and every column's rows are copied out of it
+    before the next chunk is read, so a message holds at most one chunk of a cached shard at a
+    time (an evicted shard's mapping can go while the message is still being gathered)."""
     n = len(rows)
     cid, local = ds.locate(rows)
     order = np.argsort(cid, kind="stable")
     sorted_cid = cid[order]
     bounds = np.flatnonzero(np.diff(sorted_cid)) + 1
+    groups = [
+        (int(sorted_cid[a]), order[a:b], local[order[a:b]])
+        for a, b in zip(np.r_[0, bounds], np.r_[bounds, n], strict=True)
+        if a < b
+    ]
     schema = ds.project_schema(columns or ())
-    cols = [_Column(fld, n) for fld in schema]
-    for a, b in zip(np.r_[0, bounds], np.r_[bounds, n], strict=True):
-        if a == b:
-            continue
-        c, dst = int(sorted_cid[a]), order[a:b]
-        src = local[dst]
-        batch = None
-        for col in cols:
-            if col.layout is not None:
-                view = _flat_view(ds, c, col.name, col.layout.width)
+    fixed: list[_FixedOut | None] = []
+    for fld in schema:
+        layout = _fixed_layout(fld.type)
+        fixed.append(_FixedOut(layout, n) if layout is not None else None)
+    taken: list[list[tuple[_Arr, _I64]]] = [[] for _ in schema]  # other columns: per-chunk takes
+    for g, (c, dst, src) in enumerate(groups):
+        for i, fld in enumerate(schema):
+            out = fixed[i]
+            if out is not None:
+                view = _flat_view(ds, c, fld.name, out.layout.width)
                 if view is not None:
-                    col.put(view, dst, src)
+                    out.put(view, dst, src)
+                    view = None  # hold no chunk while the next is read (its download may evict this one)
                     continue
-                col.to_generic()
-            if batch is None:
-                batch = ds.chunk(c)
-            col.pieces.append((batch.column(col.name).take(src), dst))
-        del batch
-    return pa.RecordBatch.from_arrays([col.finish(n) for col in cols], schema=schema)
+                # nulls in this chunk: the column is taken generically after all
+                fixed[i] = None
+                taken[i] = [(ds.chunk(k).column(fld.name).take(s), d) for k, d, s in groups[:g]]
+            taken[i].append((ds.chunk(c).column(fld.name).take(src), dst))
+    arrays = [out.array() if out is not None else _gather_generic(taken[i], n) for i, out in enumerate(fixed)]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def _gather_generic(parts: list[tuple[_Arr, _I64]], n: int) -> _Arr:
-    pieces = [arr for arr, _ in parts]
-    dst = np.concatenate([d for _, d in parts]) if parts else np.empty(0, np.int64)
+class _FixedOut:
+    """The output buffer of one fixed-width column, filled chunk by chunk."""
+
+    def __init__(self, layout: _Fixed, n: int) -> None:
+        self.layout = layout
+        # allocate from Arrow's pool (mimalloc reuses freed pages: no page faults per message) and
+        # gather straight into the buffer the RecordBatch will own
+        self.buf = pa.allocate_buffer(max(1, n * layout.width * layout.dtype.itemsize))
+        memory: Any = self.buf  # a mutable Arrow buffer exposes the buffer protocol (the stubs do not say so)
+        self.out = np.frombuffer(memory, dtype=layout.dtype, count=n * layout.width).reshape(n, layout.width)
+        self.row_loop = layout.width * layout.dtype.itemsize >= _ROW_LOOP_BYTES
+
+    def put(self, vals: npt.NDArray[np.generic], dst: _I64, src: _I64) -> None:
+        if self.row_loop:
+            out = self.out
+            for d, s in zip(dst.tolist(), src.tolist(), strict=True):
+                out[d] = vals[s]
+        else:
+            self.out[dst] = vals[src]
+
+    def array(self) -> _Arr:
+        leaf = pa.Array.from_buffers(pa.from_numpy_dtype(self.layout.dtype), self.out.size, [None, self.buf])
+        return self.layout.rebuild(leaf)
+
+
+def _gather_generic(pieces: list[tuple[_Arr, _I64]], n: int) -> _Arr:
+    """Per-chunk takes (rows in ``dst`` order of the message) -> one array in message order."""
+    dst = np.concatenate([d for _, d in pieces]) if pieces else np.empty(0, np.int64)
     inverse = np.empty(n, dtype=np.int64)
     inverse[dst] = np.arange(n, dtype=np.int64)
-    return pa.concat_arrays(pieces).take(inverse)
+    return pa.concat_arrays([p for p, _ in pieces]).take(inverse)

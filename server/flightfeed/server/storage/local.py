@@ -10,12 +10,12 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from flightfeed.server.readers import format_of
+from flightfeed.server.readers import ARROW_SUFFIXES, HDF5_SUFFIXES, format_of
 from flightfeed.wire.errors import DatasetError
 
 __all__ = ["list_local_shards", "scan_local_shards", "LocalListing", "SHARD_SUFFIXES"]
 
-SHARD_SUFFIXES = (".arrow", ".arrows", ".feather", ".ipc", ".h5", ".hdf5", ".hdf", ".parquet")
+SHARD_SUFFIXES = (*ARROW_SUFFIXES, *HDF5_SUFFIXES, ".parquet")
 
 
 @dataclass

@@ -32,7 +32,7 @@ from flightfeed.server.readers.lazy import LazyShard, ShardGroup
 from flightfeed.server.readers.open_files import OpenFiles, shared_open_files
 from flightfeed.server.storage.local import LocalListing, scan_local_shards
 from flightfeed.server.storage.manifest import MANIFEST_NAME, Manifest
-from flightfeed.server.storage.options import StorageOptions
+from flightfeed.server.storage.options import StorageOptions, reader_options
 from flightfeed.wire.errors import ShardError
 
 __all__ = ["open_local_shards", "FOOTER_THREADS"]
@@ -45,15 +45,13 @@ FOOTER_THREADS = 8
 Layout = tuple[pa.Schema, Sequence[int]]  # schema, rows of the non-empty record batches
 
 
-def open_local_shards(uri: str, opts: StorageOptions, files: OpenFiles | None = None) -> list[ShardReader]:
-    """The shards of the local dataset at ``uri`` (see the module docstring)."""
+def open_local_shards(
+    uri: str, opts: StorageOptions, *, dataset: str = "", files: OpenFiles | None = None
+) -> list[ShardReader]:
+    """The shards of the local dataset ``dataset`` at ``uri`` (see the module docstring)."""
     listing = scan_local_shards(uri)
     fmt = format_of(listing.paths[0])
-    options: dict[str, object] = {}
-    if opts.hdf5_group is not None:
-        options["group"] = opts.hdf5_group
-    if opts.casts:
-        options["casts"] = opts.casts
+    options = reader_options(opts, dataset, fmt, uri)
     if options and fmt != "hdf5":
         open_shard(listing.paths[0], None, **options)  # the reader's clear error for the option
     layouts = _from_manifest(uri, listing) if fmt == "arrow" else None

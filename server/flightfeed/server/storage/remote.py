@@ -5,7 +5,10 @@ until the first read: *lazy*) or from downloading and opening the shard when the
 (*eager*). An open reader of the cached copy is held by the process's bound on open files
 (``readers/open_files``: the least recently used idle one is closed past ``--max-open-shards``),
 and the cache pins the file only while a chunk is being read, so a dataset larger than the cache
-still works: an evicted shard's reader is dropped, and the next read of it fetches it again.
+still works: an evicted shard's reader is closed (its listeners, e.g. the dataset's memoised
+views, drop what they hold), its memory map goes with the last batch that uses it (the cache
+counts the file's bytes until then), and the next read of it fetches it again. Small shards are
+read whole into memory when opened (``readers/arrow_small``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from flightfeed.server.readers import ShardReader, format_of, open_shard
 from flightfeed.server.readers.arrow_ipc import ArrowShard
 from flightfeed.server.readers.arrow_small import SMALL_READ_BYTES, SmallArrowShard
 from flightfeed.server.readers.base import ShardFields
+from flightfeed.server.readers.blocks import BlockSums
 from flightfeed.server.readers.open_files import OpenFiles, shared_open_files
 from flightfeed.server.storage.cache import CacheLease, ShardCache
 from flightfeed.server.storage.manifest import ManifestShard
@@ -54,16 +58,20 @@ class _Copy:
             first, self._first = self._first, None
         return first if first is not None else cache.reacquire(self.token, dataset)
 
+    @property
+    def memory_bytes(self) -> int:
+        return int(getattr(self.reader, "memory_bytes", 0))
+
     def close(self) -> None:
         with self._lock:
             first, self._first = self._first, None
         if first is not None:
             first.release()
-        self._on_close()  # the dataset forgets its views into this copy
-        if isinstance(self.reader, ArrowShard):
-            self.reader.close(released=self._files.retire())
+        if isinstance(self.reader, ArrowShard | SmallArrowShard):
+            self.reader.close(released=self._files.retire())  # a map in flight stays counted
         else:
             self.reader.close()
+        self._on_close()  # the dataset forgets its views into this copy
 
 
 class RemoteShard(ShardFields):
@@ -87,6 +95,7 @@ class RemoteShard(ShardFields):
         self.uri = uri
         self.zero_copy = format_of(uri) == "arrow"
         self._cache = cache
+        self.cache = cache  # the node's readiness watches its problems (a full disk)
         self._fetch = fetch
         self._direct = fetch  # from the object store itself (``reroute`` may send _fetch via a peer)
         self._nbytes = size
@@ -98,9 +107,12 @@ class RemoteShard(ShardFields):
         #: this shard's position in its dataset (what close listeners are told)
         self.index = index
         self._close_listeners: list[Callable[[int], None]] = []
+        self._copy: _Copy | None = None  # the copy open now (owned by the open-files bound)
         self._closed = False
         self.prefetched: Future[None] | None = None  # set when a background prefetch was queued
         self._sha256: str | None = None
+        self._blocks: BlockSums | None = None  # the manifest's block checksums: checked per opened file
+        self._corrupt: list[Callable[[str], None]] = []
         if manifest is None:
             with self.opened() as reader:
                 self._schema = reader.schema
@@ -113,6 +125,7 @@ class RemoteShard(ShardFields):
             rows = np.asarray([n for n in entry.batch_rows if n > 0], dtype=np.int64)
             self._offsets = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
             self._sha256 = entry.sha256
+            self._blocks = entry.blocks
 
     # -- ShardReader ------------------------------------------------------------------------
     def read_chunk(self, index: int) -> pa.RecordBatch:
@@ -128,13 +141,15 @@ class RemoteShard(ShardFields):
         return self._files.is_open(self)
 
     def on_close(self, listener: Callable[[int], None]) -> None:
-        """Call ``listener(index)`` whenever the open reader of this shard is closed."""
+        """Call ``listener(index)`` whenever an open copy of this shard is closed (evicted from the
+        cache or by the open-files bound): whoever keeps views of its chunks drops them, so the
+        mapping can go."""
         if listener not in self._close_listeners:
             self._close_listeners.append(listener)
 
-    def _closed_reader(self) -> None:
-        for listener in list(self._close_listeners):
-            listener(self.index)
+    def on_corrupt(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(reason)`` when a block of an opened copy fails its checksum."""
+        self._corrupt.append(listener)
 
     def prefetch(self) -> None:
         """Bring the shard into the cache without opening it (background warm-up)."""
@@ -170,22 +185,38 @@ class RemoteShard(ShardFields):
                         lease.release()
                     return
             self._files.drop(self)  # the cache replaced the copy meanwhile: open the new one
-        raise ShardError(f"shard {self.uri}: its cached copy was replaced {_ATTEMPTS} times while opening it; "
-                         "is the shard cache (--cache-size) too small for the shards read at once?")
+        raise ShardError(
+            f"shard {self.uri}: its cached copy was replaced {_ATTEMPTS} times while opening it; "
+            "is the shard cache (--cache-size) too small for the shards read at once?"
+        )
 
     def _open(self) -> _Copy:
         lease = self._acquire()
         try:
-            if self._nbytes <= self._small:
-                reader: ShardReader = SmallArrowShard(lease.path, self.uri, check=False)  # the cache versions it
+            if self._nbytes <= self._small:  # in memory: the cache's later changes to the file do not matter
+                reader: ShardReader = SmallArrowShard(lease.path, self.uri, check=False)
             else:
                 reader = open_shard(lease.path, self.uri, **self._options)
-            if self._sha256 is not None:
-                self._check(reader)
+            try:
+                if self._sha256 is not None:
+                    self._check(reader)
+                self._guard(reader)
+            except BaseException:
+                reader.close()
+                raise
         except BaseException:
             lease.release()
             raise
-        return _Copy(reader, lease, self._files, self._closed_reader)
+        on_unmapped = getattr(reader, "on_unmapped", None)
+        if on_unmapped is not None:  # the cache counts the file until its mapping is gone
+            on_unmapped(self._cache.track_mapping(lease))
+        copy = _Copy(reader, lease, self._files, self._closed_copy)
+        self._copy = copy
+        return copy
+
+    def _closed_copy(self) -> None:
+        for listener in list(self._close_listeners):
+            listener(self.index)
 
     def _acquire(self) -> CacheLease:
         return self._cache.acquire(
@@ -198,6 +229,15 @@ class RemoteShard(ShardFields):
             on_evict=self._evicted,
         )
 
+    def _guard(self, reader: ShardReader) -> None:
+        """Verify the manifest's block checksums on this copy before its chunks are handed out."""
+        verify_blocks = getattr(reader, "verify_blocks", None)
+        if self._blocks is None or verify_blocks is None:
+            return
+        for listener in self._corrupt:
+            reader.on_corrupt(listener)  # type: ignore[attr-defined]  # an Arrow shard, as verify_blocks says
+        verify_blocks(self._blocks)
+
     def _check(self, reader: ShardReader) -> None:
         if not reader.schema.equals(self._schema, check_metadata=False) or not np.array_equal(
             reader.chunk_offsets, self._offsets
@@ -208,7 +248,10 @@ class RemoteShard(ShardFields):
             )
 
     def _evicted(self) -> None:
-        # Called by the cache, maybe from another thread: close the reader (now, or when its
-        # current read ends; its memory stays valid for batches still in use, and the file's
-        # space returns once they go).
-        self._files.drop(self)
+        """The cache evicted an entry of this shard (called without the cache's lock, maybe from
+        another thread's download): close the reader of that entry (now, or when its current read
+        ends). Its batches still in use stay valid; the mapping, and the file's space, go with the
+        last of them. A newer copy is kept."""
+        copy = self._copy
+        if copy is not None and not self._cache.is_current(copy.token):
+            self._files.drop(self)
