@@ -60,9 +60,10 @@ TARGETS = {"startup_s": 10.0, "rss_mb": 1024.0, "get_flight_info_ms": 50.0, "ord
 def tiny_dataset(root: Path, shards: int, rows: int = ROWS_PER_SHARD) -> Path:
     """``shards`` .arrow files of ``rows`` rows (``x`` float32, ``index`` int64 = global row) and a
     manifest kept beside them as ``manifest.json.off`` (``use_manifest`` puts it in place)."""
+    from flightfeed.server.readers.blocks import BLOCK_BYTES, BlockSums, hash_block
     from flightfeed.server.storage.manifest import Manifest, ManifestShard
 
-    layout = {"shards": shards, "rows": rows, "v": 1}
+    layout = {"shards": shards, "rows": rows, "v": 2}
     stamp = root / "layout.json"
     if stamp.exists() and json.loads(stamp.read_text()) == layout:
         return root
@@ -79,7 +80,8 @@ def tiny_dataset(root: Path, shards: int, rows: int = ROWS_PER_SHARD) -> Path:
         data = sink.getvalue().to_pybytes()
         name = f"p{s:06d}.arrow"
         (root / name).write_bytes(data)
-        entries.append(ManifestShard(name, rows, len(data), hashlib.sha256(data).hexdigest(), (rows,)))
+        sums = BlockSums(BLOCK_BYTES, (hash_block(data),))  # as convert writes them: one block per 8 MiB
+        entries.append(ManifestShard(name, rows, len(data), hashlib.sha256(data).hexdigest(), (rows,), sums))
     (root / "manifest.json.off").write_text(Manifest(schema, entries).to_json())
     stamp.write_text(json.dumps(layout))
     print(f"  wrote {shards:,} shards in {time.perf_counter() - t0:.1f} s", flush=True)

@@ -82,8 +82,9 @@ class Dataset:
         firsts = np.concatenate([o[:-1] for o in offsets]) if offsets else np.zeros(0, np.int64)
         starts = firsts.astype(np.int64) + bases[self._chunk_shard]
         self._chunk_starts = np.concatenate([starts, [self.num_rows]]).astype(np.int64)
-        self.nbytes = sum(s.nbytes for s in self.shards)
-        self.fingerprint = _fingerprint(self.shards, self.schema)
+        sizes = [s.nbytes for s in self.shards]
+        self.nbytes = sum(sizes)
+        self.fingerprint = _fingerprint(self.shards, rows.tolist(), sizes, self.schema)
         self._row_bytes: dict[tuple[str, ...], int] = {}
         #: derived per-chunk data (e.g. gather's flat numpy views), for zero-copy chunks only;
         #: a shard's entries go when its file is closed (they would keep its map and descriptor)
@@ -98,7 +99,12 @@ class Dataset:
         self.corrupt: str | None = None
         self._first_read: Callable[[int], None] | None = None
         self._unread: npt.NDArray[np.bool_] | None = None
+        group: object = None
         for shard in self.shards:
+            shared = getattr(shard, "group", None)  # shards of one group share their listeners
+            if shared is not None and shared is group:
+                continue
+            group = shared
             watch = getattr(shard, "watch", None)
             if watch is not None:
                 watch(self._shard_changed)
@@ -281,9 +287,10 @@ def _one_line(schema: pa.Schema) -> str:
     return ", ".join(f"{f.name}: {f.type}" for f in schema)
 
 
-def _fingerprint(shards: Sequence[ShardReader], schema: pa.Schema) -> str:
+def _fingerprint(shards: Sequence[ShardReader], rows: Sequence[int], sizes: Sequence[int], schema: pa.Schema) -> str:
+    """The schema, then ``name|rows|bytes`` per shard (one line each), hashed."""
     h = hashlib.sha256()
     h.update(schema.remove_metadata().serialize().to_pybytes())
-    for shard in shards:
-        h.update(f"{os.path.basename(shard.uri)}|{shard.num_rows}|{shard.nbytes}\n".encode())
+    lines = (f"{os.path.basename(s.uri)}|{n}|{b}\n" for s, n, b in zip(shards, rows, sizes, strict=True))
+    h.update("".join(lines).encode())
     return h.hexdigest()[:20]

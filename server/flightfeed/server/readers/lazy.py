@@ -39,6 +39,9 @@ log = logging.getLogger("flightfeed.server")
 
 Listener = Callable[[str], None]
 
+#: a closed shard smaller than this is opened for read-ahead only when all shards fit under the bound
+_READ_AHEAD_OPEN = 8 << 20
+
 
 class ShardGroup:
     """What the shards of one dataset share: schema, reader options, the bound on open files, the
@@ -309,8 +312,11 @@ class LazyShard:
         Small shards are skipped: one read brings the whole file in when it is opened, and a
         read-ahead call per small file costs more than it saves (each system call hands the GIL
         to a gathering stream and waits to get it back)."""
-        if self.nbytes <= self.group.small_bytes:
+        group = self.group
+        if self.nbytes <= group.small_bytes:
             return 0
-        with self.group.files.use(self, self._open) as opened:
+        if self.nbytes < _READ_AHEAD_OPEN and len(group.identities) > group.files.limit and not self.is_open():
+            return 0  # more shards than may be open: opening small ones ahead would close those in use
+        with group.files.use(self, self._open) as opened:
             willneed = getattr(opened.reader, "willneed", None)
             return int(willneed(chunk, first, stop, settle)) if willneed is not None else 0

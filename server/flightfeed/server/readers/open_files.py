@@ -150,6 +150,8 @@ class OpenFiles:
     def drop(self, key: Hashable) -> None:
         """Close ``key``'s object now, or when its last user lets go (a shard closed for good, or
         whose file must be opened afresh: the next ``use`` opens a new one at once)."""
+        if key not in self._entries:  # not open (a dict lookup is atomic): nothing to close
+            return
         with self._cond:
             entry = self._entries.get(key)
             if entry is None:

@@ -56,11 +56,14 @@ def scan_local_shards(uri: str) -> LocalListing:
         )
     found.sort(key=lambda item: item[0])
     paths = [p for p, _ in found]
-    formats = {format_of(p) for p in paths}
+    formats = {format_of(f"x{suffix}") for suffix in {os.path.splitext(p)[1].lower() for p in paths}}
     if len(formats) > 1:
         raise DatasetError(f"{uri}: mixes shard formats {sorted(formats)}; a dataset holds one format")
-    identities = np.array([(st.st_size, st.st_mtime_ns, st.st_ino) for _, st in found], dtype=np.int64)
-    return LocalListing(paths, identities.reshape(len(paths), 3))
+    identities = np.empty((len(found), 3), dtype=np.int64)
+    identities[:, 0] = [st.st_size for _, st in found]
+    identities[:, 1] = [st.st_mtime_ns for _, st in found]
+    identities[:, 2] = [st.st_ino for _, st in found]
+    return LocalListing(paths, identities)
 
 
 def _walk(root: str, found: list[tuple[str, os.stat_result]]) -> None:

@@ -41,20 +41,27 @@ log = logging.getLogger("flightfeed.server")
 
 #: threads reading footers at start-up (their reads overlap on a cold disk)
 FOOTER_THREADS = 8
+_PIECE = 256
 
 Layout = tuple[pa.Schema, Sequence[int]]  # schema, rows of the non-empty record batches
 
 
 def open_local_shards(
-    uri: str, opts: StorageOptions, *, dataset: str = "", files: OpenFiles | None = None
+    uri: str,
+    opts: StorageOptions,
+    *,
+    dataset: str = "",
+    files: OpenFiles | None = None,
+    manifest: tuple[str, Manifest] | None = None,
 ) -> list[ShardReader]:
-    """The shards of the local dataset ``dataset`` at ``uri`` (see the module docstring)."""
+    """The shards of the local dataset ``dataset`` at ``uri`` (see the module docstring);
+    ``manifest``: its ``(root, manifest.json)`` when the caller has read it."""
     listing = scan_local_shards(uri)
     fmt = format_of(listing.paths[0])
     options = reader_options(opts, dataset, fmt, uri)
     if options and fmt != "hdf5":
         open_shard(listing.paths[0], None, **options)  # the reader's clear error for the option
-    layouts = _from_manifest(uri, listing) if fmt == "arrow" else None
+    layouts = _from_manifest(uri, listing, manifest) if fmt == "arrow" and manifest is not None else None
     if layouts is None:
         read = _arrow_layout if fmt == "arrow" else _opener_layout(options)
         layouts = _read_all(listing.paths, read)
@@ -75,19 +82,16 @@ def open_local_shards(
 
 
 def _offsets(rows: Sequence[int]) -> npt.NDArray[np.int64]:
+    if len(rows) == 1:  # the common case of small shards, without numpy's per-call overhead
+        return np.array((0, rows[0]), dtype=np.int64)
     out = np.zeros(len(rows) + 1, dtype=np.int64)
     np.cumsum(rows, out=out[1:])
     return out
 
 
 # -- 1. the manifest ----------------------------------------------------------------------------
-def _from_manifest(uri: str, listing: LocalListing) -> list[Layout] | None:
-    root = uri[len("file://") :] if uri.startswith("file://") else uri
-    path = os.path.join(root, MANIFEST_NAME)
-    if not os.path.isdir(root) or not os.path.isfile(path):
-        return None
-    with open(path, "rb") as f:
-        manifest = Manifest.from_json(f.read(), path)
+def _from_manifest(uri: str, listing: LocalListing, found: tuple[str, Manifest]) -> list[Layout] | None:
+    root, manifest = found
     by_path = {os.path.normpath(os.path.join(root, s.name)): s for s in manifest.shards}
     layouts: list[Layout] = []
     for i, shard_path in enumerate(listing.paths):
@@ -98,7 +102,8 @@ def _from_manifest(uri: str, listing: LocalListing) -> list[Layout] | None:
                 uri, MANIFEST_NAME, shard_path,
             )
             return None
-        layouts.append((manifest.schema, [n for n in entry.batch_rows if n > 0]))
+        rows = entry.batch_rows
+        layouts.append((manifest.schema, rows if 0 not in rows else [n for n in rows if n > 0]))
     if len(by_path) != len(listing.paths):
         log.warning("%s: %s lists shards that are not there; reading every shard's footer instead", uri, MANIFEST_NAME)
         return None
@@ -164,8 +169,14 @@ def _opener_layout(options: dict[str, object]) -> Callable[[str], Layout]:
 
 
 def _read_all(paths: list[str], read: Callable[[str], Layout]) -> list[Layout]:
-    if len(paths) < 64:
+    """``read`` of every path, in pieces of ``_PIECE`` paths on a thread pool (one future per
+    piece: a future per path would cost more than reading a small footer)."""
+    if len(paths) <= _PIECE:
         return [read(p) for p in paths]
+
+    def piece(lo: int) -> list[Layout]:
+        return [read(p) for p in paths[lo : lo + _PIECE]]
+
     with ThreadPoolExecutor(FOOTER_THREADS, thread_name_prefix="flightfeed-footers") as pool:
-        return list(pool.map(read, paths, chunksize=256))
+        return [layout for part in pool.map(piece, range(0, len(paths), _PIECE)) for layout in part]
 

@@ -8,7 +8,9 @@ from dataclasses import replace
 from flightfeed.server.data.catalog import Catalog, ChunkCache, Dataset
 from flightfeed.server.readers import ShardReader
 from flightfeed.server.storage.local_shards import open_local_shards
+from flightfeed.server.storage.manifest import Manifest
 from flightfeed.server.storage.options import StorageOptions, reader_options
+from flightfeed.server.storage.verify import attach_verifier, local_manifest
 from flightfeed.wire.errors import ConfigError, DatasetError
 
 __all__ = ["StorageOptions", "open_dataset", "open_catalog", "reader_options"]
@@ -17,18 +19,18 @@ __all__ = ["StorageOptions", "open_dataset", "open_catalog", "reader_options"]
 def open_dataset(name: str, uri: str, options: StorageOptions | None = None) -> Dataset:
     opts = options or StorageOptions()
     shards: list[ShardReader]
+    found: tuple[str, Manifest] | None = None
     if uri.startswith("s3://"):
         from flightfeed.server.storage.s3 import open_s3_shards
 
         shards = open_s3_shards(uri, opts, dataset=name)
     else:
-        shards = open_local_shards(uri, opts, dataset=name)
+        found = local_manifest(uri)  # read once: it describes the shards and verifies them
+        shards = open_local_shards(uri, opts, dataset=name, manifest=found)
     ds = Dataset(name, uri, shards, chunk_cache=ChunkCache(opts.chunk_cache_bytes))
     if not uri.startswith("s3://"):  # S3 shards are checked against the manifest when downloaded
-        from flightfeed.server.storage.verify import attach_verifier
-
         try:
-            attach_verifier(ds, opts.verify, opts.metrics)
+            attach_verifier(ds, opts.verify, opts.metrics, found=found, look=False)
         except Exception:
             ds.close()
             raise
