@@ -69,7 +69,7 @@ def tiny_dataset(root: Path, shards: int, rows: int = ROWS_PER_SHARD) -> Path:
         return root
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
-    schema = pa.schema([("x", pa.float32()), ("index", pa.int64())])
+    schema = pa.schema([pa.field("x", pa.float32()), pa.field("index", pa.int64())])  # type: ignore[arg-type]
     entries = []
     t0 = time.perf_counter()
     for s in range(shards):

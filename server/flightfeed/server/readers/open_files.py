@@ -107,6 +107,7 @@ class OpenFiles:
                 if entry is None:
                     entry = self._entries[key] = _Entry()
                     entry.pins = 1
+                    room = self._evict()  # close one first: the new file never exceeds the bound
                     break
                 if entry.opening:
                     self._cond.wait()
@@ -114,6 +115,7 @@ class OpenFiles:
                 entry.pins += 1
                 self._entries.move_to_end(key)
                 return entry
+        _close_all(room)
         try:  # opened outside the lock: other shards' readers do not wait for this file
             obj = opener()
         except BaseException:
@@ -176,8 +178,7 @@ class OpenFiles:
         """Count one more file that stays open after its reader was closed (a map with buffers in
         flight); call the returned function (once; later calls do nothing) when it is released."""
         with self._cond:
-            self._retired += 1
-            self.peak = max(self.peak, self._held())
+            self._retired += 1  # (counted in ``peak`` by the next open: this one is being closed now)
         done = [False]
 
         def released() -> None:
