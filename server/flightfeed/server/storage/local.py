@@ -4,69 +4,42 @@ from __future__ import annotations
 
 import glob
 import os
-import stat
-from dataclasses import dataclass
-
-import numpy as np
-import numpy.typing as npt
 
 from flightfeed.server.readers import ARROW_SUFFIXES, HDF5_SUFFIXES, format_of
 from flightfeed.wire.errors import DatasetError
 
-__all__ = ["list_local_shards", "scan_local_shards", "LocalListing", "SHARD_SUFFIXES"]
+__all__ = ["list_local_shards", "SHARD_SUFFIXES"]
 
 SHARD_SUFFIXES = (*ARROW_SUFFIXES, *HDF5_SUFFIXES, ".parquet")
 
 
-@dataclass
-class LocalListing:
-    """Shard files sorted by path, and per file ``(size, mtime_ns, inode)`` (one int64 row each)."""
-
-    paths: list[str]
-    identities: npt.NDArray[np.int64]
-
-
 def list_local_shards(uri: str) -> list[str]:
-    """Shard files under ``uri`` sorted by path; one format only (else a clear error)."""
-    return scan_local_shards(uri).paths
-
-
-def scan_local_shards(uri: str) -> LocalListing:
-    """:func:`list_local_shards` with each file's identity, from one directory walk (``scandir``:
-    no second pass of ``stat`` calls over 100,000 files)."""
+    """Shard files under ``uri`` sorted by path; one format only (else a clear error). A directory
+    is walked with ``scandir`` and file types from the directory entries: no ``stat`` per file
+    (the start-up of 100,000 shards reads their sizes where it opens them anyway)."""
     path = uri[len("file://") :] if uri.startswith("file://") else uri
-    found: list[tuple[str, os.stat_result]] = []
     if any(ch in path for ch in "*?["):
-        for f in glob.glob(path, recursive=True):
-            if f.lower().endswith(SHARD_SUFFIXES):
-                st = _stat(f)
-                if st is not None:
-                    found.append((f, st))
+        files = [f for f in glob.glob(path, recursive=True) if f.lower().endswith(SHARD_SUFFIXES) and os.path.isfile(f)]
     elif os.path.isdir(path):
-        _walk(path, found)
+        files = []
+        _walk(path, files)
     elif os.path.isfile(path):
-        if path.lower().endswith(SHARD_SUFFIXES):
-            found.append((path, os.stat(path)))
+        files = [path] if path.lower().endswith(SHARD_SUFFIXES) else []
     else:
         raise DatasetError(f"{uri}: no such file or directory")
-    if not found:
+    if not files:
         raise DatasetError(
             f"{uri}: no shard files found (looked for {', '.join(SHARD_SUFFIXES)}); "
             "convert other formats with `flightfeed convert`"
         )
-    found.sort(key=lambda item: item[0])
-    paths = [p for p, _ in found]
-    formats = {format_of(f"x{suffix}") for suffix in {os.path.splitext(p)[1].lower() for p in paths}}
+    files.sort()
+    formats = {format_of(f"x{suffix}") for suffix in {os.path.splitext(f)[1].lower() for f in files}}
     if len(formats) > 1:
         raise DatasetError(f"{uri}: mixes shard formats {sorted(formats)}; a dataset holds one format")
-    identities = np.empty((len(found), 3), dtype=np.int64)
-    identities[:, 0] = [st.st_size for _, st in found]
-    identities[:, 1] = [st.st_mtime_ns for _, st in found]
-    identities[:, 2] = [st.st_ino for _, st in found]
-    return LocalListing(paths, identities)
+    return files
 
 
-def _walk(root: str, found: list[tuple[str, os.stat_result]]) -> None:
+def _walk(root: str, found: list[str]) -> None:
     """Files with a shard suffix under ``root``, hidden directories skipped (as ``os.walk`` did)."""
     pending = [root]
     while pending:
@@ -81,14 +54,6 @@ def _walk(root: str, found: list[tuple[str, os.stat_result]]) -> None:
                     if not entry.name.startswith("."):
                         pending.append(entry.path)
                 elif entry.name.lower().endswith(SHARD_SUFFIXES) and entry.is_file():
-                    found.append((entry.path, entry.stat()))
+                    found.append(entry.path)
             except OSError:
                 continue  # vanished while listed
-
-
-def _stat(path: str) -> os.stat_result | None:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st if stat.S_ISREG(st.st_mode) else None

@@ -20,6 +20,7 @@ import logging
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -30,7 +31,7 @@ from flightfeed.server.readers import ShardReader, format_of, open_shard
 from flightfeed.server.readers.ipc_footer import read_ipc_layout
 from flightfeed.server.readers.lazy import LazyShard, ShardGroup
 from flightfeed.server.readers.open_files import OpenFiles, shared_open_files
-from flightfeed.server.storage.local import LocalListing, scan_local_shards
+from flightfeed.server.storage.local import list_local_shards
 from flightfeed.server.storage.manifest import MANIFEST_NAME, Manifest
 from flightfeed.server.storage.options import StorageOptions, reader_options
 from flightfeed.wire.errors import ShardError
@@ -44,6 +45,9 @@ FOOTER_THREADS = 8
 _PIECE = 256
 
 Layout = tuple[pa.Schema, Sequence[int]]  # schema, rows of the non-empty record batches
+Identity = tuple[int, int, int]  # size, mtime_ns, inode
+Described = tuple[Identity, Layout]
+T = TypeVar("T")
 
 
 def open_local_shards(
@@ -56,19 +60,21 @@ def open_local_shards(
 ) -> list[ShardReader]:
     """The shards of the local dataset ``dataset`` at ``uri`` (see the module docstring);
     ``manifest``: its ``(root, manifest.json)`` when the caller has read it."""
-    listing = scan_local_shards(uri)
-    fmt = format_of(listing.paths[0])
+    paths = list_local_shards(uri)
+    fmt = format_of(paths[0])
     options = reader_options(opts, dataset, fmt, uri)
     if options and fmt != "hdf5":
-        open_shard(listing.paths[0], None, **options)  # the reader's clear error for the option
-    layouts = _from_manifest(uri, listing, manifest) if fmt == "arrow" and manifest is not None else None
-    if layouts is None:
-        read = _arrow_layout if fmt == "arrow" else _opener_layout(options)
-        layouts = _read_all(listing.paths, read)
+        open_shard(paths[0], None, **options)  # the reader's clear error for the option
+    described = _from_manifest(uri, paths, manifest) if fmt == "arrow" and manifest is not None else None
+    if described is None:
+        described = _read_all(paths, _arrow_layout if fmt == "arrow" else _opener_layout(options))
+    identities = np.empty((len(paths), 3), dtype=np.int64)
+    for column in range(3):
+        identities[:, column] = [identity[column] for identity, _ in described]
     io = opts.arrow_io if fmt == "arrow" else "mmap"
     group = ShardGroup(
         files or shared_open_files(),
-        listing.identities,
+        identities,
         zero_copy=fmt == "arrow" and io == "mmap",
         io=io,
         reader_options=options,
@@ -77,7 +83,7 @@ def open_local_shards(
     )
     return [
         LazyShard(group, i, path, schema, _offsets(rows))
-        for i, (path, (schema, rows)) in enumerate(zip(listing.paths, layouts, strict=True))
+        for i, (path, (_, (schema, rows))) in enumerate(zip(paths, described, strict=True))
     ]
 
 
@@ -90,39 +96,56 @@ def _offsets(rows: Sequence[int]) -> npt.NDArray[np.int64]:
 
 
 # -- 1. the manifest ----------------------------------------------------------------------------
-def _from_manifest(uri: str, listing: LocalListing, found: tuple[str, Manifest]) -> list[Layout] | None:
+def _from_manifest(uri: str, paths: list[str], found: tuple[str, Manifest]) -> list[Described] | None:
     root, manifest = found
     by_path = {os.path.normpath(os.path.join(root, s.name)): s for s in manifest.shards}
-    layouts: list[Layout] = []
-    for i, shard_path in enumerate(listing.paths):
-        entry = by_path.get(os.path.normpath(shard_path))
-        if entry is None or entry.bytes != int(listing.identities[i, 0]):
+    if len(by_path) != len(paths):
+        log.warning("%s: %s does not list the shards found; reading every shard's footer instead", uri, MANIFEST_NAME)
+        return None
+    entries = [by_path.get(os.path.normpath(p)) for p in paths]
+    missing = next((p for p, e in zip(paths, entries, strict=True) if e is None), None)
+    if missing is not None:
+        log.warning("%s: %s does not list %s; reading every shard's footer instead", uri, MANIFEST_NAME, missing)
+        return None
+    identities = _read_all(paths, _identity)
+    out: list[Described] = []
+    for path, entry, identity in zip(paths, entries, identities, strict=True):
+        assert entry is not None
+        if entry.bytes != identity[0]:
             log.warning(
-                "%s: %s does not describe %s as found; reading every shard's footer instead",
-                uri, MANIFEST_NAME, shard_path,
+                "%s: %s has %d bytes, %s says %d; reading every shard's footer instead",
+                uri, path, identity[0], MANIFEST_NAME, entry.bytes,
             )
             return None
         rows = entry.batch_rows
-        layouts.append((manifest.schema, rows if 0 not in rows else [n for n in rows if n > 0]))
-    if len(by_path) != len(listing.paths):
-        log.warning("%s: %s lists shards that are not there; reading every shard's footer instead", uri, MANIFEST_NAME)
-        return None
-    return layouts
+        out.append((identity, (manifest.schema, rows if 0 not in rows else [n for n in rows if n > 0])))
+    return out
+
+
+def _identity(path: str) -> Identity:
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise ShardError(f"cannot open shard {path}: {exc}") from None
+    return st.st_size, st.st_mtime_ns, st.st_ino
 
 
 # -- 2. Arrow IPC footers -----------------------------------------------------------------------
 _SCHEMAS: dict[bytes, pa.Schema] = {}
 
 
-def _arrow_layout(path: str) -> Layout:
+def _arrow_layout(path: str) -> Described:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
         raise ShardError(f"cannot open shard {path}: {exc}") from None
     try:
-        layout = read_ipc_layout(fd, os.fstat(fd).st_size)
-    except ValueError:
-        return _pyarrow_layout(path)  # the stream format, or a damaged file: pyarrow names it
+        st = os.fstat(fd)
+        identity = (st.st_size, st.st_mtime_ns, st.st_ino)
+        try:
+            layout = read_ipc_layout(fd, st.st_size)
+        except ValueError:
+            return identity, _pyarrow_layout(path)  # the stream format, or a damaged file: pyarrow names it
     finally:
         os.close(fd)
     schema = _SCHEMAS.get(layout.schema_message)
@@ -130,10 +153,10 @@ def _arrow_layout(path: str) -> Layout:
         try:
             schema = ipc.read_schema(pa.py_buffer(layout.schema_message))
         except pa.ArrowException:
-            return _pyarrow_layout(path)
+            return identity, _pyarrow_layout(path)
         if len(_SCHEMAS) < 64:  # shards written alike share one schema object
             schema = _SCHEMAS.setdefault(layout.schema_message, schema)
-    return schema, [n for n in layout.batch_rows if n > 0]
+    return identity, (schema, [n for n in layout.batch_rows if n > 0])
 
 
 def _pyarrow_layout(path: str) -> Layout:
@@ -156,27 +179,26 @@ def _pyarrow_layout(path: str) -> Layout:
 
 
 # -- 3. other formats ---------------------------------------------------------------------------
-def _opener_layout(options: dict[str, object]) -> Callable[[str], Layout]:
-    def layout(path: str) -> Layout:
+def _opener_layout(options: dict[str, object]) -> Callable[[str], Described]:
+    def layout(path: str) -> Described:
         reader = open_shard(path, None, **options)
         try:
             offsets = reader.chunk_offsets
-            return reader.schema, np.diff(offsets).tolist()
+            return _identity(path), (reader.schema, np.diff(offsets).tolist())
         finally:
             reader.close()
 
     return layout
 
 
-def _read_all(paths: list[str], read: Callable[[str], Layout]) -> list[Layout]:
+def _read_all(paths: list[str], read: Callable[[str], T]) -> list[T]:
     """``read`` of every path, in pieces of ``_PIECE`` paths on a thread pool (one future per
     piece: a future per path would cost more than reading a small footer)."""
     if len(paths) <= _PIECE:
         return [read(p) for p in paths]
 
-    def piece(lo: int) -> list[Layout]:
+    def piece(lo: int) -> list[T]:
         return [read(p) for p in paths[lo : lo + _PIECE]]
 
     with ThreadPoolExecutor(FOOTER_THREADS, thread_name_prefix="flightfeed-footers") as pool:
-        return [layout for part in pool.map(piece, range(0, len(paths), _PIECE)) for layout in part]
-
+        return [item for part in pool.map(piece, range(0, len(paths), _PIECE)) for item in part]
