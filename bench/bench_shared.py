@@ -59,13 +59,13 @@ def trainer_loop(args: argparse.Namespace) -> int:
     """``--trainer-loop``: for each JSON line on stdin ``{"location", "out"}``, open the dataset, touch
     ``OUT.ready``, wait for the file ``OUT.go`` (a wall time to start at), read one epoch (batches
     done in ``OUT.progress``), write the figures to ``OUT`` and print ``done``."""
-    from flightfeed.client import FlightDataset
+    from flightfeed.client import FlightDataset, ReadOptions
 
     for line in sys.stdin:
         job = json.loads(line)
         out = Path(job["out"])
         ds = FlightDataset(job["location"], "imgs", batch_size=args.batch_size, seed=7, transform="imagenet_train",
-                           streams=args.streams, report_interval=None)
+                           options=ReadOptions(streams=args.streams, report_interval=None))
         out.with_suffix(".ready").touch()
         go = out.with_suffix(".go")
         while not go.exists():

@@ -3,15 +3,15 @@ read them (threads), compared byte for byte with a solo run on a server that sha
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from flightfeed.client import FlightDataset
+from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.testing import RunningServer, running_server
 from flightfeed.server.transforms import Transformer
@@ -58,11 +58,15 @@ def serve(data_dirs: dict[str, str]) -> Serve:
     return start
 
 
+_READ_OPTIONS = {f.name for f in dataclasses.fields(ReadOptions)}
+
+
 def reader(location: str, name: str, **kw: Any) -> FlightDataset:
-    """A trainer's reader of job ``name`` (``kw`` overrides its settings)."""
+    """A trainer's reader of job ``name`` (``kw`` overrides its settings, ReadOptions' included)."""
     opts: dict[str, Any] = dict(JOBS[name], rank=0, world_size=1, streams=2, report_interval=None)
     opts.update(kw)
-    return FlightDataset(location, name, **opts)
+    read = {k: opts.pop(k) for k in list(opts) if k in _READ_OPTIONS}
+    return FlightDataset(location, name, options=ReadOptions(**read), **opts)
 
 
 def digests(batches: Any) -> list[str]:
@@ -94,6 +98,3 @@ def solo(data_dirs: dict[str, str]) -> dict[str, list[str]]:
             ds.close()
     return out
 
-
-def data_path(data_dirs: dict[str, str], name: str) -> Path:
-    return Path(data_dirs[name])
