@@ -82,7 +82,7 @@ def test_a_resumed_trainer_gets_the_solo_bytes(serve: Serve, solo: dict[str, lis
 
 
 def test_a_slow_trainer_does_not_hold_back_a_fast_one(serve: Serve, solo: dict[str, list[str]]) -> None:
-    limit = 100_000  # ~3 messages: the parked trainer falls out of the window
+    limit = 40_000  # one message (16 x 24x24x3 images): the parked trainer falls out of the window
     with serve(limit) as srv:
         parked = threading.Event()
         resume = threading.Event()
@@ -172,3 +172,36 @@ def test_trainers_per_shared_stream_in_metrics_and_stats(serve: Serve) -> None:
         rest = [[b.column("index").to_pylist() for b in s] for s in streams]
         assert rest[0] == rest[1] == rest[2]
         assert server.share_window.trainers() == {}  # the streams ended
+
+
+VARIANTS: list[dict[str, Any]] = [
+    {"epoch": 1},
+    {"seed": 4},
+    {"transform": [{"name": "decode"}, {"name": "random_resized_crop", "size": 24, "scale": [0.5, 1]},
+                   {"name": "hflip"}]},
+    {"rank": 1, "world_size": 2},
+    {"columns": ["image", "index"]},
+]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: ",".join(v))
+def test_a_request_that_differs_in_anything_is_not_served_the_others_messages(
+    serve: Serve, solo: dict[str, list[str]], variant: dict[str, Any]
+) -> None:
+    kw = dict(variant)
+    epoch = kw.pop("epoch", 0)
+
+    def read(location: str) -> list[str]:
+        ds = reader(location, "imgs", **kw)
+        ds.set_epoch(epoch)
+        got = digests(ds)
+        ds.close()
+        return got
+
+    with serve(0) as alone:
+        want = read(alone.location)
+    with serve(64 << 20) as srv:
+        assert together(srv.location, "imgs", 1)[0] == solo["imgs"]  # the window holds that job's epoch
+        misses = counter(srv, MISSES, "imgs")
+        assert read(srv.location) == want != solo["imgs"]
+        assert counter(srv, HITS, "imgs") == 0 and counter(srv, MISSES, "imgs") > misses  # made its own
