@@ -50,8 +50,11 @@ class ConnectOptions:
     ``token``: bearer token (the server's ``--auth-token-file``; surrounding whitespace is stripped,
     an empty one refused). ``tls_root_certs``: PEM of the CA for ``grpc+tls://`` locations.
     ``timeout``: per-call timeout in seconds (None: no limit). ``retry_timeout``: seconds one
-    *outage* may last (from a failure until a retry delivers data again; 0: never retry).
-    ``retries``: an optional cap on the retries of one outage (None: time only).
+    *outage* may last (from a failure until a retry delivers data again; 0: never retry) — the
+    budget that counts. ``retries``: an optional cap on the retries of one outage that never ends an
+    outage shorter than 5 s (``COUNT_FLOOR_S``; a restarted node is back in about 1 s), or than
+    ``retry_timeout`` if that is shorter (None: time only). Only servers that answered before get
+    retries: a location that never answered in this process fails at once with a ConfigError.
     """
 
     token: str | None = None
@@ -101,7 +104,9 @@ class ReadOptions:
     the shuffle's block and window sizes (0: the server's defaults). ``compression``: ``"lz4"``,
     ``"zstd"`` or None (IPC compression; slower on fast networks). ``on_decode_error``: ``"raise"``
     or ``"skip"`` (rows whose bytes do not decode are dropped). ``report_interval``: seconds between
-    stall/throughput reports to the server (None or 0: never).
+    stall/throughput reports to the server (None or 0: never). ``as_tuple``: yield each batch as a
+    tuple of tensors in the order of the dataset's ``columns=[...]`` (``for images, target in
+    loader``) instead of a dict.
     """
 
     streams: int = 4
@@ -112,6 +117,7 @@ class ReadOptions:
     compression: str | None = None
     on_decode_error: str = "raise"
     report_interval: float | None = 5.0
+    as_tuple: bool = False
 
     def __post_init__(self) -> None:
         _count("streams", self.streams, 1)
@@ -123,6 +129,8 @@ class ReadOptions:
         if self.on_decode_error not in DECODE_ERROR_POLICIES or not self.on_decode_error:
             raise ConfigError(f"on_decode_error is {self.on_decode_error!r}; allowed: 'raise' or 'skip'")
         _seconds("report_interval", self.report_interval, allow_none=True)
+        if not isinstance(self.as_tuple, bool):
+            raise ConfigError(f"as_tuple is {self.as_tuple!r}; it must be True or False")
 
 
 # the constructor's former flat keywords -> where they live now
