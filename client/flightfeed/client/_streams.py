@@ -99,13 +99,13 @@ class StreamReader(threading.Thread):
                 if self.delivered > before:
                     self._recovered(outage, location)
                     outage = None  # the last retry made progress: this is a new outage
-                if self.members is not None:
-                    if reached_server(exc):
-                        self.members.heard(location)
-                    self.members.failed(location)
+                if self.members is not None and reached_server(exc):
+                    self.members.heard(location)
                 if not retryable(err):
                     self._fail(err, exc)
                     return
+                if self.members is not None:
+                    self.members.failed(location)  # the next get_flight_info tries it last
                 if outage is None:
                     outage = Outage(self.policy, len(self.locations))
                 pause = outage.failed(location, err)
