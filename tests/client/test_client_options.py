@@ -34,7 +34,9 @@ def test_the_signature_is_the_designed_one() -> None:
     read = {n: f.default for n, f in ReadOptions.__dataclass_fields__.items()}
     assert read == {
         "streams": 4, "prefetch": 1, "message_rows": 0, "block_rows": 0, "buffer_rows": 0, "compression": None,
-        "on_decode_error": "raise", "report_interval": 5.0, "as_tuple": False,
+        "on_decode_error": "raise", "report_interval": 5.0,
+        # issues 17 and 21: this wave's new knobs live in ReadOptions
+        "normalize": None, "decode_on": "server", "as_tuple": False,
     }
     conn = {n: f.default for n, f in ConnectOptions.__dataclass_fields__.items()}
     assert conn == {"token": None, "tls_root_certs": None, "timeout": None, "retries": None, "retry_timeout": 30.0}

@@ -18,12 +18,16 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import pyarrow.flight as flight
 
+from flightfeed.client._normalize import NormalizeSpec, normalize_option
 from flightfeed.client._retry import RetryPolicy
 from flightfeed.wire.errors import ConfigError
 from flightfeed.wire.messages import DECODE_ERROR_POLICIES
 from flightfeed.wire.tokens import normalize_token
 
-__all__ = ["ConnectOptions", "ReadOptions", "MOVED", "refuse_moved"]
+#: ``ReadOptions.decode_on``: who decodes the images of a decoding transform
+DECODE_ON = ("server", "trainer")
+
+__all__ = ["ConnectOptions", "ReadOptions", "MOVED", "DECODE_ON", "refuse_moved"]
 
 _COMPRESSIONS = (None, "lz4", "zstd")
 
@@ -99,13 +103,18 @@ class ReadOptions:
 
     ``streams``: parallel Flight streams, each on its own connection and thread. ``prefetch``:
     messages buffered per stream. ``message_rows``: rows per Flight message (0: the server's
-    choice, about 8 MiB; messages are what streams and data nodes share out, so fewer, larger
-    messages spread a small epoch over fewer streams and nodes). ``block_rows`` / ``buffer_rows``:
+    choice, whole batches filling about its ``--message-size``, 16 MiB); messages are what streams
+    and data nodes share out, so fewer, larger messages spread a small epoch over fewer streams and
+    nodes. ``block_rows`` / ``buffer_rows``:
     the shuffle's block and window sizes (0: the server's defaults). ``compression``: ``"lz4"``,
     ``"zstd"`` or None (IPC compression; slower on fast networks). ``on_decode_error``: ``"raise"``
     or ``"skip"`` (rows whose bytes do not decode are dropped). ``report_interval``: seconds between
-    stall/throughput reports to the server (None or 0: never). ``as_tuple``: yield each batch as a
-    tuple of tensors in the order of the dataset's ``columns=[...]`` (``for images, target in
+    stall/throughput reports to the server (None or 0: never). ``normalize``: None (uint8 as
+    sent), True (torchvision's ImageNet mean/std) or ``(mean, std)``: the image column becomes
+    float32 ``(B, C, H, W)`` on the dataset's device, after the copy. ``decode_on``: ``"server"``
+    (the data node decodes) or ``"trainer"`` (the node sends JPEG bytes + seeded crop/flip; the
+    trainer decodes with nvJPEG through torchvision). ``as_tuple``: yield each batch
+    as a tuple of tensors in the order of the dataset's ``columns=[...]`` (``for images, target in
     loader``) instead of a dict.
     """
 
@@ -117,6 +126,8 @@ class ReadOptions:
     compression: str | None = None
     on_decode_error: str = "raise"
     report_interval: float | None = 5.0
+    normalize: NormalizeSpec = None
+    decode_on: str = "server"
     as_tuple: bool = False
 
     def __post_init__(self) -> None:
@@ -129,6 +140,11 @@ class ReadOptions:
         if self.on_decode_error not in DECODE_ERROR_POLICIES or not self.on_decode_error:
             raise ConfigError(f"on_decode_error is {self.on_decode_error!r}; allowed: 'raise' or 'skip'")
         _seconds("report_interval", self.report_interval, allow_none=True)
+        normalize_option(self.normalize)  # a clear error now rather than at the first batch
+        if self.decode_on not in DECODE_ON:
+            raise ConfigError(
+                f"decode_on is {self.decode_on!r}; allowed: 'server' (the data node decodes) or 'trainer'"
+            )
         if not isinstance(self.as_tuple, bool):
             raise ConfigError(f"as_tuple is {self.as_tuple!r}; it must be True or False")
 
