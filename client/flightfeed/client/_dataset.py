@@ -26,7 +26,7 @@ from flightfeed.client._info import dataset_info
 from flightfeed.client._members import Members
 from flightfeed.client._node import FlightNode
 from flightfeed.client._normalize import normalize_option
-from flightfeed.client._options import ConnectOptions, ReadOptions, refuse_moved
+from flightfeed.client._options import ConnectOptions, ReadOptions, checked_settings, refuse_moved
 from flightfeed.client._pool import ConnectionPool
 from flightfeed.client._report import _default_client_id, start_reporter
 from flightfeed.client._request import ReadJob, columns_arg, open_readers, read_command
@@ -103,27 +103,13 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         options: ReadOptions | None = None,
     ) -> None:
         super().__init__()
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ConfigError(f"batch_size is {batch_size!r}; it must be an integer >= 1")
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ConfigError(f"seed is {seed!r}; it must be an integer >= 0")
-        if connect is not None and not isinstance(connect, ConnectOptions):
-            raise ConfigError(f"connect is a {type(connect).__name__}; pass connect=ConnectOptions(...)")
-        if options is not None and not isinstance(options, ReadOptions):
-            raise ConfigError(f"options is a {type(options).__name__}; pass options=ReadOptions(...)")
         self.location, self.name = location, name
         self._members = Members(location)  # checks every comma-separated entry; learns the tier's others
         self.columns = columns_arg(columns)
+        self.connect, self.options = checked_settings(batch_size, seed, self.columns, connect, options)
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
         self.device = torch.device(device) if device is not None else None
-        self.connect = connect if connect is not None else ConnectOptions()
-        self.options = options if options is not None else ReadOptions()
-        if self.options.as_tuple and not self.columns:
-            raise ConfigError(
-                "ReadOptions(as_tuple=True) yields the columns in the order of columns=[...]: name them, "
-                "e.g. FlightDataset(..., columns=['image', 'label'], options=ReadOptions(as_tuple=True))"
-            )
         # server-side transforms (see the class doc); checked here for shape, on the server in full
         self.transform = transform
         set_transform(ReadCommand(), transform, self.options.on_decode_error)

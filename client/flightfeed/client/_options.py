@@ -27,7 +27,7 @@ from flightfeed.wire.tokens import normalize_token
 #: ``ReadOptions.decode_on``: who decodes the images of a decoding transform
 DECODE_ON = ("server", "trainer")
 
-__all__ = ["ConnectOptions", "ReadOptions", "MOVED", "DECODE_ON", "refuse_moved"]
+__all__ = ["ConnectOptions", "ReadOptions", "MOVED", "DECODE_ON", "refuse_moved", "checked_settings"]
 
 _COMPRESSIONS = (None, "lz4", "zstd")
 
@@ -147,6 +147,25 @@ class ReadOptions:
             )
         if not isinstance(self.as_tuple, bool):
             raise ConfigError(f"as_tuple is {self.as_tuple!r}; it must be True or False")
+
+
+def checked_settings(
+    batch_size: object, seed: object, columns: list[str], connect: object, options: object
+) -> tuple[ConnectOptions, ReadOptions]:
+    """Check a FlightDataset's per-job numbers and option groups; the groups, defaults filled in."""
+    _count("batch_size", batch_size, 1)
+    _count("seed", seed, 0)
+    if connect is not None and not isinstance(connect, ConnectOptions):
+        raise ConfigError(f"connect is a {type(connect).__name__}; pass connect=ConnectOptions(...)")
+    if options is not None and not isinstance(options, ReadOptions):
+        raise ConfigError(f"options is a {type(options).__name__}; pass options=ReadOptions(...)")
+    read = options if options is not None else ReadOptions()
+    if read.as_tuple and not columns:
+        raise ConfigError(
+            "ReadOptions(as_tuple=True) yields the columns in the order of columns=[...]: name them, "
+            "e.g. FlightDataset(..., columns=['image', 'label'], options=ReadOptions(as_tuple=True))"
+        )
+    return (connect if connect is not None else ConnectOptions()), read
 
 
 # the constructor's former flat keywords -> where they live now
