@@ -39,7 +39,7 @@ import pyarrow.ipc as ipc
 
 from bench.common import flightfeed_server, machine, median, write_json
 from flightfeed.client import FlightDataset
-from flightfeed.server.order import default_shuffle
+from flightfeed.server.data.order import default_shuffle
 
 ROW_SIZES = {"16KiB": 16 << 10, "147KiB": 224 * 224 * 3}
 SHARD_BYTES = 512 << 20

@@ -155,8 +155,8 @@ def locality(args: argparse.Namespace) -> list[dict[str, Any]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from flightfeed.server.convert import ConvertSettings, convert
     from flightfeed.server.storage.local_s3 import LocalS3
+    from flightfeed.server.tools.convert import ConvertSettings, convert
 
     os.environ.update(AWS_EC2_METADATA_DISABLED="true", AWS_ACCESS_KEY_ID=LocalS3.access_key,
                       AWS_SECRET_ACCESS_KEY=LocalS3.secret_key)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from flightfeed.server.order import EpochOrder, default_shuffle
+from flightfeed.server.data.order import EpochOrder, default_shuffle
 
 CASES = [  # (rows, bytes per row, what)
     (1_000_000, 64, "tabular rows (64 B)"),

@@ -34,11 +34,11 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from flightfeed.server.convert import ConvertSettings, convert
-from flightfeed.server.metrics import ServerMetrics
+from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.storage import cache as cache_module
 from flightfeed.server.storage.local_s3 import LocalS3
 from flightfeed.server.testing import running_server
+from flightfeed.server.tools.convert import ConvertSettings, convert
 
 OUT = Path(__file__).resolve().parent / "out" / "storage.json"
 

@@ -12,8 +12,8 @@ import pyarrow.ipc as ipc
 import pytest
 
 from flightfeed.client import FlightDataset
-from flightfeed.server.inspect import format_report, inspect_dataset, inspect_server
 from flightfeed.server.testing import RunningServer, running_server
+from flightfeed.server.tools.inspect import format_report, inspect_dataset, inspect_server
 from flightfeed.wire.classes import classes_of
 
 CLASSES = ["cat", "dog", "zebra"]

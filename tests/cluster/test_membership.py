@@ -12,7 +12,8 @@ import pytest
 
 from flightfeed.client import FlightDataset
 from flightfeed.server.cluster import Membership
-from flightfeed.server.service import FlightFeedServer
+from flightfeed.server.observe.snapshot import metrics_snapshot
+from flightfeed.server.request.service import FlightFeedServer
 from flightfeed.server.storage import open_catalog
 from flightfeed.server.testing import RunningServer
 from flightfeed.wire.errors import StreamError
@@ -58,7 +59,7 @@ def test_dns_membership_with_a_fake_resolver(blobs_dir: Path) -> None:
         assert states == {a.location: "self", b.location: "live"}
         assert [eps[0] for eps in first_locations(a.location)] == [a.location, b.location] * 2
         assert first_locations(a.location)[1] == [b.location, a.location]  # the other node as alternate
-        stats = a.server.metrics.snapshot()
+        stats = metrics_snapshot(a.server.metrics)
         assert stats["cluster"]["peers_live"] == 1 and "flightfeed_peers_live 1.0" in stats["prometheus_text"]
         # the name stops resolving to b (scaled down): b is dropped, streams stay home
         answers["flightfeed-headless.test"] = ["127.0.0.1"]
@@ -71,7 +72,7 @@ def test_dns_membership_with_a_fake_resolver(blobs_dir: Path) -> None:
         ds = FlightDataset(a.location, "blobs", columns=["index"], batch_size=100, streams=4, message_rows=200,
                            report_interval=None)
         assert sorted(i for batch in ds for i in batch["index"].tolist()) == list(range(BLOB_ROWS))
-        assert b.metrics.snapshot()["totals"]["rows"] > 0 and a.metrics.snapshot()["totals"]["rows"] > 0
+        assert metrics_snapshot(b.metrics)["totals"]["rows"] > 0 and metrics_snapshot(a.metrics)["totals"]["rows"] > 0
 
 
 def test_a_peer_with_other_data_is_refused(blobs_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

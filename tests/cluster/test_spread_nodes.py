@@ -8,6 +8,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from flightfeed.client import FlightDataset
+from flightfeed.server.observe.snapshot import metrics_snapshot
 from tests.cluster.conftest import BLOB_ROWS
 from tests.cluster.test_membership import join, node
 
@@ -21,7 +22,7 @@ def test_two_ranks_of_one_stream_use_all_three_nodes_and_read_every_row_once(blo
             assert [p["state"] for p in m.describe()] == ["live", "live"]
         served: list[set[str]] = []
         for epoch in range(2):
-            before = [n.metrics.snapshot()["totals"]["rows"] for n in nodes]
+            before = [metrics_snapshot(n.metrics)["totals"]["rows"] for n in nodes]
             got: list[list[int]] = []
             for rank in range(2):  # each rank dials a different node: the spread is the same everywhere
                 ds = FlightDataset(
@@ -33,7 +34,7 @@ def test_two_ranks_of_one_stream_use_all_three_nodes_and_read_every_row_once(blo
                 ds.close()
             assert not set(got[0]) & set(got[1])
             assert sorted(got[0] + got[1]) == list(range(BLOB_ROWS))  # every row exactly once
-            after = [n.metrics.snapshot()["totals"]["rows"] for n in nodes]
+            after = [metrics_snapshot(n.metrics)["totals"]["rows"] for n in nodes]
             served.append({n.location for n, b, a in zip(nodes, before, after, strict=True) if a > b})
             assert len(served[-1]) == 2  # two streams, two different nodes
         assert served[0] | served[1] == {n.location for n in nodes}  # every node served rows

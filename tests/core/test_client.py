@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from flightfeed.client import DatasetNotFound, FlightDataset, InvalidRequest, StreamTruncated, Unauthenticated
-from flightfeed.server.service import FlightFeedServer
+from flightfeed.server.request.service import FlightFeedServer
 from flightfeed.server.storage import open_catalog
 from flightfeed.server.testing import RunningServer, running_server
 from tests.datasets import SMALL_ROWS, image_of
@@ -73,7 +73,7 @@ class TruncatingServer(FlightFeedServer):
     """Every stream ends one message early, cleanly (no error): only row counting can tell."""
 
     def do_get(self, context: Any, ticket: flight.Ticket) -> Any:
-        from flightfeed.server.streaming import ticket_batches
+        from flightfeed.server.request.streaming import ticket_batches
         from flightfeed.wire.messages import decode_ticket
 
         t = decode_ticket(ticket.ticket)
@@ -90,7 +90,7 @@ class FlakyServer(FlightFeedServer):
         self.failed: set[int] = set()
 
     def do_get(self, context: Any, ticket: flight.Ticket) -> Any:
-        from flightfeed.server.streaming import ticket_batches
+        from flightfeed.server.request.streaming import ticket_batches
         from flightfeed.wire.messages import decode_ticket
 
         t = decode_ticket(ticket.ticket)

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from flightfeed.server.gather import _fixed_layout, contiguous, gather
+from flightfeed.server.request.gather import _fixed_layout, contiguous, gather
 from flightfeed.server.storage import open_dataset
 from tests.datasets import IMAGE, image_of
 

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
-from flightfeed.server.streaming import StreamSettings
+from flightfeed.server.request.streaming import StreamSettings
 from flightfeed.server.testing import RunningServer, running_server
 from tests.datasets import SMALL_ROWS, image_of, write_dataset
 

@@ -38,8 +38,8 @@ def test_generated_protobuf_code_is_current(tmp_path: Path) -> None:
 
 def test_server_never_imports_torch() -> None:
     code = (
-        "import sys, flightfeed.server, flightfeed.server.cli, flightfeed.server._serve, "
-        "flightfeed.server.sidecar, flightfeed.server.inspect, flightfeed.server.convert\n"
+        "import sys, flightfeed.server, flightfeed.server.cli, flightfeed.server.serve, "
+        "flightfeed.server.sidecar, flightfeed.server.tools.inspect, flightfeed.server.tools.convert\n"
         "bad = [m for m in ('torch',) if m in sys.modules]\nassert not bad, bad"
     )
     result = run_python(code)
@@ -74,7 +74,7 @@ def test_built_wheel_imports_without_the_source_tree(tmp_path: Path) -> None:
     wheel = next((tmp_path / "dist").glob("flightfeed-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     for must in (
-        "flightfeed/server/service.py",
+        "flightfeed/server/request/service.py",
         "flightfeed/client/_dataset.py",
         "flightfeed/wire/feed_pb2.py",
         "flightfeed/server/sidecar/dashboard.html",

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from flightfeed.client import FlightDataset
-from flightfeed.server.inspect import inspect_dataset
-from flightfeed.server.metrics import ServerMetrics
+from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.storage import StorageOptions, open_catalog
 from flightfeed.server.storage.cache_files import sha256_file
 from flightfeed.server.storage.manifest import MANIFEST_NAME, Manifest, ManifestShard
 from flightfeed.server.testing import running_server
+from flightfeed.server.tools.inspect import inspect_dataset
 from flightfeed.wire.errors import DatasetError, ShardError
 from tests.datasets import SMALL_LAYOUT, SMALL_ROWS, write_dataset
 

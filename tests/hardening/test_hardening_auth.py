@@ -12,8 +12,8 @@ import pytest
 
 from flightfeed.client import FlightDataset
 from flightfeed.server.cli import main as cli_main
-from flightfeed.server.exposure import exposure_warnings, is_loopback, warn_if_exposed
-from flightfeed.server.service import FlightFeedServer
+from flightfeed.server.guards.exposure import exposure_warnings, is_loopback, warn_if_exposed
+from flightfeed.server.request.service import FlightFeedServer
 from flightfeed.server.storage import open_catalog
 from flightfeed.server.testing import running_server
 from flightfeed.wire.errors import ConfigError

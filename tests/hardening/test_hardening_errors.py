@@ -105,7 +105,7 @@ def test_every_ticket_field_is_range_checked(server: RunningServer, field: str, 
 
 
 def test_message_size_and_streams_are_capped(small_dir: Any) -> None:
-    from flightfeed.server.limits import Limits
+    from flightfeed.server.guards.limits import Limits
     from flightfeed.server.testing import running_server
 
     # 'small' rows are 77 bytes: a 4 KiB message holds 48 rows (3 batches of 16)
@@ -130,7 +130,7 @@ def test_internal_errors_name_an_id_not_the_exception(server: RunningServer, mon
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise OSError(2, "No such file", "/srv/secret/place/shard.arrow")
 
-    monkeypatch.setattr("flightfeed.server.service.make_tickets", broken)
+    monkeypatch.setattr("flightfeed.server.request.service.make_tickets", broken)
     client = flight.FlightClient(server.location)
     with pytest.raises(flight.FlightInternalError) as info:
         client.get_flight_info(flight.FlightDescriptor.for_command(command().SerializeToString()))

@@ -9,8 +9,9 @@ from typing import Any
 import pyarrow.flight as flight
 import pytest
 
-from flightfeed.server.in_flight import BytesInFlight, metered, peer_host
-from flightfeed.server.metrics import ServerMetrics
+from flightfeed.server.guards.budget import BytesInFlight, metered, peer_host
+from flightfeed.server.observe.metrics import ServerMetrics
+from flightfeed.server.observe.snapshot import metrics_snapshot
 from flightfeed.server.testing import RunningServer
 from flightfeed.wire.errors import StorageError
 
@@ -92,7 +93,7 @@ def test_server_reports_bytes_in_flight(server: RunningServer) -> None:
     client = flight.FlightClient(server.location)
     info = client.get_flight_info(flight.FlightDescriptor.for_path("small"))
     assert client.do_get(info.endpoints[0].ticket).read_all().num_rows == 422
-    section = server.metrics.snapshot()["bytes_in_flight"]
+    section = metrics_snapshot(server.metrics)["bytes_in_flight"]
     assert section["bytes"] == 0 and section["peak_bytes"] > 0
     assert section["limit"] == 512 << 20 and section["client_limit"] == 256 << 20
     assert "flightfeed_bytes_in_flight{dataset=\"small\"} 0.0" in server.metrics.prometheus_text().decode()

@@ -8,8 +8,8 @@ from typing import Any
 import pyarrow.flight as flight
 import pytest
 
-from flightfeed.server.metrics import ServerMetrics
-from flightfeed.server.report_registry import ClientTable, validate_report
+from flightfeed.server.observe.metrics import ServerMetrics
+from flightfeed.server.observe.reports import ClientTable, validate_report
 from flightfeed.server.testing import RunningServer
 from flightfeed.wire.errors import InvalidRequest
 from flightfeed.wire.messages import ClientReport

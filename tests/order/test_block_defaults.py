@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from flightfeed.client import FlightDataset
-from flightfeed.server.order import DEFAULT_BLOCK_ROWS
+from flightfeed.server.data.order import DEFAULT_BLOCK_ROWS
 from flightfeed.server.testing import RunningServer
 
 

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flightfeed.server.order import EpochOrder, default_shuffle
+from flightfeed.server.data.order import EpochOrder, default_shuffle
 from flightfeed.wire.plan import Partition, ceil_div, split_streams, stream_messages
 
 FP = "0123456789abcdef0123"

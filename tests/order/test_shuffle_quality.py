@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from flightfeed.server.order import EpochOrder, default_shuffle
+from flightfeed.server.data.order import EpochOrder, default_shuffle
 
 
 def quality(n: int, row_bytes: int, batch: int = 64, classes: int = 10) -> tuple[float, float, float]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from flightfeed.server.metrics import ServerMetrics
+from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.sidecar import create_app
 from flightfeed.server.sidecar.sources import SIDECAR_METRICS, LocalSource
 

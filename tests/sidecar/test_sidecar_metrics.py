@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-import flightfeed.server.metrics as metrics_mod
-from flightfeed.server.metrics import ServerMetrics
-from flightfeed.server.metrics_window import RateWindow
+import flightfeed.server.observe.metrics as metrics_mod
+from flightfeed.server.observe.metrics import ServerMetrics
+from flightfeed.server.observe.snapshot import metrics_snapshot
+from flightfeed.server.observe.window import RateWindow
 
 # DESIGN.md §2: the names tooling outside the package relies on
 DESIGN_NAMES = [
@@ -107,7 +108,7 @@ def test_counters_count_batches_and_streams() -> None:
     m.batch_sent("a", 44, 704)
     m.stream_finished("a", "ok")
     m.stream_started("b")
-    snap = m.snapshot(include_prometheus=False)
+    snap = metrics_snapshot(m, include_prometheus=False)
     assert snap["totals"] == {
         "rows": 300, "bytes": 4800, "batches": 2, "streams_finished": 1, "outcomes": {"ok": 1}
     }
@@ -153,7 +154,7 @@ def test_client_reports_are_normalized() -> None:
     assert clients["c1"]["rank"] == 0
     assert clients["c1"]["active"] is True
     assert clients["unknown"]["rows_per_s"] == 0.0
-    snap = m.snapshot(include_prometheus=False)
+    snap = metrics_snapshot(m, include_prometheus=False)
     json.dumps(snap, allow_nan=False)
     assert snap["clients_active"] == 2
     assert snap["stall"] == {"mean": 0.5, "max": 1.0, "clients": 2}
@@ -193,14 +194,14 @@ def test_snapshot_merges_catalog_descriptions_and_carries_the_exposition() -> No
     m.cache_misses.labels("a").inc(1)
     m.storage_read_seconds.labels("a").observe(0.5)
     described: list[dict[str, Any]] = [{"name": "a", "rows": 10, "shards": 2, "uri": "/data/a"}]
-    snap = m.snapshot(described)
+    snap = metrics_snapshot(m, described)
     assert snap["prometheus_text"].startswith("# HELP")
     (a,) = snap["datasets"]
     assert (a["rows"], a["shards"], a["uri"]) == (10, 2, "/data/a")
     assert a["cache"]["hit_ratio"] == 0.75
     assert snap["cache"]["hit_ratio"] == 0.75
     assert snap["storage"] == {"reads": 1, "read_seconds": 0.5, "mean_read_s": 0.5}
-    empty = ServerMetrics().snapshot(include_prometheus=False)
+    empty = metrics_snapshot(ServerMetrics(), include_prometheus=False)
     assert empty["cache"]["hit_ratio"] is None
     assert empty["stall"]["mean"] is None
     assert "prometheus_text" not in empty

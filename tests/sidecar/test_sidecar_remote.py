@@ -15,7 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from flightfeed.server.service import FlightFeedServer
+from flightfeed.server.request.service import FlightFeedServer
 from flightfeed.server.sidecar import LocalSource, RemoteSource, SidecarHandle, StatsSource
 from flightfeed.server.storage import open_catalog
 from flightfeed.server.testing import RunningServer, running_server

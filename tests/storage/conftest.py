@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from flightfeed.server.catalog import Dataset
-from flightfeed.server.metrics import ServerMetrics
+from flightfeed.server.data.catalog import Dataset
+from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.storage import cache as cache_module
 from flightfeed.server.storage.local_s3 import LocalS3
 

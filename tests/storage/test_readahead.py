@@ -12,8 +12,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from flightfeed.client import FlightDataset
-from flightfeed.server.readahead import ReadAhead
-from flightfeed.server.streaming import StreamSettings
+from flightfeed.server.data.readahead import ReadAhead
+from flightfeed.server.request.streaming import StreamSettings
 from flightfeed.server.testing import running_server
 from tests.datasets import SMALL_LAYOUT, SMALL_ROWS, write_dataset
 
@@ -72,7 +72,7 @@ def test_read_ahead_stops_when_the_consumer_stops(tmp_path: Path) -> None:
     before = set(threading.enumerate())
     with running_server({"data": str(root)}, settings=StreamSettings(readahead_windows=4)) as srv:
         ahead = srv.catalog.get("data").readahead
-        assert ahead is not None
+        assert isinstance(ahead, ReadAhead)
         ds = FlightDataset(srv.location, "data", batch_size=16, shuffle=True, streams=2, block_rows=8, buffer_rows=64)
         it = iter(ds)
         next(it)
@@ -88,8 +88,8 @@ def test_read_ahead_stops_when_the_consumer_stops(tmp_path: Path) -> None:
 
 
 def test_a_closed_stream_drops_its_pending_read_ahead(tmp_path: Path) -> None:
-    from flightfeed.server.order import EpochOrder
-    from flightfeed.server.readahead import ReadAhead
+    from flightfeed.server.data.order import EpochOrder
+    from flightfeed.server.data.readahead import ReadAhead
     from flightfeed.server.storage import open_catalog
     from flightfeed.wire.plan import Partition
 
@@ -127,7 +127,7 @@ def test_a_closed_stream_drops_its_pending_read_ahead(tmp_path: Path) -> None:
 def test_stored_order_read_ahead_counts_bytes(tmp_path: Path, fmt: str) -> None:
     """Stored-order read-ahead of the next messages reads them and counts their bytes, whether or
     not the pages were already resident (no dependence on page-cache state or thread timing)."""
-    from flightfeed.server.order import EpochOrder
+    from flightfeed.server.data.order import EpochOrder
     from flightfeed.server.storage import open_catalog
     from flightfeed.wire.plan import Partition
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flightfeed.server.metrics import ServerMetrics
+from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.storage import cache as cache_module
 from flightfeed.server.storage.cache import ShardCache, default_cache_size, shared_cache
 from flightfeed.wire.errors import StorageError

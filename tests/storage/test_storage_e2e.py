@@ -14,11 +14,11 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pyarrow.parquet as pq
 
-from flightfeed.server.convert import ConvertSettings, convert
-from flightfeed.server.metrics import ServerMetrics
+from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.storage import StorageOptions
 from flightfeed.server.storage.local_s3 import LocalS3
 from flightfeed.server.testing import running_server
+from flightfeed.server.tools.convert import ConvertSettings, convert
 
 ArrowShards = Callable[..., tuple[Path, pa.Table]]
 Count = Callable[[str, str], float]

@@ -12,12 +12,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from flightfeed.server import inspect as inspect_cli
-from flightfeed.server.convert import ConvertSettings, convert
-from flightfeed.server.inspect import format_report, inspect_dataset, inspect_server
 from flightfeed.server.readers.ipc_meta import ipc_compression
 from flightfeed.server.storage.local_s3 import LocalS3
 from flightfeed.server.testing import running_server
+from flightfeed.server.tools import inspect as inspect_cli
+from flightfeed.server.tools.convert import ConvertSettings, convert
+from flightfeed.server.tools.inspect import format_report, inspect_dataset, inspect_server
 from flightfeed.wire.errors import StorageError
 
 ArrowShards = Callable[..., tuple[Path, pa.Table]]

@@ -12,14 +12,14 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from flightfeed.server.catalog import Dataset
-from flightfeed.server.convert import ConvertSettings, convert
-from flightfeed.server.metrics import ServerMetrics
+from flightfeed.server.data.catalog import Dataset
+from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.storage import cache as cache_module
 from flightfeed.server.storage import open_dataset
 from flightfeed.server.storage.local_s3 import LocalS3
 from flightfeed.server.storage.remote import RemoteShard
 from flightfeed.server.storage.s3_client import download, translate, with_retries
+from flightfeed.server.tools.convert import ConvertSettings, convert
 from flightfeed.wire.errors import DatasetError, StorageError
 
 ArrowShards = Callable[..., tuple[Path, pa.Table]]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from flightfeed.client import FlightDataset
-from flightfeed.server.metrics import ServerMetrics
+from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.testing import RunningServer, running_server
 from flightfeed.server.transforms import Transformer
 from tests.transforms.images import write_images

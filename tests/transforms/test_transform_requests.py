@@ -14,10 +14,10 @@ import pyarrow.flight as flight
 import pytest
 
 from flightfeed.client import FlightDataset
-from flightfeed.server.metrics import ServerMetrics
+from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.testing import RunningServer, running_server
 from flightfeed.server.transforms import ENTRY_POINT_GROUP, Registry, Transformer, load_entry_points
-from flightfeed.server.transforms import registry as registry_module
+from flightfeed.server.transforms import defaults as defaults_module
 from flightfeed.server.transforms.ops import BUILTINS
 from flightfeed.server.transforms.presets import PRESETS
 from flightfeed.server.transforms.setup import transformer_from_config
@@ -104,7 +104,7 @@ def test_tickets_carry_the_resolved_steps(image_server: RunningServer) -> None:
 @pytest.fixture
 def entry_point(monkeypatch: pytest.MonkeyPatch) -> None:
     ep = importlib.metadata.EntryPoint("test", "tests.transforms.custom:transforms", ENTRY_POINT_GROUP)
-    monkeypatch.setattr(registry_module, "entry_points", lambda group: [ep] if group == ENTRY_POINT_GROUP else [])
+    monkeypatch.setattr(defaults_module, "entry_points", lambda group: [ep] if group == ENTRY_POINT_GROUP else [])
 
 
 def test_custom_transforms_from_an_entry_point(image_dir: Path, entry_point: None) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import torch
 
+from flightfeed.server.observe.snapshot import metrics_snapshot
 from flightfeed.server.testing import RunningServer
 from flightfeed.wire.errors import ShardError, StaleState
 from tests.transforms.conftest import CORRUPT, ROWS, MakeImages
@@ -52,7 +53,7 @@ def test_every_good_row_once_and_skips_counted(make_images: MakeImages, image_se
     after = image_server.metrics.registry.get_sample_value("flightfeed_rows_skipped_total", {"dataset": "imgs"})
     assert (after or 0) - (before or 0) == len(CORRUPT)
     assert image_server.metrics.registry.get_sample_value("flightfeed_decode_errors_total", {"dataset": "imgs"})
-    snap = image_server.metrics.snapshot(include_prometheus=False)  # what /stats and the dashboard show
+    snap = metrics_snapshot(image_server.metrics, include_prometheus=False)  # what /stats and the dashboard show
     decode = {d["name"]: d["decode"] for d in snap["datasets"]}["imgs"]
     assert decode["rows_skipped"] >= len(CORRUPT)
     assert decode["rows_decoded"] >= ROWS - len(CORRUPT)

@@ -1,7 +1,7 @@
 """The one flightfeed exception tree, shared by server and client.
 
 The server raises these and translates them to Flight errors in one place
-(``flightfeed.server._boundary``); the client translates Flight errors back into
+(``flightfeed.server.guards.boundary``); the client translates Flight errors back into
 these in one place (``flightfeed.client._boundary``). The class travels in the
 message as a ``[flightfeed:ClassName]`` prefix, so both sides agree on the type.
 """

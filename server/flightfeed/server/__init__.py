@@ -1,11 +1,11 @@
 """flightfeed's data server: Arrow Flight over sharded Arrow IPC, HDF5 and S3 (never imports torch)."""
 
-from flightfeed.server.catalog import Catalog, Dataset
-from flightfeed.server.metrics import ServerMetrics
-from flightfeed.server.order import EpochOrder
-from flightfeed.server.service import FlightFeedServer
+from flightfeed.server.data.catalog import Catalog, Dataset
+from flightfeed.server.data.order import EpochOrder
+from flightfeed.server.observe.metrics import ServerMetrics
+from flightfeed.server.request.service import FlightFeedServer
+from flightfeed.server.request.streaming import StreamSettings
 from flightfeed.server.storage import StorageOptions, open_dataset
-from flightfeed.server.streaming import StreamSettings
 
 __all__ = [
     "FlightFeedServer",

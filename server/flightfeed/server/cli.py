@@ -19,10 +19,10 @@ __all__ = ["main", "SUBCOMMANDS"]
 
 #: name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "serve": ("flightfeed.server._serve", "serve datasets over Arrow Flight (and the metrics sidecar)"),
+    "serve": ("flightfeed.server.serve", "serve datasets over Arrow Flight (and the metrics sidecar)"),
     "demo": ("flightfeed.client._demo", "make a small dataset, serve it, read one epoch into torch"),
-    "convert": ("flightfeed.server.convert.cli", "convert HDF5/Parquet/NumPy/image folders into .arrow shards"),
-    "inspect": ("flightfeed.server.inspect", "schema, rows, shards and bytes of a path, s3:// URI or server"),
+    "convert": ("flightfeed.server.tools.convert.cli", "convert HDF5/Parquet/NumPy/image folders into .arrow shards"),
+    "inspect": ("flightfeed.server.tools.inspect", "schema, rows, shards and bytes of a path, s3:// URI or server"),
     "bench": ("flightfeed.client._bench", "measure client throughput and stall against a server"),
     "sidecar": ("flightfeed.server.sidecar.cli", "run the metrics sidecar as its own process"),
 }

@@ -7,9 +7,9 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from flightfeed.server.catalog import Catalog
-from flightfeed.server.metrics import ServerMetrics
-from flightfeed.server.service import FlightFeedServer
+from flightfeed.server.data.catalog import Catalog
+from flightfeed.server.observe.metrics import ServerMetrics
+from flightfeed.server.request.service import FlightFeedServer
 from flightfeed.server.storage import StorageOptions, open_catalog
 
 __all__ = ["RunningServer", "running_server"]

@@ -1,4 +1,10 @@
-"""Many data nodes behind one endpoint: membership, worker supervision, endpoint spread."""
+"""Many data nodes behind one endpoint: membership, worker supervision, endpoint spread.
+
+``peers`` keeps the membership (``--peers``, ``--peers-dns``, gossip), ``probe`` asks a peer's
+health, ``node`` is this node's view of the tier, ``spread`` decides which process or node serves
+each endpoint of a FlightInfo, ``locality`` routes cache misses to the node that owns a shard,
+``workers`` supervises ``--workers`` processes and ``lifecycle`` drains a node on SIGTERM.
+"""
 
 from flightfeed.server.cluster.node import Cluster
 from flightfeed.server.cluster.peers import Membership, Peer, Resolver, parse_peers, parse_peers_dns, system_resolver

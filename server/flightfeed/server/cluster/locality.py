@@ -24,8 +24,8 @@ from typing import Any
 
 import pyarrow.flight as flight
 
-from flightfeed.server.catalog import Catalog
 from flightfeed.server.cluster.node import Cluster
+from flightfeed.server.data.catalog import Catalog
 from flightfeed.server.storage.remote import RemoteShard
 from flightfeed.wire.errors import InvalidRequest
 

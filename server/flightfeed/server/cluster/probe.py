@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from flightfeed.server.flight_probe import FlightProbe
+from flightfeed.server.observe.probe import FlightProbe
 
 __all__ = ["HealthProbe", "DETAIL_KEYS"]
 

@@ -1,4 +1,8 @@
-"""Shard readers by format. ``open_shard`` picks one from the file suffix."""
+"""Shard readers by format: each turns one file into chunks of Arrow rows behind the
+``ShardReader`` protocol (``base``). ``arrow_ipc`` memory-maps Arrow IPC files under a read lease
+(``mapped``, ``lease_watch``), ``hdf5``/``hdf5_layout`` read a group's datasets as columns,
+``parquet`` reads row groups, ``ndarray`` wraps NumPy arrays. ``open_shard`` picks one from the
+file suffix."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from flightfeed.server.auth import bearer_matches
+from flightfeed.server.guards.auth import bearer_matches
 from flightfeed.server.sidecar.sources import StatsSource, not_ready_reason
 from flightfeed.wire.errors import FlightFeedError
 from flightfeed.wire.tokens import normalize_token

@@ -1,7 +1,7 @@
 """Where the sidecar gets its figures: a :class:`StatsSource`.
 
 - :class:`LocalSource` sits in the ``flightfeed serve`` process and reads the server's
-  :class:`~flightfeed.server.metrics.ServerMetrics` directly.
+  :class:`~flightfeed.server.observe.metrics.ServerMetrics` directly.
 - :class:`RemoteSource` runs in its own process (``flightfeed sidecar --flight grpc://...``, a
   second container in the pod) and asks the Flight server through the ``stats`` action. It
   relays the server's Prometheus exposition verbatim (the snapshot carries it under
@@ -18,8 +18,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from flightfeed.server.flight_probe import FlightProbe
-from flightfeed.server.metrics import ServerMetrics
+from flightfeed.server.observe.metrics import ServerMetrics
+from flightfeed.server.observe.probe import FlightProbe
+from flightfeed.server.observe.snapshot import metrics_snapshot
 from flightfeed.server.sidecar.readiness import ServingProbe
 from flightfeed.wire.errors import FlightFeedError
 
@@ -85,7 +86,7 @@ class LocalSource:
 
     def stats(self) -> dict[str, Any]:
         described = [dict(d.describe()) for d in self.catalog.datasets()] if self.catalog is not None else []
-        snap = self.metrics.snapshot(described, include_prometheus=False)
+        snap = metrics_snapshot(self.metrics, described, include_prometheus=False)
         snap["sidecar"] = {"mode": "local", "flight": self.flight_location, "flight_up": True}
         return snap
 

@@ -10,7 +10,7 @@ import argparse
 import re
 from collections.abc import Mapping, Sequence
 
-from flightfeed.server.storage.resolve import StorageOptions
+from flightfeed.server.storage.options import StorageOptions
 from flightfeed.wire.errors import ConfigError
 
 __all__ = [

@@ -18,7 +18,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from flightfeed.server.storage.resolve import StorageOptions
+from flightfeed.server.storage.options import StorageOptions
 from flightfeed.server.storage.s3_client import s3_filesystem
 
 __all__ = ["LocalS3"]

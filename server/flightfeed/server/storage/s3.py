@@ -23,8 +23,8 @@ from flightfeed.server.readers import ShardReader, format_of
 from flightfeed.server.storage.cache import ShardCache, shared_cache
 from flightfeed.server.storage.local import SHARD_SUFFIXES
 from flightfeed.server.storage.manifest import MANIFEST_NAME, Manifest, ManifestShard
+from flightfeed.server.storage.options import StorageOptions
 from flightfeed.server.storage.remote import RemoteShard
-from flightfeed.server.storage.resolve import StorageOptions
 from flightfeed.server.storage.s3_client import download, s3_filesystem, split_s3_uri, translate, with_retries
 from flightfeed.wire.errors import DatasetError, StorageError
 

@@ -21,8 +21,8 @@ import os
 import threading
 from collections import deque
 
-from flightfeed.server.catalog import Dataset
-from flightfeed.server.metrics import ServerMetrics
+from flightfeed.server.data.catalog import Dataset
+from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.storage.cache_files import sha256_file
 from flightfeed.server.storage.manifest import MANIFEST_NAME, Manifest
 from flightfeed.wire.errors import ConfigError, DatasetError

@@ -27,11 +27,12 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from flightfeed.server.catalog import Dataset
-from flightfeed.server.gather import gather
+from flightfeed.server.data.catalog import Dataset
+from flightfeed.server.request.gather import gather
+from flightfeed.server.transforms.defaults import default_registry
 from flightfeed.server.transforms.frame import Frame
 from flightfeed.server.transforms.pipeline import ColumnPlan, Plan, Step, compile_plan, resolve_command
-from flightfeed.server.transforms.registry import Registry, default_registry
+from flightfeed.server.transforms.registry import Registry
 from flightfeed.server.transforms.rng import DrawKey, row_generator
 from flightfeed.wire.errors import ShardError
 from flightfeed.wire.messages import SkipInfo

@@ -5,8 +5,8 @@ operator adds custom transforms in one of two ways:
 
 * an entry point in the group ``flightfeed.transforms`` whose object is a :class:`Transform`
   (or a zero-argument callable returning one or a list of them), loaded by ``flightfeed serve``
-  at startup (:func:`load_entry_points`); a client can never trigger loading;
-* :func:`register_transform` from Python, before the server starts, e.g.::
+  at startup (``defaults.load_entry_points``); a client can never trigger loading;
+* ``register_transform`` (``defaults.py``) from Python, before the server starts, e.g.::
 
       from flightfeed.server.transforms import Param, register_transform
 
@@ -32,7 +32,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from typing import Any
 
 from flightfeed.server.transforms.spec import ColumnSpec
@@ -42,9 +41,9 @@ __all__ = [
     "Param",
     "Transform",
     "Registry",
-    "register_transform",
-    "default_registry",
-    "load_entry_points",
+    "RowFn",
+    "SpecFn",
+    "same_spec",
     "ENTRY_POINT_GROUP",
 ]
 
@@ -116,7 +115,7 @@ RowFn = Callable[[Any, Mapping[str, Any], Any], Any]
 SpecFn = Callable[[ColumnSpec, Mapping[str, Any]], ColumnSpec]
 
 
-def _same(spec: ColumnSpec, params: Mapping[str, Any]) -> ColumnSpec:
+def same_spec(spec: ColumnSpec, params: Mapping[str, Any]) -> ColumnSpec:
     return spec
 
 
@@ -129,7 +128,7 @@ class Transform:
     name: str
     fn: RowFn
     params: Sequence[Param] = ()
-    output: SpecFn = _same
+    output: SpecFn = same_spec
     per: str = "row"
     random: bool = False
     takes: str = "array"
@@ -222,56 +221,3 @@ class Registry:
     def copy(self) -> Registry:
         with self._lock:
             return Registry(self._transforms.values(), self._presets)
-
-
-_DEFAULT: Registry | None = None
-_DEFAULT_LOCK = threading.Lock()
-
-
-def default_registry() -> Registry:
-    """The process-wide registry: built-ins and presets, plus whatever was registered."""
-    global _DEFAULT
-    with _DEFAULT_LOCK:
-        if _DEFAULT is None:
-            from flightfeed.server.transforms.ops import BUILTINS
-            from flightfeed.server.transforms.presets import PRESETS
-
-            _DEFAULT = Registry(BUILTINS, PRESETS)
-        return _DEFAULT
-
-
-def register_transform(
-    name: str,
-    fn: RowFn,
-    *,
-    params: Sequence[Param] = (),
-    output: SpecFn | None = None,
-    per: str = "row",
-    random: bool = False,
-    replace: bool = False,
-) -> Transform:
-    """Add a custom transform to the process-wide registry (see the module doc)."""
-    t = Transform(name, fn, tuple(params), output or _same, per=per, random=random)
-    default_registry().add(t, replace=replace)
-    return t
-
-
-def load_entry_points(registry: Registry | None = None) -> list[str]:
-    """Register every ``flightfeed.transforms`` entry point; returns the names added."""
-    reg = registry or default_registry()
-    added: list[str] = []
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        try:
-            obj = ep.load()
-        except Exception as exc:  # the operator's package is broken: say which entry point
-            raise ConfigError(f"transform entry point {ep.name!r} ({ep.value}) failed to load: {exc}") from exc
-        items = obj() if callable(obj) and not isinstance(obj, Transform) else obj
-        for t in items if isinstance(items, list | tuple) else [items]:
-            if not isinstance(t, Transform):
-                raise ConfigError(
-                    f"transform entry point {ep.name!r} ({ep.value}) gave {type(t).__name__}; "
-                    "expected flightfeed.server.transforms.Transform (or a function returning them)"
-                )
-            reg.add(t, replace=True)
-            added.append(t.name)
-    return added

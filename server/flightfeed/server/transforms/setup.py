@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from flightfeed.server.transforms.defaults import default_registry, load_entry_points
 from flightfeed.server.transforms.execute import Transformer
-from flightfeed.server.transforms.registry import Registry, default_registry, load_entry_points
+from flightfeed.server.transforms.registry import Registry
 from flightfeed.wire.errors import ConfigError, InvalidRequest
 
 __all__ = ["transformer_from_config"]

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from flightfeed.server.catalog import Dataset
-from flightfeed.server.gather import contiguous, gather
-from flightfeed.server.order import EpochOrder, default_shuffle
-from flightfeed.server.readahead import NO_READAHEAD
-from flightfeed.server.shared_messages import SHARED, message_key
+from flightfeed.server.data.catalog import Dataset
+from flightfeed.server.data.order import EpochOrder, default_shuffle
+from flightfeed.server.data.readahead import NO_READAHEAD
+from flightfeed.server.request.gather import contiguous, gather
+from flightfeed.server.request.shared_messages import SHARED, message_key
 from flightfeed.wire.errors import InvalidRequest, StaleState
 from flightfeed.wire.messages import WIRE_VERSION, ReadCommand, StreamTicket, span_of
 from flightfeed.wire.plan import Partition, ceil_div, default_message_rows, split_streams

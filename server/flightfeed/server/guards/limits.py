@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from flightfeed.server.catalog import Dataset
+from flightfeed.server.data.catalog import Dataset
 from flightfeed.wire.errors import InvalidRequest
 
 __all__ = ["Limits", "check_read", "check_ticket", "DEFAULT_MAX_STREAMS"]

@@ -1,6 +1,6 @@
 """Storage I/O metrics: read-ahead, read wait, shards changed in place, shard verification.
 
-Registered on the server's ``CollectorRegistry`` by :class:`~flightfeed.server.metrics.ServerMetrics`
+Registered on the server's ``CollectorRegistry`` by :class:`~flightfeed.server.observe.metrics.ServerMetrics`
 (as ``metrics.io``); ``snapshot`` gives the same figures per dataset for ``/stats``.
 """
 

@@ -10,7 +10,6 @@ import os
 import re
 import sys
 
-from flightfeed.server.convert.pipeline import ConvertSettings, convert
 from flightfeed.server.storage.cli_options import (
     add_reader_arguments,
     add_s3_arguments,
@@ -18,6 +17,7 @@ from flightfeed.server.storage.cli_options import (
     size_argument,
     storage_options_from_args,
 )
+from flightfeed.server.tools.convert.pipeline import ConvertSettings, convert
 from flightfeed.wire.errors import FlightFeedError
 
 __all__ = ["add_arguments", "run"]

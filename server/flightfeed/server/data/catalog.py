@@ -14,23 +14,38 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from flightfeed.server.data.order import EpochOrder
 from flightfeed.server.readers import ShardReader
 from flightfeed.wire.errors import DatasetError, DatasetNotFound, ShardError, StaleState
+from flightfeed.wire.plan import Partition
 
-if TYPE_CHECKING:
-    from flightfeed.server.readahead import ReadAhead
-
-__all__ = ["Dataset", "Catalog", "ChunkCache"]
+__all__ = ["Dataset", "Catalog", "ChunkCache", "DatasetReadAhead", "StreamReadAhead"]
 
 log = logging.getLogger("flightfeed.server")
 
 _DEFAULT_CHUNK_CACHE = 512 << 20
+
+
+class StreamReadAhead(Protocol):
+    """One stream's read-ahead hooks (``data.readahead.StreamAhead``, or a no-op)."""
+
+    def before(self, k: int) -> None: ...
+    def after(self) -> float: ...
+    def close(self) -> None: ...
+
+
+class DatasetReadAhead(Protocol):
+    """What a dataset's read-ahead offers its streams (``data.readahead.ReadAhead``); the
+    dataset holds one and closes it with itself."""
+
+    def stream(self, order: EpochOrder, part: Partition, messages: Sequence[tuple[int, int]]) -> StreamReadAhead: ...
+    def close(self) -> None: ...
 
 
 class ChunkCache:
@@ -107,7 +122,7 @@ class Dataset:
         #: why the data changed on disk while served (None while it has not): see ``check_unchanged``
         self.changed: str | None = None
         #: read-ahead of upcoming blocks (set by the server that serves this dataset)
-        self.readahead: ReadAhead | None = None
+        self.readahead: DatasetReadAhead | None = None
         self._change_listeners: list[Callable[[Dataset, str], None]] = []
         #: a shard's sha256 did not match the manifest (see storage/verify.py)
         self.corrupt: str | None = None

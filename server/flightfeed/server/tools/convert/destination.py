@@ -14,7 +14,7 @@ from typing import Protocol
 import pyarrow.fs as pafs
 
 from flightfeed.server.storage.manifest import MANIFEST_NAME, Manifest, ManifestShard
-from flightfeed.server.storage.resolve import StorageOptions
+from flightfeed.server.storage.options import StorageOptions
 from flightfeed.wire.errors import ConfigError, StorageError
 
 __all__ = ["Destination", "LocalDestination", "S3Destination", "open_destination"]

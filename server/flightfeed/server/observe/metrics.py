@@ -4,8 +4,8 @@ and the sidecar. Counting happens per RecordBatch or per event, never per row.
 Every metric lives in this object's own ``CollectorRegistry`` so several servers can run in one
 process (tests) without clashing. Besides the counters, the registry holds a collector that
 computes live figures when scraped: throughput over a sliding window (all streams and per
-stream), clients that reported recently, and the uptime. :meth:`ServerMetrics.snapshot` gives
-the same figures as JSON for the Flight ``stats`` action and the sidecar's ``/stats``.
+stream), clients that reported recently, and the uptime. ``observe.snapshot.metrics_snapshot``
+gives the same figures as JSON for the Flight ``stats`` action and the sidecar's ``/stats``.
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ import contextlib
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from flightfeed.server.metrics_io import IoMetrics
-from flightfeed.server.metrics_window import RateWindow
-from flightfeed.server.report_registry import MAX_CLIENTS, ClientTable
+from flightfeed.server.observe.io import IoMetrics
+from flightfeed.server.observe.reports import MAX_CLIENTS, ClientTable
+from flightfeed.server.observe.window import RateWindow
 
 __all__ = ["ServerMetrics"]
 
@@ -232,21 +232,6 @@ class ServerMetrics:
     # -- export ---------------------------------------------------------------------------
     def prometheus_text(self) -> bytes:
         return bytes(generate_latest(self.registry))
-
-    def snapshot(
-        self, datasets: Sequence[Mapping[str, Any]] = (), *, include_prometheus: bool = True
-    ) -> dict[str, Any]:
-        """Every figure as JSON-ready data (see ``metrics_snapshot``); ``datasets`` are the
-        catalog's ``Dataset.describe()`` dicts. With ``include_prometheus`` the exposition text
-        rides along under ``prometheus_text`` so a standalone sidecar can relay it verbatim."""
-        from flightfeed.server.metrics_snapshot import build_snapshot
-
-        snap = build_snapshot(self, datasets)
-        for key, section in list(self.sections.items()):
-            snap[key] = section()
-        if include_prometheus:
-            snap["prometheus_text"] = self.prometheus_text().decode()
-        return snap
 
     def metric_names(self) -> set[str]:
         """Every sample name this registry can expose (``_total``, ``_bucket``... included)."""

@@ -9,9 +9,11 @@ from typing import Literal
 
 from tqdm import tqdm
 
-from flightfeed.server.convert.destination import open_destination
-from flightfeed.server.convert.images import ImageFolderSource, looks_like_image_folder
-from flightfeed.server.convert.sources import (
+from flightfeed.server.storage.manifest import Manifest
+from flightfeed.server.storage.options import StorageOptions
+from flightfeed.server.tools.convert.destination import open_destination
+from flightfeed.server.tools.convert.images import ImageFolderSource, looks_like_image_folder
+from flightfeed.server.tools.convert.sources import (
     HDF5_SUFFIXES,
     Hdf5Source,
     NumpySource,
@@ -20,9 +22,7 @@ from flightfeed.server.convert.sources import (
     find_files,
     require,
 )
-from flightfeed.server.convert.writer import Compression, ShardWriter, rebatch
-from flightfeed.server.storage.manifest import Manifest
-from flightfeed.server.storage.resolve import StorageOptions
+from flightfeed.server.tools.convert.writer import Compression, ShardWriter, rebatch
 from flightfeed.wire.errors import ConfigError, DatasetError, ShardError
 
 __all__ = ["ConvertSettings", "convert", "open_source", "SourceKind", "TARGET_BATCH_BYTES"]

@@ -36,9 +36,9 @@ from typing import Any
 
 import numpy as np
 
-from flightfeed.server.catalog import Dataset
-from flightfeed.server.metrics_io import IoMetrics
-from flightfeed.server.order import EpochOrder
+from flightfeed.server.data.catalog import Dataset
+from flightfeed.server.data.order import EpochOrder
+from flightfeed.server.observe.io import IoMetrics
 from flightfeed.wire.plan import Partition
 
 __all__ = ["ReadAhead", "StreamAhead", "NO_READAHEAD"]

@@ -18,7 +18,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from flightfeed.server.catalog import Dataset
+from flightfeed.server.data.catalog import Dataset
 
 __all__ = ["contiguous", "gather", "project"]
 

@@ -24,8 +24,8 @@ import time
 from collections.abc import Generator, Iterator
 from typing import Any
 
-from flightfeed.server.metrics import ServerMetrics
-from flightfeed.server.shared_messages import last_was_shared
+from flightfeed.server.observe.metrics import ServerMetrics
+from flightfeed.server.request.shared_messages import last_was_shared
 from flightfeed.wire.errors import StorageError
 
 __all__ = ["BytesInFlight", "metered", "peer_host", "DEFAULT_BYTES_IN_FLIGHT", "DEFAULT_CLIENT_BYTES_IN_FLIGHT"]

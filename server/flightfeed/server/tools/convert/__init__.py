@@ -2,12 +2,12 @@
 ``.arrow`` files (Arrow IPC file format) plus ``manifest.json``; DST may be ``s3://bucket/prefix``.
 
 Library entry point: ``convert(src, dst, ConvertSettings(...))``. The subcommand lives in
-``flightfeed.server.convert.cli`` (``add_arguments``/``run``, re-exported here).
+``flightfeed.server.tools.convert.cli`` (``add_arguments``/``run``, re-exported here).
 """
 
 from __future__ import annotations
 
-from flightfeed.server.convert.cli import add_arguments, run
-from flightfeed.server.convert.pipeline import ConvertSettings, convert
+from flightfeed.server.tools.convert.cli import add_arguments, run
+from flightfeed.server.tools.convert.pipeline import ConvertSettings, convert
 
 __all__ = ["convert", "ConvertSettings", "add_arguments", "run"]

@@ -16,17 +16,18 @@ from urllib.parse import urlparse
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from flightfeed.server._boundary import flight_errors, guarded_stream
-from flightfeed.server.auth import TokenAuthFactory
-from flightfeed.server.catalog import Catalog, Dataset
 from flightfeed.server.cluster import Cluster
 from flightfeed.server.cluster.spread import first_slot
-from flightfeed.server.in_flight import BytesInFlight, metered, peer_host
-from flightfeed.server.limits import Limits, check_read, check_ticket
-from flightfeed.server.metrics import ServerMetrics
-from flightfeed.server.readahead import ReadAhead
-from flightfeed.server.report_registry import MAX_REPORT_BYTES, validate_report
-from flightfeed.server.streaming import (
+from flightfeed.server.data.catalog import Catalog, Dataset
+from flightfeed.server.data.readahead import ReadAhead
+from flightfeed.server.guards.auth import TokenAuthFactory
+from flightfeed.server.guards.boundary import flight_errors, guarded_stream
+from flightfeed.server.guards.budget import BytesInFlight, metered, peer_host
+from flightfeed.server.guards.limits import Limits, check_read, check_ticket
+from flightfeed.server.observe.metrics import ServerMetrics
+from flightfeed.server.observe.reports import MAX_REPORT_BYTES, validate_report
+from flightfeed.server.observe.snapshot import metrics_snapshot
+from flightfeed.server.request.streaming import (
     StreamSettings,
     check_columns,
     make_tickets,
@@ -246,7 +247,7 @@ class FlightFeedServer(flight.FlightServerBase):
         if kind == "health":
             return iter([self.cluster.health(action.body.to_pybytes() if action.body is not None else b"")])
         if kind == "stats":
-            snapshot = self.metrics.snapshot(datasets=[d.describe() for d in self.catalog.datasets()])
+            snapshot = metrics_snapshot(self.metrics, datasets=[d.describe() for d in self.catalog.datasets()])
             return iter([json.dumps(snapshot).encode()])
         if kind == "report":
             body = action.body.to_pybytes() if action.body is not None else b""

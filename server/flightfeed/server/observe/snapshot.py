@@ -1,4 +1,4 @@
-"""The JSON snapshot of a :class:`~flightfeed.server.metrics.ServerMetrics` (Flight ``stats``
+"""The JSON snapshot of a :class:`~flightfeed.server.observe.metrics.ServerMetrics` (Flight ``stats``
 action, sidecar ``/stats``, the dashboard).
 
 Shape (``version`` 1; rates over the sliding window of ``window_s`` seconds; GB = 1e9 bytes;
@@ -24,14 +24,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from flightfeed.server.metrics_window import Rates
+from flightfeed.server.observe.metrics import ServerMetrics
+from flightfeed.server.observe.window import Rates
 
-if TYPE_CHECKING:
-    from flightfeed.server.metrics import ServerMetrics
-
-__all__ = ["SNAPSHOT_VERSION", "build_snapshot"]
+__all__ = ["SNAPSHOT_VERSION", "build_snapshot", "metrics_snapshot"]
 
 SNAPSHOT_VERSION = 1
 _GB = 1e9
@@ -205,3 +203,17 @@ def build_snapshot(m: ServerMetrics, datasets: Sequence[Mapping[str, Any]] = ())
         "clients": client_rows,
         "history": m.window.history(),
     }
+
+
+def metrics_snapshot(
+    m: ServerMetrics, datasets: Sequence[Mapping[str, Any]] = (), *, include_prometheus: bool = True
+) -> dict[str, Any]:
+    """Every figure of ``m`` as JSON-ready data; ``datasets`` are the catalog's
+    ``Dataset.describe()`` dicts. With ``include_prometheus`` the exposition text rides along
+    under ``prometheus_text`` so a standalone sidecar can relay it verbatim."""
+    snap = build_snapshot(m, datasets)
+    for key, section in list(m.sections.items()):
+        snap[key] = section()
+    if include_prometheus:
+        snap["prometheus_text"] = m.prometheus_text().decode()
+    return snap

@@ -23,7 +23,7 @@ from flightfeed.server.storage.cli_options import (
     add_s3_arguments,
     storage_options_from_args,
 )
-from flightfeed.server.storage.resolve import StorageOptions
+from flightfeed.server.storage.options import StorageOptions
 from flightfeed.wire.classes import classes_of
 from flightfeed.wire.errors import FlightFeedError, StorageError, Unauthenticated
 from flightfeed.wire.tokens import normalize_token, read_token_file

@@ -19,15 +19,16 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from flightfeed.server.catalog import Catalog
 from flightfeed.server.cluster import READY_PREFIX, Membership, WorkerPool, parse_peers, parse_peers_dns
 from flightfeed.server.cluster.lifecycle import drain_and_exit, exit_with_parent, install_signals, wait_for
 from flightfeed.server.cluster.locality import ShardRouter
-from flightfeed.server.exposure import warn_if_exposed
-from flightfeed.server.in_flight import DEFAULT_BYTES_IN_FLIGHT, DEFAULT_CLIENT_BYTES_IN_FLIGHT, BytesInFlight
-from flightfeed.server.limits import DEFAULT_MAX_STREAMS, Limits
-from flightfeed.server.metrics import ServerMetrics
-from flightfeed.server.service import FlightFeedServer
+from flightfeed.server.data.catalog import Catalog
+from flightfeed.server.guards.budget import DEFAULT_BYTES_IN_FLIGHT, DEFAULT_CLIENT_BYTES_IN_FLIGHT, BytesInFlight
+from flightfeed.server.guards.exposure import warn_if_exposed
+from flightfeed.server.guards.limits import DEFAULT_MAX_STREAMS, Limits
+from flightfeed.server.observe.metrics import ServerMetrics
+from flightfeed.server.request.service import FlightFeedServer
+from flightfeed.server.request.streaming import StreamSettings
 from flightfeed.server.storage import StorageOptions, open_catalog
 from flightfeed.server.storage.cli_options import (
     add_cache_arguments,
@@ -36,7 +37,6 @@ from flightfeed.server.storage.cli_options import (
     size_argument,
     storage_options_from_args,
 )
-from flightfeed.server.streaming import StreamSettings
 from flightfeed.server.transforms.setup import transformer_from_config
 from flightfeed.wire.errors import ConfigError
 from flightfeed.wire.tokens import read_token_file
