@@ -44,7 +44,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from bench.common import OUT, flightfeed_server, machine, write_json
-from flightfeed.client import FlightDataset
+from flightfeed.client import FlightDataset, ReadOptions
 
 TARGETS = {"train_vs_seed_img_per_s": 1.5}  # and the client: <= CLIENT_MS_PER_IMAGE
 CLIENT_MS_PER_IMAGE = 0.1  # 10% of one core at 1,000 img/s
@@ -203,7 +203,12 @@ def gpu_decode_case(shards: Path, batch: int, epochs: int, streams: int) -> dict
         return out
 
     with flightfeed_server({"imgs": shards}) as server:
-        ds = FlightDataset(server.location, "imgs", batch_size=batch, streams=streams, report_interval=None)
+        ds = FlightDataset(
+            server.location,
+            "imgs",
+            batch_size=batch,
+            options=ReadOptions(streams=streams, report_interval=None),
+        )
         n, wall, server_cpu, client_cpu = _timed_epochs(
             ds, server.pid, epochs, lambda b: len(augment(b)), sync=torch.cuda.synchronize
         )
@@ -240,8 +245,13 @@ def flightfeed_case(
 ) -> dict[str, Any]:
     decode = str(max(1, cores // procs))
     with flightfeed_server({"imgs": shards}, "--decode-workers", decode, "--workers", str(procs)) as server:
-        ds = FlightDataset(server.location, "imgs", batch_size=batch, transform=preset, streams=streams,
-                           report_interval=None)
+        ds = FlightDataset(
+            server.location,
+            "imgs",
+            batch_size=batch,
+            transform=preset,
+            options=ReadOptions(streams=streams, report_interval=None),
+        )
         def consume(b: dict[str, Any]) -> int:
             assert b["image"].shape[1:] == (224, 224, 3)
             return len(b["label"])

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flightfeed.client import FlightDataset
+from flightfeed.client import ConnectOptions, FlightDataset, ReadOptions
 
 
 def read_rank(
@@ -39,9 +39,8 @@ def read_rank(
         seed=args.seed,
         rank=rank,
         world_size=args.world_size,
-        streams=args.streams,
-        message_rows=args.message_rows,
-        token=token,
+        connect=ConnectOptions(token=token),
+        options=ReadOptions(streams=args.streams, message_rows=args.message_rows),
     )
     ds.set_epoch(epoch)
     seen = []

@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow.flight as flight
 
-from flightfeed.client import FlightDataset
+from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.cluster.spread import first_slot, spread
 from tests.cluster.conftest import BLOB_ROWS, action, eventually, free_port, gone
 from tests.processes import start_serve
@@ -37,8 +37,14 @@ def live_peers(location: str) -> set[str]:
 
 def reader(location: str, rank: int, streams: int) -> FlightDataset:
     return FlightDataset(
-        location, "blobs", batch_size=100, shuffle=True, seed=3, rank=rank, world_size=2,
-        streams=streams, message_rows=100, prefetch=1, report_interval=None,
+        location,
+        "blobs",
+        batch_size=100,
+        shuffle=True,
+        seed=3,
+        rank=rank,
+        world_size=2,
+        options=ReadOptions(streams=streams, message_rows=100, prefetch=1, report_interval=None),
     )
 
 
@@ -126,8 +132,12 @@ def test_a_killed_worker_is_unlisted_restarted_and_the_epoch_completes(blobs_dir
         again = workers_of(location)[0]
         assert again["restarts"] == 1 and again["pid"] != first[0]["pid"]
         # a worker dies mid-epoch: its streams continue on the coordinator
-        ds = FlightDataset(location, "blobs", batch_size=100, streams=6, message_rows=100,
-                           prefetch=1, report_interval=None)
+        ds = FlightDataset(
+            location,
+            "blobs",
+            batch_size=100,
+            options=ReadOptions(streams=6, message_rows=100, prefetch=1, report_interval=None),
+        )
         it = iter(ds)
         got = [i for _ in range(3) for i in next(it)["index"].tolist()]
         os.kill(workers_of(location)[1]["pid"], signal.SIGKILL)
@@ -152,8 +162,12 @@ def test_many_short_outages_in_one_epoch_are_survived(blobs_dir: Path) -> None:
     with nodes() as procs:
         procs.append(start_serve(f"blobs={blobs_dir}", port=port)[0])
         location = f"grpc://127.0.0.1:{port}"
-        ds = FlightDataset(location, "blobs", batch_size=100, streams=1, message_rows=100, prefetch=1,
-                           report_interval=None)
+        ds = FlightDataset(
+            location,
+            "blobs",
+            batch_size=100,
+            options=ReadOptions(streams=1, message_rows=100, prefetch=1, report_interval=None),
+        )
         it = iter(ds)
         got: list[int] = []
         for _ in range(4):

@@ -7,7 +7,7 @@ from __future__ import annotations
 from contextlib import ExitStack
 from pathlib import Path
 
-from flightfeed.client import FlightDataset
+from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.observe.snapshot import metrics_snapshot
 from tests.cluster.conftest import BLOB_ROWS
 from tests.cluster.test_membership import join, node
@@ -27,7 +27,7 @@ def test_two_ranks_of_one_stream_use_all_three_nodes_and_read_every_row_once(blo
             for rank in range(2):  # each rank dials a different node: the spread is the same everywhere
                 ds = FlightDataset(
                     nodes[rank].location, "blobs", columns=["index"], batch_size=100, shuffle=True, seed=11,
-                    rank=rank, world_size=2, streams=1, message_rows=500, report_interval=None,
+                    rank=rank, world_size=2, options=ReadOptions(streams=1, message_rows=500, report_interval=None),
                 )
                 ds.set_epoch(epoch)
                 got.append([i for batch in ds for i in batch["index"].tolist()])

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from flightfeed.client import FlightDataset
+from flightfeed.client import FlightDataset, ReadOptions
 from tests.cluster.conftest import BLOB_ROWS, action, eventually
 from tests.cluster.netns import Namespace, listening, namespace, socket_inodes, start_in
 
@@ -64,7 +64,8 @@ def test_a_wildcard_node_listing_itself_as_its_only_peer_comes_up_and_serves(blo
         cluster = stats(location)["cluster"]
         assert cluster["node"] == location  # the wildcard replaced by the address it was found under
         assert [(p["location"], p["state"]) for p in cluster["peers"]] == [(location, "self")]
-        ds = FlightDataset(location, "blobs", columns=["index"], batch_size=500, streams=2, report_interval=None)
+        ds = FlightDataset(location, "blobs", columns=["index"], batch_size=500,
+                           options=ReadOptions(streams=2, report_interval=None))
         assert sorted(i for batch in ds for i in batch["index"].tolist()) == list(range(BLOB_ROWS))
         assert_listens_only_inside(pid, {8815, 8816})
 
@@ -86,7 +87,7 @@ def test_three_wildcard_nodes_naming_all_three_see_each_other_and_serve_every_ro
             got: list[int] = []
             for rank in range(2):
                 ds = FlightDataset(locations[rank], "blobs", columns=["index"], batch_size=500, seed=1, rank=rank,
-                                   world_size=2, streams=1, report_interval=None)
+                                   world_size=2, options=ReadOptions(streams=1, report_interval=None))
                 ds.set_epoch(epoch)
                 got += [i for batch in ds for i in batch["index"].tolist()]
             assert sorted(got) == list(range(BLOB_ROWS))  # every row exactly once

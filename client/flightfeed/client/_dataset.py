@@ -23,10 +23,11 @@ from flightfeed.client._datapipe import FlightDataPipe
 from flightfeed.client._device import DeviceStage
 from flightfeed.client._info import dataset_info
 from flightfeed.client._node import FlightNode
-from flightfeed.client._pool import ConnectionPool, ConnectOptions
+from flightfeed.client._options import ConnectOptions, ReadOptions, refuse_moved
+from flightfeed.client._pool import ConnectionPool
 from flightfeed.client._report import Reporter, _default_client_id
-from flightfeed.client._request import columns_arg, open_readers, read_command
-from flightfeed.client._retry import RetryPolicy, split_locations
+from flightfeed.client._request import ReadJob, columns_arg, open_readers, read_command
+from flightfeed.client._retry import split_locations
 from flightfeed.client._skips import positions_of
 from flightfeed.client._state import ReadState
 from flightfeed.client._stats import StallMeter
@@ -42,7 +43,7 @@ from flightfeed.client._workers import (
     worker_start,
 )
 from flightfeed.wire.errors import ConfigError
-from flightfeed.wire.messages import COMPRESSIONS, ReadCommand
+from flightfeed.wire.messages import ReadCommand
 from flightfeed.wire.transforms import TransformSpec, set_transform
 
 __all__ = ["FlightDataset"]
@@ -59,17 +60,23 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
     of steps ``[{"name": "decode"}, {"name": "center_crop", "size": 224}, ...]``. The column keeps
     its name and arrives as a uint8 tensor ``(B, 224, 224, 3)`` (HWC; add ``{"name": "to_chw"}``
     for ``(B, 3, 224, 224)``). Augmentation draws depend on (data, seed, epoch, row) only.
-    ``on_decode_error="skip"`` drops rows whose bytes do not decode (such batches are shorter; the
-    count is in ``stats()["rows_skipped"]``); the default ``"raise"`` fails naming the row and shard.
+    ``options=ReadOptions(on_decode_error="skip")`` drops rows whose bytes do not decode (such
+    batches are shorter; the count is in ``stats()["rows_skipped"]``); the default ``"raise"``
+    fails naming the row and shard.
 
     ``location`` may name several data nodes, comma-separated: ``get_flight_info`` goes to the
     first that answers. A stream that fails continues from its first undelivered message on the
-    endpoint's next location (another process or data node). ``retry_timeout`` is the budget of one *outage* in
-    seconds (it starts again once a retry delivers data); ``retries`` optionally caps the retries
-    of one outage as well (None: only the time budget counts). Pauses between rounds over the
-    locations back off exponentially, capped at 1 s. ``stats()`` counts ``retries`` and ``failovers``.
+    endpoint's next location (another process or data node).
+
+    ``connect=ConnectOptions(token, tls_root_certs, timeout, retries, retry_timeout)``: how to
+    reach the server and how long one outage may last (see :class:`ConnectOptions`);
+    ``options=ReadOptions(streams, prefetch, message_rows, block_rows, buffer_rows, compression,
+    on_decode_error, report_interval)``: stream and tuning knobs (see :class:`ReadOptions`).
+    The former flat keywords (``streams=``, ``token=``, ...) raise ConfigError naming their new place.
+    ``stats()`` counts ``retries`` and ``failovers``.
     """
 
+    @refuse_moved
     def __init__(
         self,
         location: str,
@@ -82,48 +89,31 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         world_size: int | None = None,
         drop_last: bool = False,
         device: str | torch.device | None = None,
-        streams: int = 4,
-        *,
-        block_rows: int = 0,
-        buffer_rows: int = 0,
-        prefetch: int = 1,
-        retries: int | None = None,
-        retry_timeout: float = 30.0,
-        token: str | None = None,
-        tls_root_certs: bytes | None = None,
-        timeout: float | None = None,
-        compression: str | None = None,
-        message_rows: int = 0,
-        report_interval: float | None = 5.0,
         transform: TransformSpec = None,
-        on_decode_error: str = "raise",
+        *,
+        connect: ConnectOptions | None = None,
+        options: ReadOptions | None = None,
     ) -> None:
         super().__init__()
-        if batch_size < 1:
-            raise ConfigError(f"batch_size is {batch_size}; it must be >= 1")
-        if streams < 1:
-            raise ConfigError(f"streams is {streams}; it must be >= 1")
-        if seed < 0:
-            raise ConfigError(f"seed is {seed}; it must be >= 0")
-        if (compression or "") not in COMPRESSIONS:
-            raise ConfigError(f"compression is {compression!r}; use 'lz4', 'zstd' or None")
-        if prefetch < 1:
-            raise ConfigError(f"prefetch is {prefetch}; it must be >= 1 (messages per stream)")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"batch_size is {batch_size!r}; it must be an integer >= 1")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ConfigError(f"seed is {seed!r}; it must be an integer >= 0")
+        if connect is not None and not isinstance(connect, ConnectOptions):
+            raise ConfigError(f"connect is a {type(connect).__name__}; pass connect=ConnectOptions(...)")
+        if options is not None and not isinstance(options, ReadOptions):
+            raise ConfigError(f"options is a {type(options).__name__}; pass options=ReadOptions(...)")
         self.location, self.name = location, name
         split_locations(location)  # one or several comma-separated entries; a clear error if none
         self.columns = columns_arg(columns)
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
         self.device = torch.device(device) if device is not None else None
-        self.streams, self.prefetch, self.retries = streams, prefetch, retries
-        self.retry = RetryPolicy(timeout_s=retry_timeout, max_attempts=retries)
-        self.block_rows, self.buffer_rows, self.message_rows = block_rows, buffer_rows, message_rows
-        self.compression = compression or ""
-        self.report_interval = report_interval
+        self.connect = connect if connect is not None else ConnectOptions()
+        self.options = options if options is not None else ReadOptions()
         # server-side transforms (see the class doc); checked here for shape, on the server in full
-        self.transform, self.on_decode_error = transform, on_decode_error
-        set_transform(ReadCommand(), transform, on_decode_error)
-        self._connect = ConnectOptions(token=token, tls_root_certs=tls_root_certs, timeout=timeout)
+        self.transform = transform
+        set_transform(ReadCommand(), transform, self.options.on_decode_error)
         self._shared = SharedSlots()  # the epoch and worker activity, shared with DataLoader workers
         self._worker_mark = 0  # WORKER_ITERATIONS when this process last read or loaded a state itself
         self._client_id = _default_client_id()  # one identity in the server's metrics for all epochs
@@ -135,6 +125,13 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         self.meter = StallMeter()
 
     # -- settings and state -----------------------------------------------------------------
+    def job(self) -> ReadJob:
+        """What this reader asks the server for (its settings, whatever its position)."""
+        return ReadJob(
+            self.name, self.columns, self.batch_size, self.shuffle, self.seed, self.drop_last,
+            self.transform, self.options,
+        )
+
     def _settings(self) -> dict[str, Any]:
         return {
             "dataset": self.name,
@@ -194,7 +191,7 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         """What the server says about the dataset: ``name``, ``rows``, ``columns`` (name -> Arrow
         type), ``classes`` (class names of a converted image folder, else None) and ``schema``."""
         if self._info is None:
-            self._info = dataset_info(self._get_pool(), self._connect, self.name, self.columns)
+            self._info = dataset_info(self._get_pool(), self.connect, self.name, self.columns)
         return self._info
 
     @property
@@ -212,15 +209,18 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
     # -- iteration ------------------------------------------------------------------------
     def _get_pool(self) -> ConnectionPool:
         if self._pool is None:
-            self._pool = ConnectionPool(split_locations(self.location)[0], self._connect)
+            self._pool = ConnectionPool(split_locations(self.location)[0], self.connect)
         return self._pool
 
     def open_streams(
         self, topo: Topology, start: ReadState, stop: threading.Event, epoch: int | None = None
     ) -> list[StreamReader]:
         """One started-later StreamReader per endpoint of this reader's request (``_request``)."""
-        cmd = read_command(self, topo, start, self.epoch if epoch is None else epoch)
-        return open_readers(self, self._get_pool(), cmd, stop)
+        cmd = read_command(self.job(), topo, start, self.epoch if epoch is None else epoch)
+        return open_readers(
+            self._get_pool(), cmd, stop, locations=split_locations(self.location), connect=self.connect,
+            prefetch=self.options.prefetch, on_retry=self._retried,
+        )
 
     def _retried(self, failed: str, next_location: str) -> None:
         self.meter.count("retries")
@@ -292,7 +292,8 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
 
     def _reporter(self, topo: Topology) -> Reporter | None:
         """Send this reader's stall/throughput to the server every ``report_interval`` seconds."""
-        if not self.report_interval:
+        interval = self.options.report_interval
+        if not interval:
             return None
         static = {
             "dataset": self.name,
@@ -303,11 +304,11 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         return Reporter(
             split_locations(self.location)[0],
             self.meter.figures,
-            interval=self.report_interval,
+            interval=interval,
             static=static,
             client_id=self._client_id + (f"/worker{topo.worker}" if topo.num_workers > 1 else ""),
-            token=self._connect.token,
-            tls_root_certs=self._connect.tls_root_certs,
+            token=self.connect.token,
+            tls_root_certs=self.connect.tls_root_certs,
         )
 
     # -- adapters -------------------------------------------------------------------------
