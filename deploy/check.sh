@@ -129,7 +129,7 @@ for arg in json.load(sys.stdin)["services"]["trainer"]["command"]:
 dialed=$(printf '%s\n' "${cmd[@]}" | grep -A1 -x -- --location | tail -n1 | cut -d, -f1)
 victim=$(python3 -c "import sys, urllib.parse as p; print(p.urlparse(sys.argv[1]).hostname)" "$dialed")
 t_train=$(now)
-extra=(--epochs "$EPOCHS" --step-seconds "$STEP" --column image --message-rows 256 --expect-rows "$ROWS")
+extra=(--epochs "$EPOCHS" --step-seconds "$STEP" --column image --message-rows 256)
 compose run --rm --no-deps -T trainer "${cmd[@]}" "${extra[@]}" >"$WORK/trainer.log" 2>&1 &
 trainer=$!
 note "trainer: ${cmd[*]} ${extra[*]}; dials $dialed first"
