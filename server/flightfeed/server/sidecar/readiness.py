@@ -55,8 +55,7 @@ class ServingProbe(FlightProbe):
         ``timeout_s``; else False, with the reason in ``last_error``."""
         deadline = time.monotonic() + self.timeout_s
         try:
-            self._within(deadline, "health", lambda c, o: b"".join(r.body.to_pybytes() for r in c.do_action(
-                flight.Action("health", b""), o)))
+            self._within(deadline, "health", lambda c, o: list(c.do_action(flight.Action("health", b""), o)))
             flights = self._within(deadline, "list_flights", lambda c, o: list(c.list_flights(None, o)))
             if flights:
                 descriptor = flights[0].descriptor
