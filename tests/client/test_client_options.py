@@ -35,6 +35,7 @@ def test_the_signature_is_the_designed_one() -> None:
     assert read == {
         "streams": 4, "prefetch": 1, "message_rows": 0, "block_rows": 0, "buffer_rows": 0, "compression": None,
         "on_decode_error": "raise", "report_interval": 5.0,
+        "normalize": None, "decode_on": "server",  # issue 17: this wave's new knobs live in ReadOptions
     }
     conn = {n: f.default for n, f in ConnectOptions.__dataclass_fields__.items()}
     assert conn == {"token": None, "tls_root_certs": None, "timeout": None, "retries": None, "retry_timeout": 30.0}

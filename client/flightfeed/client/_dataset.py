@@ -21,8 +21,10 @@ from flightfeed.client._assemble import ordered_messages, split_batches
 from flightfeed.client._convert import batch_to_torch
 from flightfeed.client._datapipe import FlightDataPipe
 from flightfeed.client._device import DeviceStage
+from flightfeed.client._images import check_decode_on, image_stage
 from flightfeed.client._info import dataset_info
 from flightfeed.client._node import FlightNode
+from flightfeed.client._normalize import normalize_option
 from flightfeed.client._options import ConnectOptions, ReadOptions, refuse_moved
 from flightfeed.client._pool import ConnectionPool
 from flightfeed.client._report import Reporter, _default_client_id
@@ -62,7 +64,11 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
     for ``(B, 3, 224, 224)``). Augmentation draws depend on (data, seed, epoch, row) only.
     ``options=ReadOptions(on_decode_error="skip")`` drops rows whose bytes do not decode (such
     batches are shorter; the count is in ``stats()["rows_skipped"]``); the default ``"raise"``
-    fails naming the row and shard.
+    fails naming the row and shard. ``ReadOptions(normalize=True)`` (torchvision's ImageNet
+    mean/std) or ``normalize=(mean, std)``: the image column becomes float32 ``(B, C, H, W)``,
+    computed on ``device`` after the copy (only uint8 crosses the wire).
+    ``ReadOptions(decode_on="trainer")``: the node sends the JPEG bytes plus the seeded crop box and
+    flip, and the trainer decodes them on ``device`` (nvJPEG through torchvision, imported on first use).
 
     ``location`` may name several data nodes, comma-separated: ``get_flight_info`` goes to the
     first that answers. A stream that fails continues from its first undelivered message on the
@@ -114,6 +120,9 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         # server-side transforms (see the class doc); checked here for shape, on the server in full
         self.transform = transform
         set_transform(ReadCommand(), transform, self.options.on_decode_error)
+        # image output on the trainer (``_images``): decode on the trainer, normalised float32 CHW
+        check_decode_on(self.options.decode_on, transform)
+        self._image_decoder: Any = None  # decode_on="trainer": None = torchvision's (tests pass their own)
         self._shared = SharedSlots()  # the epoch and worker activity, shared with DataLoader workers
         self._worker_mark = 0  # WORKER_ITERATIONS when this process last read or loaded a state itself
         self._client_id = _default_client_id()  # one identity in the server's metrics for all epochs
@@ -255,6 +264,9 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             r.start()
         batches = split_batches(drop_rows(ordered_messages(readers), skip), self.batch_size)
         stage = _device_stage(self.device, self.meter)
+        post = image_stage(
+            self.device, normalize_option(self.options.normalize), self.options.decode_on, self._image_decoder
+        )
         self.meter.start()
         reporter = self._reporter(topo)
         try:
@@ -274,6 +286,10 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
                 tensors = batch_to_torch(rb)
                 self.meter.spent("convert", time.perf_counter() - t1)
                 out = stage(tensors)  # the device stage reports its own time
+                if post is not None:
+                    t2 = time.perf_counter()
+                    out = post(out, rb)
+                    self.meter.spent("images", time.perf_counter() - t2)
                 self.meter.waited(time.perf_counter() - t0, rb.num_rows, rb.nbytes)
                 self._state = self._state.advanced(positions)
                 yield out

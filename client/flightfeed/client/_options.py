@@ -18,12 +18,16 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import pyarrow.flight as flight
 
+from flightfeed.client._normalize import NormalizeSpec, normalize_option
 from flightfeed.client._retry import RetryPolicy
 from flightfeed.wire.errors import ConfigError
 from flightfeed.wire.messages import DECODE_ERROR_POLICIES
 from flightfeed.wire.tokens import normalize_token
 
-__all__ = ["ConnectOptions", "ReadOptions", "MOVED", "refuse_moved"]
+#: ``ReadOptions.decode_on``: who decodes the images of a decoding transform
+DECODE_ON = ("server", "trainer")
+
+__all__ = ["ConnectOptions", "ReadOptions", "MOVED", "DECODE_ON", "refuse_moved"]
 
 _COMPRESSIONS = (None, "lz4", "zstd")
 
@@ -101,7 +105,11 @@ class ReadOptions:
     the shuffle's block and window sizes (0: the server's defaults). ``compression``: ``"lz4"``,
     ``"zstd"`` or None (IPC compression; slower on fast networks). ``on_decode_error``: ``"raise"``
     or ``"skip"`` (rows whose bytes do not decode are dropped). ``report_interval``: seconds between
-    stall/throughput reports to the server (None or 0: never).
+    stall/throughput reports to the server (None or 0: never). ``normalize``: None (uint8 as
+    sent), True (torchvision's ImageNet mean/std) or ``(mean, std)``: the image column becomes
+    float32 ``(B, C, H, W)`` on the dataset's device, after the copy. ``decode_on``: ``"server"``
+    (the data node decodes) or ``"trainer"`` (the node sends JPEG bytes + seeded crop/flip; the
+    trainer decodes with nvJPEG through torchvision).
     """
 
     streams: int = 4
@@ -112,6 +120,8 @@ class ReadOptions:
     compression: str | None = None
     on_decode_error: str = "raise"
     report_interval: float | None = 5.0
+    normalize: NormalizeSpec = None
+    decode_on: str = "server"
 
     def __post_init__(self) -> None:
         _count("streams", self.streams, 1)
@@ -123,6 +133,11 @@ class ReadOptions:
         if self.on_decode_error not in DECODE_ERROR_POLICIES or not self.on_decode_error:
             raise ConfigError(f"on_decode_error is {self.on_decode_error!r}; allowed: 'raise' or 'skip'")
         _seconds("report_interval", self.report_interval, allow_none=True)
+        normalize_option(self.normalize)  # a clear error now rather than at the first batch
+        if self.decode_on not in DECODE_ON:
+            raise ConfigError(
+                f"decode_on is {self.decode_on!r}; allowed: 'server' (the data node decodes) or 'trainer'"
+            )
 
 
 # the constructor's former flat keywords -> where they live now

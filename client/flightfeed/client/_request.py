@@ -26,7 +26,7 @@ from flightfeed.client._streams import StreamReader
 from flightfeed.client._topology import Topology
 from flightfeed.wire.errors import ConfigError
 from flightfeed.wire.messages import WIRE_VERSION, ReadCommand, StreamTicket
-from flightfeed.wire.transforms import TransformSpec, set_transform
+from flightfeed.wire.transforms import TransformSpec, defer_decode, set_transform
 
 __all__ = ["ReadJob", "columns_arg", "read_command", "open_readers"]
 
@@ -81,6 +81,8 @@ def read_command(job: ReadJob, topo: Topology, start: ReadState, epoch: int) -> 
         message_rows=(start.message_rows if start.num_workers > 1 else 0) or opts.message_rows,
     )
     set_transform(cmd, job.transform, opts.on_decode_error)
+    if opts.decode_on == "trainer":
+        defer_decode(cmd)  # bytes + crop + flip: the trainer decodes (``_trainer_decode``)
     cmd.shuffle.enabled = job.shuffle
     cmd.shuffle.block_rows = start.block_rows or opts.block_rows
     cmd.shuffle.buffer_rows = start.buffer_rows or opts.buffer_rows

@@ -59,6 +59,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--decode", action="store_true", help="images: store decoded uint8 HxWx3 tensors")
     parser.add_argument("--resize", type=_resize, metavar="WxH", help="images: resize to WxH (with --decode)")
+    parser.add_argument(
+        "--max-side", type=int, metavar="N",
+        help="images: re-encode those whose longer side exceeds N to N (JPEG quality 90; aspect ratio kept)",
+    )
+    parser.add_argument(
+        "--on-bad-image", choices=("error", "skip"), default="error",
+        help="images: a file that does not decode stops the conversion naming it (error, default) or is left "
+        "out and counted (skip)",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace a dataset already converted into DST")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_reader_arguments(parser)
@@ -76,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
             casts=parse_casts(args.cast),
             decode=args.decode,
             resize=args.resize,
+            max_side=args.max_side,
+            on_bad_image=args.on_bad_image,
             overwrite=args.overwrite,
             progress=not args.no_progress,
             storage=storage_options_from_args(args, os.environ),
@@ -88,4 +99,9 @@ def run(args: argparse.Namespace) -> int:
         f"wrote {manifest.rows} rows in {len(manifest.shards)} shard(s), {manifest.nbytes / 1e6:.1f} MB, "
         f"to {args.dst} (manifest.json)"
     )
+    skipped = manifest.extra.get("skipped_images") or {}
+    if skipped:
+        shown = "; ".join(f"{path} ({why})" for path, why in list(skipped.items())[:5])
+        more = f" and {len(skipped) - 5} more (all in manifest.json)" if len(skipped) > 5 else ""
+        print(f"skipped {len(skipped)} image(s) that do not decode: {shown}{more}", file=sys.stderr)
     return 0

@@ -43,6 +43,8 @@ class ConvertSettings:
     casts: dict[str, str] = field(default_factory=dict)
     decode: bool = False
     resize: tuple[int, int] | None = None
+    max_side: int | None = None
+    on_bad_image: str = "error"
     overwrite: bool = False
     progress: bool = True
     storage: StorageOptions = field(default_factory=StorageOptions)
@@ -61,7 +63,13 @@ def open_source(src: str, settings: ConvertSettings) -> Source:
         return ParquetSource(require(find_files(src, (".parquet",)), src, "Parquet"))
     if kind == "numpy":
         return NumpySource(require(find_files(src, (".npy", ".npz")), src, "NumPy (.npy/.npz)"))
-    return ImageFolderSource(src, decode=settings.decode, size=settings.resize)
+    return ImageFolderSource(
+        src,
+        decode=settings.decode,
+        size=settings.resize,
+        max_side=settings.max_side,
+        on_bad_image=settings.on_bad_image,
+    )
 
 
 def _detect(src: str) -> SourceKind:
@@ -124,7 +132,7 @@ def convert(src: str, dst: str, settings: ConvertSettings | None = None) -> Mani
                 shards,
                 compression=settings.compression,
                 source=src,
-                extra={"rows_per_batch": rows, "source_kind": source.description},
+                extra={"rows_per_batch": rows, "source_kind": source.description, **_image_extra(source, settings)},
             )
             dest.finish(manifest)
             return manifest
@@ -142,3 +150,14 @@ def _auto_rows(source: Source, shard_bytes: int) -> int:
         return 1024
     row_bytes = max(1, probe.get_total_buffer_size() // probe.num_rows)
     return max(1, min(1 << 20, min(TARGET_BATCH_BYTES, shard_bytes // 4) // row_bytes))
+
+
+def _image_extra(source: Source, settings: ConvertSettings) -> dict[str, object]:
+    """What the manifest records of an image folder's checks: skipped files, --max-side."""
+    skipped = getattr(source, "skipped", None)
+    extra: dict[str, object] = {}
+    if skipped is not None:
+        extra["skipped_images"] = dict(skipped)
+    if settings.max_side is not None:
+        extra["max_side"] = settings.max_side
+    return extra

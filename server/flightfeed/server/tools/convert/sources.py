@@ -28,7 +28,9 @@ HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf")
 class Source(Protocol):
     description: str
     schema: pa.Schema
-    num_rows: int
+
+    @property
+    def num_rows(self) -> int: ...  # final once batches() is exhausted (image folders may skip files)
 
     def batches(self, rows: int) -> Iterator[pa.RecordBatch]: ...
 
