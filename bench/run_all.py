@@ -26,6 +26,7 @@ SCRIPTS = {
     "bench_gpu": "gpu.json",
     "bench_imagenet": "imagenet.json",
     "bench_scaleout": "scaleout.json",
+    "bench_verify": "verify.json",
 }
 
 

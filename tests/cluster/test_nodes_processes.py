@@ -48,7 +48,9 @@ def reader(location: str, rank: int, streams: int) -> FlightDataset:
     )
 
 
-def test_epoch_over_two_ranks_survives_a_killed_node_and_a_joining_node(blobs_dir: Path) -> None:
+def test_epoch_over_two_ranks_survives_a_killed_node_and_a_joining_node(blobs_dir: Path, tmp_path: Path) -> None:
+    secret = tmp_path / "cluster-token"  # the joining node is learned by gossip: it proves this secret
+    secret.write_text("nodes-only-secret\n")
     ports = [free_port() for _ in range(4)]
     locs = [f"grpc://127.0.0.1:{p}" for p in ports]
     peers = ",".join(locs[:3])
@@ -58,13 +60,15 @@ def test_epoch_over_two_ranks_survives_a_killed_node_and_a_joining_node(blobs_di
     entry, other = (loc for loc in locs[:3] if loc != victim)
     with nodes() as procs:
         for port in ports[:3]:
-            procs.append(start_serve(f"blobs={blobs_dir}", "--peers", peers, port=port)[0])
+            procs.append(start_serve(f"blobs={blobs_dir}", "--peers", peers, "--cluster-token-file", str(secret),
+                                     port=port)[0])
         eventually("the three nodes see each other", lambda: live_peers(entry) == {victim, other})
         rank0 = reader(entry, 0, streams=1)
         it = iter(rank0)
         got0 = [i for _ in range(4) for i in next(it)["index"].tolist()]
         procs[locs.index(victim)].send_signal(signal.SIGKILL)  # its stream is in flight
-        procs.append(start_serve(f"blobs={blobs_dir}", "--peers", peers, port=ports[3])[0])  # a node joins
+        procs.append(start_serve(f"blobs={blobs_dir}", "--peers", peers, "--cluster-token-file", str(secret),
+                                 port=ports[3])[0])  # a node joins
         got0 += [i for batch in it for i in batch["index"].tolist()]
         assert rank0.stats()["failovers"] >= 1  # the stream continued on another node
         eventually("the new node live, the victim gone", lambda: live_peers(entry) == {other, locs[3]})

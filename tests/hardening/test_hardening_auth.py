@@ -71,7 +71,7 @@ def test_exposure_warning_names_the_risk_and_insecure_silences_it() -> None:
     (flight_line,) = exposure_warnings("0.0.0.0", "127.0.0.1", has_token=False, has_tls=False)
     assert "--host 0.0.0.0" in flight_line and "anyone who can reach" in flight_line and "--insecure" in flight_line
     assert exposure_warnings("0.0.0.0", None, has_token=True, has_tls=False) == []
-    assert exposure_warnings("0.0.0.0", None, has_token=False, has_tls=True) == []
+    assert exposure_warnings("0.0.0.0", None, has_token=True, has_tls=True) == []
     assert exposure_warnings("127.0.0.1", "127.0.0.1", has_token=False, has_tls=False) == []
     (sidecar_line,) = exposure_warnings("127.0.0.1", "0.0.0.0", has_token=False, has_tls=False)
     assert "--sidecar-host 0.0.0.0" in sidecar_line

@@ -7,6 +7,7 @@ made against another fingerprint is refused.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -132,6 +133,13 @@ class Dataset:
             watch = getattr(shard, "watch", None)
             if watch is not None:
                 watch(self._shard_changed)
+            on_corrupt = getattr(shard, "on_corrupt", None)  # a block failed its checksum
+            if on_corrupt is not None:
+                on_corrupt(self.mark_corrupt)
+        for s, shard in enumerate(self.shards):
+            on_release = getattr(shard, "on_release", None)  # a cached copy was closed (evicted)
+            if on_release is not None:
+                on_release(functools.partial(self._drop_views, s))
 
     # -- shards changed in place while served ---------------------------------------------------
     def on_change(self, listener: Callable[[Dataset, str], None]) -> None:
@@ -146,6 +154,12 @@ class Dataset:
         for listener in list(self._change_listeners):
             listener(self, reason)
 
+    def _drop_views(self, shard: int) -> None:
+        """Forget the memoised views of ``shard``'s chunks (its copy was closed: let its memory go)."""
+        with self.views_lock:
+            for key in [k for k in self.views if self._chunk_refs[k[0]][0] == shard]:
+                del self.views[key]
+
     def on_first_read(self, callback: Callable[[int], None]) -> None:
         """Call ``callback(shard_index)`` the first time each shard is read (lazy verification)."""
         self._unread = set(range(len(self.shards)))
@@ -155,6 +169,7 @@ class Dataset:
         """A shard failed verification: every stream and request on this dataset fails."""
         if self.corrupt is None:
             self.corrupt = reason
+            log.error("dataset %r is corrupt: %s", self.name, reason)
 
     def check_unchanged(self, *, stale: bool = False) -> None:
         """Raise if a shard changed on disk while served: ``StaleState`` for a new request

@@ -21,6 +21,7 @@ from flightfeed.server.storage.cli_options import (
     add_cache_arguments,
     add_reader_arguments,
     add_s3_arguments,
+    size_argument,
     storage_options_from_args,
 )
 from flightfeed.server.storage.options import StorageOptions
@@ -44,6 +45,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="hash every local shard (sha256) and check it against manifest.json when there is one",
     )
+    parser.add_argument(
+        "--write-manifest",
+        action="store_true",
+        help="write DIR/manifest.json with every shard's sha256 and block checksums (for a local dataset "
+        "without one, or with one from before block checksums), so `serve` verifies its bytes",
+    )
+    parser.add_argument(
+        "--block-size", type=size_argument, default="8MiB", help="checksum block size for --write-manifest"
+    )
     parser.add_argument("--auth-token-file", metavar="F", help="bearer token for a server started with one")
     add_reader_arguments(parser)
     add_s3_arguments(parser)
@@ -55,6 +65,13 @@ def run(args: argparse.Namespace) -> int:
         if args.target.split("://", 1)[0] in _SERVER_SCHEMES:
             token = read_token_file(args.auth_token_file) if args.auth_token_file else None
             report = inspect_server(args.target, token=token)
+        elif args.write_manifest:
+            from flightfeed.server.storage.write_manifest import write_manifest
+
+            options = storage_options_from_args(args, os.environ)
+            path = write_manifest(args.target, options, block_bytes=args.block_size)
+            print(f"wrote {path}")
+            report = inspect_dataset(args.target, options, verify=True)
         else:
             report = inspect_dataset(args.target, storage_options_from_args(args, os.environ), verify=args.verify)
     except (FlightFeedError, OSError) as exc:

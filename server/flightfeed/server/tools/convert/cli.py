@@ -44,6 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dst", metavar="DST", help="output directory or s3://bucket/prefix")
     parser.add_argument("--shard-size", type=size_argument, default="512MB", help="bytes per shard (default 512MB)")
     parser.add_argument(
+        "--block-size", type=size_argument, default="8MiB",
+        help="bytes per checksum block in the manifest (default 8MiB): the server verifies each block "
+        "before any of its rows leave the node",
+    )
+    parser.add_argument(
         "--compression",
         choices=("lz4", "zstd", "none"),
         default="none",
@@ -78,6 +83,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = ConvertSettings(
             shard_bytes=args.shard_size,
+            block_bytes=args.block_size,
             compression=args.compression,
             rows_per_batch=args.rows_per_batch,
             kind=args.kind,
