@@ -34,8 +34,10 @@ from flightfeed.server.request.streaming import StreamSettings
 from flightfeed.server.storage import StorageOptions, open_catalog
 from flightfeed.server.storage.cli_options import (
     add_cache_arguments,
+    add_chunk_cache_argument,
     add_reader_arguments,
     add_s3_arguments,
+    apply_config,
     size_argument,
     storage_options_from_args,
 )
@@ -126,6 +128,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_s3_arguments(p)
     add_cache_arguments(p)
     add_reader_arguments(p)
+    add_chunk_cache_argument(p)
 
 
 def parse_datasets(items: list[str]) -> dict[str, str]:
@@ -178,7 +181,7 @@ def _worker_argv(args: argparse.Namespace, datasets: dict[str, str], host: str) 
         "--s3-region": getattr(args, "s3_region", None),
         "--cache-dir": getattr(args, "cache_dir", None),
         "--cache-size": getattr(args, "cache_size", None),
-        "--hdf5-group": getattr(args, "hdf5_group", None),
+        "--chunk-cache": getattr(args, "chunk_cache", None),
         "--message-size": args.message_size,
         "--decode-workers": getattr(args, "decode_workers", None),
         "--max-streams": getattr(args, "max_streams", None),
@@ -196,6 +199,8 @@ def _worker_argv(args: argparse.Namespace, datasets: dict[str, str], host: str) 
             out += [flag, str(value)]
     for cast in getattr(args, "cast", None) or []:
         out += ["--cast", cast]
+    for group in getattr(args, "hdf5_group", None) or []:
+        out += ["--hdf5-group", group]
     return out
 
 
@@ -218,6 +223,7 @@ def run(args: argparse.Namespace) -> int:
     if args.exit_with_parent:
         exit_with_parent()
     options = storage_options_from_args(args, os.environ)
+    apply_config(options, args, config)
     token_file = _setting(args, config, "auth_token_file", None)
     token = read_token_file(token_file) if token_file else None
     cluster_token_file = _setting(args, config, "cluster_token_file", None)

@@ -26,6 +26,7 @@ from flightfeed.server.guards.boundary import flight_errors, guarded_stream, sch
 from flightfeed.server.guards.budget import BytesInFlight, metered, peer_host
 from flightfeed.server.guards.limits import Limits, check_read, check_ticket
 from flightfeed.server.guards.listen import grpc_log, release, start_failure
+from flightfeed.server.observe.chunk_stats import install_chunk_stats
 from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.observe.reports import MAX_REPORT_BYTES, validate_report
 from flightfeed.server.observe.snapshot import metrics_snapshot
@@ -95,6 +96,7 @@ class FlightFeedServer(flight.FlightServerBase):
         self.bytes_in_flight = bytes_in_flight or BytesInFlight(metrics=self.metrics)
         self.bytes_in_flight.metrics = self.metrics
         self.metrics.sections["bytes_in_flight"] = self.bytes_in_flight.snapshot
+        install_chunk_stats(self.metrics, catalog)  # flightfeed_chunk_decodes_total, /stats chunk_cache
         for ds in catalog.datasets():  # a shard changed in place while served: count it
             ds.on_change(lambda d, _reason: self.metrics.io.shard_changes.labels(d.name).inc())
             if self.settings.readahead_windows > 0 and ds.readahead is None:

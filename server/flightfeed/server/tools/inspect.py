@@ -26,7 +26,7 @@ from flightfeed.server.storage.cli_options import (
 )
 from flightfeed.server.storage.options import StorageOptions
 from flightfeed.wire.classes import classes_of
-from flightfeed.wire.errors import FlightFeedError, StorageError, Unauthenticated
+from flightfeed.wire.errors import ConfigError, FlightFeedError, StorageError, Unauthenticated
 from flightfeed.wire.tokens import normalize_token, read_token_file
 
 __all__ = ["add_arguments", "run", "inspect_dataset", "inspect_server", "format_report"]
@@ -73,7 +73,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote {path}")
             report = inspect_dataset(args.target, options, verify=True)
         else:
-            report = inspect_dataset(args.target, storage_options_from_args(args, os.environ), verify=args.verify)
+            options = storage_options_from_args(args, os.environ)
+            if options.hdf5_groups:
+                raise ConfigError("inspect reads one dataset: give its group as --hdf5-group GROUP (no NAME=)")
+            report = inspect_dataset(args.target, options, verify=args.verify)
     except (FlightFeedError, OSError) as exc:
         print(f"flightfeed inspect: error: {exc}", file=sys.stderr)
         return 1
@@ -97,6 +100,7 @@ def inspect_dataset(uri: str, options: StorageOptions | None = None, *, verify: 
                 "bytes": shard.nbytes,
                 "chunks": len(shard.chunk_offsets) - 1,
                 "compression": compressions[i] if i < len(compressions) else compressions[0],
+                "notes": list(getattr(shard, "notes", [])),  # HDF5: links followed, datasets left out
             }
             for i, shard in enumerate(ds.shards)
         ]
@@ -249,6 +253,7 @@ def format_report(report: dict[str, Any]) -> str:
     marks = {True: "  ok (matches manifest)", False: "  MISMATCH (differs from manifest)", None: ""}
     for s in shown:
         lines.append(f"  {s['uri']}  rows: {s['rows']:,}  bytes: {_size(s['bytes'])}  chunks: {s['chunks']}")
+        lines.extend(f"    {note}" for note in s.get("notes") or [])
         if s.get("sha256"):
             lines.append(f"    sha256: {s['sha256']}{marks[s.get('verified')]}")
     if len(report["shard_list"]) > len(shown):

@@ -14,11 +14,12 @@ from flightfeed.server.storage.cli_options import (
     add_reader_arguments,
     add_s3_arguments,
     parse_casts,
+    parse_hdf5_groups,
     size_argument,
     storage_options_from_args,
 )
 from flightfeed.server.tools.convert.pipeline import ConvertSettings, convert
-from flightfeed.wire.errors import FlightFeedError
+from flightfeed.wire.errors import ConfigError, FlightFeedError
 
 __all__ = ["add_arguments", "run"]
 
@@ -81,13 +82,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        group, per_dataset = parse_hdf5_groups(args.hdf5_group)
+        if per_dataset:
+            raise ConfigError("convert reads one source: give its group as --hdf5-group GROUP (no NAME=)")
         settings = ConvertSettings(
             shard_bytes=args.shard_size,
             block_bytes=args.block_size,
             compression=args.compression,
             rows_per_batch=args.rows_per_batch,
             kind=args.kind,
-            hdf5_group=args.hdf5_group,
+            hdf5_group=group,
             casts=parse_casts(args.cast),
             decode=args.decode,
             resize=args.resize,

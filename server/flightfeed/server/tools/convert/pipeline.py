@@ -9,13 +9,13 @@ from typing import Literal
 
 from tqdm import tqdm
 
+from flightfeed.server.readers import HDF5_SUFFIXES
 from flightfeed.server.readers.blocks import BLOCK_BYTES
 from flightfeed.server.storage.manifest import Manifest
 from flightfeed.server.storage.options import StorageOptions
 from flightfeed.server.tools.convert.destination import open_destination
 from flightfeed.server.tools.convert.images import ImageFolderSource, looks_like_image_folder
 from flightfeed.server.tools.convert.sources import (
-    HDF5_SUFFIXES,
     Hdf5Source,
     NumpySource,
     ParquetSource,
@@ -58,13 +58,16 @@ def open_source(src: str, settings: ConvertSettings) -> Source:
     if kind == "auto":
         kind = _detect(src)
     if kind == "hdf5":
-        return Hdf5Source(require(find_files(src, HDF5_SUFFIXES), src, "HDF5"), settings.hdf5_group, settings.casts)
-    if settings.casts or settings.hdf5_group:
-        raise ConfigError("--cast and --hdf5-group apply to HDF5 sources only")
+        files = require(find_files(src, HDF5_SUFFIXES), src, "HDF5/netCDF-4", HDF5_SUFFIXES)
+        return Hdf5Source(files, settings.hdf5_group, settings.casts)
+    given = [flag for flag, on in (("--hdf5-group", settings.hdf5_group), ("--cast", settings.casts)) if on]
+    if given:
+        verb = "applies" if len(given) == 1 else "apply"
+        raise ConfigError(f"{' and '.join(given)} {verb} only to HDF5 sources; {src} is {kind}: drop the option")
     if kind == "parquet":
-        return ParquetSource(require(find_files(src, (".parquet",)), src, "Parquet"))
+        return ParquetSource(require(find_files(src, (".parquet",)), src, "Parquet", (".parquet",)))
     if kind == "numpy":
-        return NumpySource(require(find_files(src, (".npy", ".npz")), src, "NumPy (.npy/.npz)"))
+        return NumpySource(require(find_files(src, (".npy", ".npz")), src, "NumPy", (".npy", ".npz")))
     return ImageFolderSource(
         src,
         decode=settings.decode,
@@ -83,8 +86,8 @@ def _detect(src: str) -> SourceKind:
     if not os.path.exists(src) and not any(ch in src for ch in "*?["):
         raise ConfigError(f"{src}: no such file or directory")
     raise ConfigError(
-        f"{src}: found nothing to convert (HDF5 .h5, Parquet, NumPy .npy/.npz, or CLASS/ subfolders of "
-        "JPEG/PNG images); name the kind with --from"
+        f"{src}: found nothing to convert (HDF5 .h5/.hdf5, netCDF-4 .nc/.nc4, Parquet, NumPy .npy/.npz, or "
+        "CLASS/ subfolders of JPEG/PNG images); name the kind with --from"
     )
 
 
