@@ -10,6 +10,7 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from flightfeed.server.cluster import Membership, spread
+from flightfeed.server.cluster.spread import first_slot
 from flightfeed.server.observe.snapshot import metrics_snapshot
 from flightfeed.server.testing import RunningServer, running_server
 from flightfeed.server.transforms import Transformer
@@ -38,6 +39,19 @@ def test_jobs_start_at_every_node_and_a_job_still_rotates_over_all() -> None:
         assert {spread(NODES, k, key)[0].rsplit(":", 1)[0] for k in range(3)} == firsts  # k rotates nodes
         out = spread(NODES, 0, key)  # alternates: the other nodes' entries
         assert len(out) >= 3 and {loc.rsplit(":", 1)[0] for loc in out} == firsts
+
+
+def test_the_ranks_of_one_job_still_spread_evenly_over_its_ranking() -> None:
+    nodes = [[f"grpc://n{i}:1"] for i in range(5)]
+    for key in (b"job-a", b"job-b"):  # one key for every rank and epoch of the job
+        for ranks, streams in ((2, 1), (3, 2), (2, 4), (8, 1)):
+            firsts = [
+                spread(nodes, first_slot("d", seed=5, rank=r, world_size=ranks, streams=streams) + k, key)[0]
+                for r in range(ranks)
+                for k in range(streams)
+            ]
+            counts = [firsts.count(n[0]) for n in nodes]
+            assert max(counts) - min(counts) <= 1 and (min(counts) >= 1 or ranks * streams < len(nodes))
 
 
 def test_a_node_leaving_moves_only_the_jobs_it_led() -> None:

@@ -92,8 +92,8 @@ class Cluster:
         return nodes
 
     def endpoint_locations(self, k: int, key: bytes = b"") -> list[str]:
-        """Locations of endpoint ``k`` of the request whose identity digest is ``key``
-        ([]: this server alone, the client's own location)."""
+        """Locations of the endpoint in spread slot ``k`` (``spread.first_slot`` + its index) of
+        the request whose job digest is ``key`` ([]: this server alone, the client's own location)."""
         nodes = self.nodes()
         if len(nodes) == 1 and len(nodes[0]) == 1 and nodes[0][0] == self.entry():
             return []
