@@ -24,6 +24,17 @@ def test_given_first_then_learned_then_failed() -> None:
     assert m.order() == [A, B, D, C]
 
 
+def test_an_endpoints_locations_put_the_members_that_failed_last() -> None:
+    m = Members(A)
+    assert m.prefer([C, A, B]) == [C, A, B]  # nothing failed: the server's order
+    m.failed(B)
+    m.failed(C)
+    assert m.prefer([C, A, B]) == [A, B, C]  # failed ones last (longest-failed first): the tier lags a death
+    assert m.prefer([D, C]) == [D, C]  # not yet failed here: kept first
+    m.answered(C)
+    assert m.prefer([C, A, B]) == [C, A, B]
+
+
 def test_answered_is_remembered_per_reader_and_per_process() -> None:
     m = Members(D)
     lone = "grpc://10.9.9.9:1"

@@ -83,6 +83,15 @@ class Members:
             ok = [m for m in self._known if m not in self._failed]
             return ok + sorted(self._failed, key=self._failed.__getitem__)
 
+    def prefer(self, locations: Iterable[str]) -> list[str]:
+        """``locations`` (an endpoint's, first choice first) with the members that failed moved to
+        the end, longest-failed first: a stream does not start on a node this reader saw die
+        while the tier still lists it (membership lags a death by a probe round or two)."""
+        with self._lock:
+            given = list(dict.fromkeys(locations))
+            ok = [m for m in given if m not in self._failed]
+            return ok + sorted((m for m in given if m in self._failed), key=self._failed.__getitem__)
+
     def known(self) -> list[str]:
         with self._lock:
             return list(self._known)

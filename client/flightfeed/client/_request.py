@@ -128,7 +128,7 @@ def open_readers(
         ticket = StreamTicket.FromString(ep.ticket.ticket)
         readers.append(
             StreamReader(
-                pool, k, ticket, found or home,
+                pool, k, ticket, members.prefer(found) if found else home,
                 depth=prefetch, policy=policy, stop=stop, on_retry=on_retry, members=members,
             )
         )
