@@ -28,6 +28,7 @@ SCRIPTS = {
     "bench_scaleout": "scaleout.json",
     "bench_hdf5": "hdf5.json",
     "bench_verify": "verify.json",
+    "bench_shared": "shared.json",
     "bench_catalog": "catalog.json",
 }
 

@@ -19,7 +19,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from flightfeed.client._boundary import retryable, translate
+from flightfeed.client._boundary import reached_server, retryable, translate
+from flightfeed.client._members import Members
 from flightfeed.client._pool import ConnectionPool
 from flightfeed.client._retry import Outage, RetryPolicy
 from flightfeed.client._skips import received
@@ -46,12 +47,14 @@ class StreamReader(threading.Thread):
         policy: RetryPolicy,
         stop: threading.Event,
         on_retry: Callable[[str, str], None] | None = None,
+        members: Members | None = None,
     ) -> None:
         super().__init__(name=f"flightfeed-stream-{slot}", daemon=True)
         self.pool, self.slot, self.ticket = pool, slot, ticket
         self.locations = list(locations) or [pool.location]
         self.queue: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth))
         self.policy, self.stop, self.on_retry = policy, stop, on_retry
+        self.members = members  # told which locations served and which failed (the next epoch's order)
         self.retried = 0  # retries over this reader's life (all outages)
         self.delivered = 0
         self._active: flight.FlightStreamReader | None = None
@@ -94,10 +97,15 @@ class StreamReader(threading.Thread):
                     return
                 err = translate(exc)
                 if self.delivered > before:
+                    self._recovered(outage, location)
                     outage = None  # the last retry made progress: this is a new outage
+                if self.members is not None and reached_server(exc):
+                    self.members.heard(location)
                 if not retryable(err):
                     self._fail(err, exc)
                     return
+                if self.members is not None:
+                    self.members.failed(location)  # the next get_flight_info tries it last
                 if outage is None:
                     outage = Outage(self.policy, len(self.locations))
                 pause = outage.failed(location, err)
@@ -107,16 +115,27 @@ class StreamReader(threading.Thread):
                 self.retried += 1
                 self.pool.discard(self.slot, location)
                 at = (at + 1) % len(self.locations)
-                log.warning(
-                    "stream %d failed at %s (%s); retry %d of this outage on %s",
-                    self.slot, location, err, outage.attempts, self.locations[at],
+                # one line when an outage begins (a long wait is never silent); the rest at debug level
+                log.log(
+                    logging.WARNING if outage.attempts == 1 else logging.DEBUG,
+                    "stream %d failed at %s (%s); retry %d of this outage on %s (up to %gs: retry_timeout)",
+                    self.slot, location, _first_line(err), outage.attempts, self.locations[at],
+                    self.policy.timeout_s,
                 )
                 if self.on_retry is not None:
                     self.on_retry(location, self.locations[at])
                 if pause and self.stop.wait(pause):
                     return
         if not self.stop.is_set():
+            self._recovered(outage, self.locations[at])
             self._put(END)
+
+    def _recovered(self, outage: Outage | None, location: str) -> None:
+        if outage is not None:
+            log.warning("stream %d continues on %s after %d retries in %.1fs", self.slot, location,
+                        outage.attempts, outage.elapsed())
+        if self.members is not None:
+            self.members.answered(location)
 
     def _fail(self, err: BaseException, exc: BaseException, outage: Outage | None = None) -> None:
         """Hand the consumer the error that ends this stream (with the outage's story, if any)."""
@@ -138,6 +157,7 @@ class StreamReader(threading.Thread):
         reader = client.do_get(flight.Ticket(ticket.SerializeToString()), self.pool.options.call_options())
         with self._lock:
             self._active = reader
+        told = False
         try:
             pending: list[pa.RecordBatch] = []
             have = 0
@@ -148,6 +168,9 @@ class StreamReader(threading.Thread):
                     break
                 if chunk.data is None:  # a metadata-only message
                     continue
+                if not told and self.members is not None:
+                    self.members.answered(location)  # this attempt's first message arrived
+                    told = True
                 if self.stop.is_set():
                     return
                 batch, skipped = received(chunk.data, chunk.app_metadata)
@@ -178,3 +201,8 @@ class StreamReader(threading.Thread):
         finally:
             with self._lock:
                 self._active = None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__

@@ -32,6 +32,7 @@ from flightfeed.server.guards.listen import check_tls_files
 from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.readers.open_files import MIN_OPEN, default_max_open, raise_nofile_limit, shared_open_files
 from flightfeed.server.request.service import FlightFeedServer
+from flightfeed.server.request.shared_messages import DEFAULT_SHARE_WINDOW
 from flightfeed.server.request.streaming import StreamSettings
 from flightfeed.server.storage import StorageOptions, open_catalog
 from flightfeed.server.storage.cli_options import (
@@ -40,6 +41,7 @@ from flightfeed.server.storage.cli_options import (
     add_reader_arguments,
     add_s3_arguments,
     apply_config,
+    parse_size,
     size_argument,
     storage_options_from_args,
 )
@@ -79,6 +81,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--message-size", type=size_argument, default=None, help="target bytes per Flight message (default 16MiB)"
+    )
+    p.add_argument(
+        "--share-window", type=size_argument, default=None, metavar="BYTES",
+        help="shared jobs: keep up to BYTES of produced messages (gathered, decoded, augmented) per server "
+        "process for identical requests of other trainers (default 512MiB; 0: off)",
     )
     p.add_argument(
         "--decode-workers",
@@ -221,6 +228,7 @@ def _worker_argv(args: argparse.Namespace, datasets: dict[str, str], host: str) 
         "--cache-size": getattr(args, "cache_size", None),
         "--chunk-cache": getattr(args, "chunk_cache", None),
         "--message-size": args.message_size,
+        "--share-window": getattr(args, "share_window", None),
         "--decode-workers": getattr(args, "decode_workers", None),
         "--max-streams": getattr(args, "max_streams", None),
         "--max-bytes-in-flight": getattr(args, "max_bytes_in_flight", None),
@@ -302,6 +310,10 @@ def run(args: argparse.Namespace) -> int:
         int(_setting(args, config, "client_bytes_in_flight", DEFAULT_CLIENT_BYTES_IN_FLIGHT)),
         metrics=metrics,
     )
+    window_setting = _setting(args, config, "share_window", DEFAULT_SHARE_WINDOW)
+    share_window = parse_size(window_setting) if isinstance(window_setting, str) else int(window_setting)
+    if share_window < 0:
+        raise ConfigError(f"--share-window {share_window}: must be >= 0 bytes (0 turns shared jobs off)")
     sidecar_host = str(_setting(args, config, "sidecar_host", "127.0.0.1"))
     if not (args.insecure or config.get("insecure", False)):
         sidecar_on = not (args.no_sidecar or config.get("no_sidecar", False))
@@ -323,6 +335,7 @@ def run(args: argparse.Namespace) -> int:
             transformer=transformer,
             limits=limits,
             bytes_in_flight=budget,
+            share_window=share_window,
         )
         cluster = server.cluster
         roots = tls[0][0] if tls else None

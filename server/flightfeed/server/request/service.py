@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from flightfeed.server.cluster import Cluster
+from flightfeed.server.cluster.spread import first_slot
 from flightfeed.server.data.catalog import Catalog, Dataset
 from flightfeed.server.data.readahead import ReadAhead
 from flightfeed.server.guards.auth import TokenAuthFactory
@@ -28,7 +29,10 @@ from flightfeed.server.guards.listen import grpc_log, release, start_failure
 from flightfeed.server.observe.chunk_stats import install_chunk_stats
 from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.observe.reports import MAX_REPORT_BYTES, validate_report
+from flightfeed.server.observe.shared import shared_snapshot
 from flightfeed.server.observe.snapshot import metrics_snapshot
+from flightfeed.server.request.identity import job_digest
+from flightfeed.server.request.shared_messages import DEFAULT_SHARE_WINDOW, ShareWindow
 from flightfeed.server.request.streaming import (
     StreamSettings,
     check_columns,
@@ -69,6 +73,7 @@ class FlightFeedServer(flight.FlightServerBase):
         transformer: Transformer | None = None,
         limits: Limits | None = None,
         bytes_in_flight: BytesInFlight | None = None,
+        share_window: int = DEFAULT_SHARE_WINDOW,
     ) -> None:
         middleware: dict[str, flight.ServerMiddlewareFactory] | None = (
             {"auth": TokenAuthFactory(auth_token)} if auth_token is not None else None
@@ -95,6 +100,9 @@ class FlightFeedServer(flight.FlightServerBase):
         self.bytes_in_flight = bytes_in_flight or BytesInFlight(metrics=self.metrics)
         self.bytes_in_flight.metrics = self.metrics
         self.metrics.sections["bytes_in_flight"] = self.bytes_in_flight.snapshot
+        #: shared jobs: messages made once for identical requests (``--share-window`` bytes; 0: off)
+        self.share_window = ShareWindow(share_window, self.metrics.shared)
+        self.metrics.sections["shared"] = self._shared_section
         install_chunk_stats(self.metrics, catalog)  # flightfeed_chunk_decodes_total, /stats chunk_cache
         for ds in catalog.datasets():  # a shard changed in place while served: count it
             ds.on_change(lambda d, _reason: self.metrics.io.shard_changes.labels(d.name).inc())
@@ -112,6 +120,9 @@ class FlightFeedServer(flight.FlightServerBase):
         self.metrics.sections["cluster"] = self.cluster.describe
         self.metrics.registry.register(self.cluster.collector())
 
+    def _shared_section(self) -> dict[str, Any]:
+        return {**shared_snapshot(self.metrics.shared), **self.share_window.describe()}
+
     def _fingerprints(self) -> dict[str, str]:
         return {d.name: d.fingerprint for d in self.catalog.datasets()}
 
@@ -122,10 +133,17 @@ class FlightFeedServer(flight.FlightServerBase):
         plan = transform_plan(ds, read, self.transformer)
         return plan.schema(schema) if plan is not None else schema
 
-    def _info(self, ds: Dataset, descriptor: flight.FlightDescriptor, tickets: list[Any], schema: pa.Schema) -> Any:
+    def _info(
+        self, ds: Dataset, descriptor: flight.FlightDescriptor, tickets: list[Any], schema: pa.Schema, first: int
+    ) -> Any:
+        """``first``: the spread slot of endpoint 0 (``cluster.spread.first_slot``)."""
         endpoints = []
+        # the ranks of one job rank the nodes alike: identical requests meet on one process (shared jobs)
+        key = job_digest(ds, tickets[0].read) if tickets else b""
         for k, t in enumerate(tickets):
-            locs: list[str | flight.Location] = [flight.Location(u) for u in self.cluster.endpoint_locations(k)]
+            locs: list[str | flight.Location] = [
+                flight.Location(u) for u in self.cluster.endpoint_locations(first + k, key)
+            ]
             endpoints.append(flight.FlightEndpoint(t.SerializeToString(), locs))
         rows = sum(int(t.expected_rows) for t in tickets)
         return flight.FlightInfo(schema, descriptor, endpoints, total_records=rows, total_bytes=-1, ordered=True)
@@ -145,13 +163,17 @@ class FlightFeedServer(flight.FlightServerBase):
     def get_flight_info(self, context: Any, descriptor: flight.FlightDescriptor) -> Any:
         if descriptor.descriptor_type == flight.DescriptorType.PATH:
             ds = self._path_dataset(descriptor)
-            return self._info(ds, descriptor, stored_order_tickets(ds, self.settings), ds.schema)
+            return self._info(ds, descriptor, stored_order_tickets(ds, self.settings), ds.schema, first_slot(ds.name))
         cmd = decode_command(descriptor.command or b"")
         ds = self.catalog.get(cmd.dataset)
         check_columns(ds, list(cmd.columns))
         check_read(ds, cmd, self.limits, self._row_bytes(ds, cmd))
         tickets = make_tickets(ds, cmd, self.settings, self.transformer)
-        return self._info(ds, descriptor, tickets, self._schema(ds, cmd))
+        first = first_slot(
+            ds.name, seed=cmd.seed, epoch=cmd.epoch, rank=cmd.rank, world_size=cmd.world_size,
+            worker=cmd.worker, num_workers=cmd.num_workers, streams=cmd.streams,
+        )
+        return self._info(ds, descriptor, tickets, self._schema(ds, cmd), first)
 
     def _row_bytes(self, ds: Dataset, read: Any) -> int:
         """Bytes of one row as sent (after the request's transforms): what message sizes count."""
@@ -196,8 +218,9 @@ class FlightFeedServer(flight.FlightServerBase):
         row_bytes = self._row_bytes(ds, t.read)
         check_ticket(ds, t, self.limits, row_bytes)
         client = peer_host(context.peer() if context is not None else None)
+        made = ticket_batches(ds, t, self.transformer, self.share_window)
         batches = metered(
-            ticket_batches(ds, t, self.transformer), self.bytes_in_flight, client, ds.name, t.message_rows * row_bytes
+            made, self.bytes_in_flight, client, ds.name, t.message_rows * row_bytes, self.share_window.holds
         )
         first = next(batches, None)  # validation errors surface before the stream starts
         return t, self._schema(ds, t.read), self._counted(ds.name, first, batches)
