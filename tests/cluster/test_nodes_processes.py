@@ -5,33 +5,14 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pyarrow.flight as flight
 
 from flightfeed.client import FlightDataset, ReadOptions
-from tests.cluster.conftest import BLOB_ROWS, action, eventually, free_port, gone
+from tests.cluster.conftest import BLOB_ROWS, action, eventually, free_port, gone, live_peers, nodes
 from tests.processes import start_serve
-
-
-@contextmanager
-def nodes() -> Iterator[list[subprocess.Popen[str]]]:
-    procs: list[subprocess.Popen[str]] = []
-    try:
-        yield procs
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait(timeout=30)
-
-
-def live_peers(location: str) -> set[str]:
-    return {p["location"] for p in action(location, "stats")["cluster"]["peers"] if p["state"] == "live"}
 
 
 def reader(location: str, rank: int, streams: int) -> FlightDataset:
