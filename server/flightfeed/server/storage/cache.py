@@ -9,9 +9,14 @@ by the worker processes of one server:
 - the first use of an entry in a process re-verifies its size and sha256 (a corrupt file is
   deleted and fetched again); later uses in that process check size and inode only;
 - one download per shard: a per-key thread lock plus an ``flock`` on the shard's lock file;
-- eviction (least recently used first, by the data file's mtime) never removes a pinned shard,
-  i.e. one with a live ``CacheLease`` in this process. Evicting a file another process still has
-  open is safe on POSIX; its space comes back when that process drops it;
+- eviction (least recently used first) never removes a pinned shard, i.e. one with a live
+  ``CacheLease`` in this process. Evicting a file another process still has open is safe on
+  POSIX; its space comes back when that process drops it;
+- sizes and the LRU order come from an in-memory index (``cache_index``) that this process updates
+  on its own commits, touches and evictions and that follows other processes' through a journal
+  in the directory: a download costs O(1) in the number of cached shards (no listing per
+  download); the directory is listed at start, after a journal rotation and when an eviction
+  finds no room in the index;
 - an evicted file that this process still maps (``track_mapping``: an open reader, batches in
   flight) keeps its bytes counted (``cache_held``) until the mapping goes, so the files plus
   those deleted-but-held bytes stay within ``max_bytes``; readers of evicted entries are closed
@@ -36,6 +41,7 @@ from typing import Any
 from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.storage.cache_files import CacheFiles, sha256_file
 from flightfeed.server.storage.cache_held import HeldMappings
+from flightfeed.server.storage.cache_index import CacheIndex
 from flightfeed.wire.errors import DiskFull, StorageError
 
 __all__ = ["ShardCache", "CacheLease", "shared_cache", "default_cache_size"]
@@ -114,13 +120,15 @@ class ShardCache:
         self._key_locks: dict[str, threading.Lock] = {}
         self._counters: dict[tuple[str, bool], Any] = {}
         self._entries: dict[str, _Entry] = {}
+        self._live: set[int] = set()  # generations of ``_entries`` (what ``cache_held`` asks)
         self._generation = 0
         self._held = HeldMappings()
         #: why this cache cannot take new shards (a full disk), None while it can: /readyz shows it
         self.problem: str | None = None
         self.files.recover()
+        self.index = CacheIndex(self.files)
         if max_bytes is None:
-            max_bytes = default_cache_size(directory, self.files.total())
+            max_bytes = default_cache_size(directory, self.index.total)
         self.max_bytes = max_bytes
         self._report_bytes()
 
@@ -171,7 +179,10 @@ class ShardCache:
         return CacheLease(self, entry, True)
 
     def total_bytes(self) -> int:
-        return self.files.total()
+        """Bytes of the cached files (all processes' commits, as far as the journal tells)."""
+        with self._lock:
+            self.index.refresh()
+            return self.index.total
 
     def track_mapping(self, lease: CacheLease) -> Callable[[], None]:
         """Count a mapping of ``lease``'s file: after eviction its bytes stay counted until the
@@ -189,7 +200,7 @@ class ShardCache:
         """(files, bytes) evicted from the cache but still mapped by this process."""
         with self._lock:
             self._held.drain()
-            return self._held.held(e.generation for e in self._entries.values())
+            return self._held.held(self._live)
 
     def pinned(self) -> list[str]:
         """Keys of the entries pinned now."""
@@ -232,7 +243,7 @@ class ShardCache:
             self._generation += 1
             sha = str(meta["sha256"])
             entry = _Entry(name, key, int(stat.st_size), sha, version, stat.st_ino, self._generation, pins=1)
-            self._entries[name] = entry
+            self._put(entry)
         return entry
 
     def _download(
@@ -300,7 +311,8 @@ class ShardCache:
                 reserved[0] = 0
                 self._generation += 1
                 entry = _Entry(name, key, got, digest, version, inode, self._generation, pins=1)
-                self._entries[name] = entry
+                self._put(entry)
+                self.index.added(name, got, label)
         if self.metrics is not None:
             self.metrics.cache_download_seconds.labels(label).inc(seconds)
             self.metrics.storage_read_seconds.labels(label).observe(seconds)
@@ -311,13 +323,17 @@ class ShardCache:
         readers are closed, so their mappings can go). While the room is held by pinned entries,
         downloads in flight or evicted files still mapped, wait up to ``wait_for_room_s``."""
         deadline = time.monotonic() + self.wait_for_room_s
+        listed = False  # whether the directory was listed (the true state) for this reservation
         while True:
             with self._room:
                 self._held.drain()
-                fits, total, pinned, callbacks, evicted = self._evict_for(incoming, keep)
-                held_files, held_bytes = self._held.held(e.generation for e in self._entries.values())
+                fits, total, pinned, callbacks, evicted = self._evict_for(incoming, keep, listed)
+                held_files, held_bytes = self._held.held(self._live)
                 if fits:
                     self._reserved += incoming
+                elif not evicted and not listed:  # the index may be behind the directory: look once
+                    listed = True
+                    continue
                 elif not evicted:
                     busy = pinned > 0 or self._reserved > 0 or held_bytes > 0
                     remaining = deadline - time.monotonic()
@@ -341,28 +357,41 @@ class ShardCache:
                     f"not yet released) + {incoming} needed > {self.max_bytes}; raise --cache-size"
                 )
 
-    def _evict_for(self, incoming: int, keep: str) -> tuple[bool, int, int, list[Callable[[], None]], list[str]]:
-        """Under the lock: evict until ``incoming`` fits -> (fits, total, pinned, callbacks, labels)."""
+    def _evict_for(
+        self, incoming: int, keep: str, listed: bool = False
+    ) -> tuple[bool, int, int, list[Callable[[], None]], list[str]]:
+        """(Under the lock.) Evict LRU unpinned entries until ``incoming`` fits -> (fits, total,
+        pinned, callbacks, labels). ``listed``: list the directory first instead of following
+        the journal. Costs O(evicted + pinned ahead of them), not O(cached entries)."""
+        if listed:
+            self.index.rescan()
+        else:
+            self.index.refresh()
+        _, held = self._held.held(self._live)
+        total = self.index.total + self._reserved + held
+        victims: list[tuple[str, str]] = []
+        if total + incoming > self.max_bytes:
+            for name, size, label in self.index.oldest():
+                if total + incoming <= self.max_bytes:
+                    break
+                entry = self._entries.get(name)
+                if name == keep or (entry is not None and entry.pins > 0):
+                    continue
+                victims.append((name, label))
+                if entry is None or not self._held.mapped(entry.generation):
+                    total -= size  # (a file still mapped keeps its space: it is counted as held now)
         callbacks: list[Callable[[], None]] = []
         evicted: list[str] = []
-        listing = self.files.listing()
-        _, held = self._held.held(e.generation for e in self._entries.values())
-        total = sum(size for _, size, _, _ in listing) + self._reserved + held
-        for name, size, _, label in sorted(listing, key=lambda item: item[2]):
-            if total + incoming <= self.max_bytes:
-                break
-            entry = self._entries.get(name)
-            if name == keep or (entry is not None and entry.pins > 0):
-                continue
+        for name, label in victims:
             self.files.remove(name)
-            if entry is None or not self._held.mapped(entry.generation):
-                total -= size  # (a file still mapped keeps its space: it is counted as held now)
+            self.index.removed(name)
             evicted.append(label)
+            entry = self._pop(name)
             if entry is not None:
                 callbacks.extend(entry.on_evict)
-                del self._entries[name]
-        pinned = sum(1 for e in self._entries.values() if e.pins > 0)
-        return total + incoming <= self.max_bytes, total, pinned, callbacks, evicted
+        fits = total + incoming <= self.max_bytes
+        pinned = 0 if fits else sum(1 for e in self._entries.values() if e.pins > 0)
+        return fits, total, pinned, callbacks, evicted
 
     def _check_disk(self, key: str, size: int) -> None:
         """DiskFull at once when the cache's file system has less free space than ``size``."""
@@ -384,13 +413,27 @@ class ShardCache:
         )
         return DiskFull(self.problem)
 
+    def _put(self, entry: _Entry) -> None:
+        """(Under the lock.) Make ``entry`` this process's entry for its name."""
+        self._pop(entry.name)
+        self._entries[entry.name] = entry
+        self._live.add(entry.generation)
+
+    def _pop(self, name: str) -> _Entry | None:
+        """(Under the lock.) Forget this process's entry for ``name`` (its files are not touched)."""
+        entry = self._entries.pop(name, None)
+        if entry is not None:
+            self._live.discard(entry.generation)
+        return entry
+
     def _forget(self, name: str) -> None:
         with self._lock:
-            entry = self._entries.pop(name, None)
+            entry = self._entries.get(name)
             if entry is not None and entry.pins > 0:  # replaced under a reader: keep its file alive
-                self._entries[name] = entry
                 return
-        self.files.remove(name)
+            self._pop(name)
+            if self.files.remove(name) or name in self.index:
+                self.index.removed(name)
 
     def _unpin(self, name: str, generation: int) -> None:
         with self._lock:
@@ -405,7 +448,9 @@ class ShardCache:
         if now - entry.touched >= _TOUCH_EVERY_S:
             entry.touched = now
             with contextlib.suppress(OSError):
-                os.utime(self.files.data_path(entry.name))
+                os.utime(self.files.data_path(entry.name))  # for a restart's listing
+            with self._lock:
+                self.index.touched(entry.name)
 
     def _count(self, label: str, hit: bool) -> None:
         if self.metrics is None:
@@ -419,9 +464,8 @@ class ShardCache:
     def _report_bytes(self) -> None:
         if self.metrics is None:
             return
-        per: dict[str, int] = {}
-        for _, size, _, label in self.files.listing():
-            per[label] = per.get(label, 0) + size
+        with self._lock:
+            per = self.index.per_label()
         for label in set(per) | {self.dataset}:
             self.metrics.cache_bytes.labels(label).set(per.get(label, 0))
 

@@ -136,10 +136,14 @@ class CacheFiles:
         except OSError as exc:
             raise StorageError(f"cannot write to the shard cache {self.directory}: {exc}") from None
 
-    def remove(self, name: str) -> None:
+    def remove(self, name: str) -> bool:
+        """Delete an entry's files; whether there was anything to delete."""
+        removed = False
         for path in (self.meta_path(name), self.data_path(name)):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
+                removed = True
+        return removed
 
     def recover(self) -> None:
         """Drop stale staging files and interrupted commits (entries are verified on first use)."""

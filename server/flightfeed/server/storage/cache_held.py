@@ -15,7 +15,7 @@ collection); the cache folds it in under its lock (``drain``).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container
 
 __all__ = ["HeldMappings"]
 
@@ -51,11 +51,11 @@ class HeldMappings:
                 if entry[1] <= 0:
                     del self._maps[generation]
 
-    def held(self, live: Iterable[int]) -> tuple[int, int]:
+    def held(self, live: Container[int]) -> tuple[int, int]:
         """(files, bytes) still mapped whose entries are gone from the cache (``live``: the
-        generations still cached): deleted, yet holding their space (caller holds the lock)."""
-        alive = set(live)
-        gone = [size for g, (size, _) in self._maps.items() if g not in alive]
+        generations still cached, e.g. a set): deleted, yet holding their space (caller holds
+        the lock). Costs O(mapped generations), not O(cached entries)."""
+        gone = [size for g, (size, _) in self._maps.items() if g not in live]
         return len(gone), sum(gone)
 
     def mapped(self, generation: int) -> bool:
