@@ -311,6 +311,7 @@ class ShardCache:
                 reserved[0] = 0
                 self._generation += 1
                 entry = _Entry(name, key, got, digest, version, inode, self._generation, pins=1)
+                entry.touched = time.time()  # the commit is its first use (the file's mtime is now)
                 self._put(entry)
                 self.index.added(name, got, label)
         if self.metrics is not None:

@@ -125,9 +125,7 @@ class CacheIndex:
         self._drop(name)
 
     def touched(self, name: str) -> None:
-        if name in self._items:
-            self._append(["t", name])
-            self._items.move_to_end(name)
+        self._append(["t", name])  # applied when read back, after any commit of it not yet read
 
     def close(self) -> None:
         """Close the journal (reopened by the next ``refresh``)."""
