@@ -63,7 +63,11 @@ def epoch(kind: type[ShardCache], fs: pafs.FileSystem, keys: list[str], size: in
         cache = kind(directory, max_bytes=(len(keys) // 2) * size, metrics=ServerMetrics(), dataset="tiny")
         start = time.perf_counter()
         for key in order:
-            cache.acquire(f"s3://{key}", lambda dest, key=key: download(fs, key, size, dest), size=size).release()
+
+            def fetch(dest: str, key: str = key) -> str:
+                return download(fs, key, size, dest)
+
+            cache.acquire(f"s3://{key}", fetch, size=size).release()
         seconds = time.perf_counter() - start
         return {"seconds": round(seconds, 3), "ms_per_download": round(1000 * seconds / len(keys), 3),
                 "listings": cache.index.rescans}
