@@ -105,6 +105,7 @@ def main() -> None:
             )
             results["runs"].append(row)
     results["load_average_end"] = os.getloadavg()
+    results["figures"] = {f"listing_vs_indexed_{r['objects']}": r["speedup"] for r in results["runs"]}
     path = write_json("cache_scale", results)
     print(f"speedups: {[(r['objects'], r['speedup']) for r in results['runs']]} -> {path}")
 
