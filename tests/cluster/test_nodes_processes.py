@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow.flight as flight
 
 from flightfeed.client import FlightDataset
+from flightfeed.client._lanes import LaneSettings
 from tests.cluster.conftest import BLOB_ROWS, action, eventually, free_port, gone
 from tests.processes import start_serve
 
@@ -35,10 +36,12 @@ def live_peers(location: str) -> set[str]:
 
 
 def reader(location: str, rank: int, streams: int) -> FlightDataset:
-    return FlightDataset(
+    ds = FlightDataset(
         location, "blobs", batch_size=100, shuffle=True, seed=3, rank=rank, world_size=2,
         streams=streams, message_rows=100, prefetch=1, report_interval=None,
     )
+    ds.lane_settings = LaneSettings(window_bytes=0)  # streams x 2 messages ahead: the kill hits a stream
+    return ds
 
 
 def test_epoch_over_two_ranks_survives_a_killed_node_and_a_joining_node(blobs_dir: Path) -> None:
@@ -126,6 +129,7 @@ def test_a_killed_worker_is_unlisted_restarted_and_the_epoch_completes(blobs_dir
         # a worker dies mid-epoch: its streams continue on the coordinator
         ds = FlightDataset(location, "blobs", batch_size=100, streams=6, message_rows=100,
                            prefetch=1, report_interval=None)
+        ds.lane_settings = LaneSettings(window_bytes=0)  # 12 messages ahead: the kill hits a stream
         it = iter(ds)
         got = [i for _ in range(3) for i in next(it)["index"].tolist()]
         os.kill(workers_of(location)[1]["pid"], signal.SIGKILL)

@@ -17,11 +17,12 @@ from typing import Any
 
 import torch.utils.data
 
-from flightfeed.client._assemble import ordered_messages, split_batches
+from flightfeed.client._assemble import split_batches
 from flightfeed.client._convert import batch_to_torch
 from flightfeed.client._datapipe import FlightDataPipe
 from flightfeed.client._device import DeviceStage
 from flightfeed.client._info import dataset_info
+from flightfeed.client._lanes import Lane, Lanes, LaneSettings
 from flightfeed.client._node import FlightNode
 from flightfeed.client._pool import ConnectionPool, ConnectOptions
 from flightfeed.client._report import Reporter, _default_client_id
@@ -131,7 +132,8 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         self._state = ReadState.fresh(self._settings())
         self._resume: ReadState | None = None
         self._pool: ConnectionPool | None = None
-        self._running: list[tuple[threading.Event, list[StreamReader]]] = []
+        self._running: list[tuple[threading.Event, list[Lane]]] = []
+        self.lane_settings = LaneSettings()  # how streams share work (window, hedging): ``_lanes``
         self.meter = StallMeter()
 
     # -- settings and state -----------------------------------------------------------------
@@ -247,13 +249,13 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             self._worker_mark = self._shared.get(SharedSlots.WORKER_ITERATIONS)
         stop = threading.Event()
         readers = self.open_streams(topo, start, stop, epoch)
-        running = (stop, readers)
-        self._running.append(running)
         self._state = start.pinned(readers[0].ticket if readers else None, topo.rank, topo.world_size)
         skip = skip_delivered(readers, start.worker_rows) if topo.num_workers > 1 else 0
-        for r in readers:
-            r.start()
-        batches = split_batches(drop_rows(ordered_messages(readers), skip), self.batch_size)
+        lanes = Lanes(readers, prefetch=self.prefetch, settings=self.lane_settings, count=self.meter.count)
+        running = (stop, lanes.lanes)
+        self._running.append(running)
+        lanes.start()
+        batches = split_batches(drop_rows(lanes.messages(), skip), self.batch_size)
         stage = _device_stage(self.device, self.meter)
         self.meter.start()
         reporter = self._reporter(topo)
@@ -282,10 +284,10 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             if reporter is not None:
                 reporter.close(final=True)
             stop.set()
-            for r in readers:
-                r.cancel()
-            for r in readers:
-                r.join(timeout=5)
+            for lane in lanes.lanes:
+                lane.cancel()
+            for lane in lanes.lanes:
+                lane.join(timeout=5)
             stage.close()
             if running in self._running:
                 self._running.remove(running)

@@ -19,7 +19,9 @@ class StallMeter:
     wait_s: float = 0.0
     rows_skipped: int = 0  # rows the server dropped (on_decode_error="skip")
     stages: dict[str, float] = field(default_factory=dict)  # seconds per pipeline stage (e.g. device)
-    counts: dict[str, int] = field(default_factory=lambda: {"retries": 0, "failovers": 0})  # events
+    counts: dict[str, int] = field(  # events; moved/hedged/duplicates: work between streams (``_board``)
+        default_factory=lambda: {"retries": 0, "failovers": 0, "moved": 0, "hedged": 0, "duplicates": 0}
+    )
     _start: float | None = None
     _offset: float = 0.0
     _end: float | None = None

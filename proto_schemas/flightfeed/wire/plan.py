@@ -115,23 +115,34 @@ class Partition:
 
 @dataclass(frozen=True)
 class StreamSpan:
-    """Messages ``first, first+step, ...`` of rank-local rows ``[start_row, end_row)``."""
+    """Messages ``first, first+step, ...`` of rank-local rows ``[start_row, end_row)``; with
+    ``message_count`` > 0 only the first ``message_count`` of them (a run)."""
 
     start_row: int
     end_row: int
     message_rows: int
     first_message: int
     message_step: int
+    message_count: int = 0  # 0: every message to end_row
 
     @property
     def num_messages_total(self) -> int:
         return ceil_div(self.end_row - self.start_row, self.message_rows)
 
+    def indices(self) -> range:
+        """The message indices (of the grid at ``start_row``) this stream carries, in order."""
+        every = range(self.first_message, self.num_messages_total, self.message_step)
+        return every[: self.message_count] if self.message_count else every
+
+    def message(self, m: int) -> tuple[int, int]:
+        """Rank-local ``(start, stop)`` of message ``m`` of the grid."""
+        lo = self.start_row + m * self.message_rows
+        return lo, min(lo + self.message_rows, self.end_row)
+
     def messages(self) -> Iterator[tuple[int, int]]:
         """Rank-local ``(start, stop)`` of each message this stream carries, in order."""
-        for m in range(self.first_message, self.num_messages_total, self.message_step):
-            lo = self.start_row + m * self.message_rows
-            yield lo, min(lo + self.message_rows, self.end_row)
+        for m in self.indices():
+            yield self.message(m)
 
     @property
     def expected_rows(self) -> int:
@@ -139,13 +150,17 @@ class StreamSpan:
 
     def advanced(self, messages_done: int) -> StreamSpan:
         """The span that remains after ``messages_done`` of this stream's messages arrived."""
-        return StreamSpan(
-            self.start_row,
-            self.end_row,
-            self.message_rows,
-            self.first_message + messages_done * self.message_step,
-            self.message_step,
-        )
+        first = self.first_message + messages_done * self.message_step
+        if not self.message_count:
+            return StreamSpan(self.start_row, self.end_row, self.message_rows, first, self.message_step)
+        left = self.message_count - messages_done
+        if left <= 0:  # nothing left: an empty span (a count of 0 would mean "to the end")
+            first, left = max(first, self.num_messages_total), 1
+        return StreamSpan(self.start_row, self.end_row, self.message_rows, first, self.message_step, left)
+
+    def run(self, first_message: int, count: int, step: int) -> StreamSpan:
+        """Messages ``first_message, +step, ...`` (``count`` of them) of this span's grid."""
+        return StreamSpan(self.start_row, self.end_row, self.message_rows, first_message, step, count)
 
 
 def split_streams(

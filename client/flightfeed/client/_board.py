@@ -1,0 +1,378 @@
+"""The work board of one iteration: which lane fetches which message, and the reorder buffer.
+
+A reader's messages have one canonical order (``flightfeed.wire.plan``). Instead of each stream
+owning a fixed stripe of them, *lanes* (one per endpoint, ``_lanes``) pull work from this board:
+
+* **claim**: a lane takes a run of the next unclaimed messages inside a window of ``window``
+  messages ahead of the consumer (the memory bound: nothing past ``head + window`` is fetched).
+  A run is as long as about ``run_seconds`` of the lane's measured speed, and never more than
+  the lane's share of the free window. A lane slower than the fastest one claims ahead by
+  ``(its message time - the fastest's) x the consumer's pace`` messages, so its messages are
+  due when they arrive. Fast lanes take more runs: the work divides itself in proportion to
+  each node's speed.
+* **help**: a lane that finds nothing to claim looks at the messages other lanes hold and the
+  consumer will need before they arrive (``owner's ETA > when the consumer reaches it``). It
+  *steals* a run's messages that have not started when it would deliver them sooner (the owner
+  stops after its current message), or *hedges* a message being received, when it would deliver
+  it in well under the owner's remaining time: the message is requested again and the first
+  copy to arrive wins; the loser is dropped (``duplicates``) and its lane moves on.
+* **deliver**: finished messages wait in a reorder buffer; the consumer takes them in canonical
+  order (:meth:`Board.messages`).
+
+Counts (the client's ``stats()``): ``moved`` (messages delivered by another location than the
+one the plan placed them on), ``hedged`` (messages requested a second time), ``duplicates``
+(copies dropped). Everything here runs under one condition variable; no I/O happens here.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from flightfeed.wire.errors import StreamError
+
+__all__ = ["Board", "Run"]
+
+_ALPHA = 0.3  # weight of the newest sample in the speed and pace averages
+_HEDGE_MARGIN = 1.5  # hedge only when the helper would be this much faster than the holder
+_WAIT_S = 0.05  # an idle lane re-checks the board this often (speeds change)
+
+
+@dataclass(eq=False)
+class Run:
+    """Messages ``indices[pos:stop]`` (canonical indices) that lane ``lane`` fetches in one request."""
+
+    lane: int
+    indices: list[int]
+    hedge: bool = False  # a second request for a message another run holds
+    pos: int = 0  # indices[pos] is being received
+    stop: int = 0  # a steal may cut the run short
+    received: int = 0  # rows of indices[pos] received so far
+    since: float = 0.0  # when indices[pos] began (the request or the previous message)
+    closed: bool = False  # released or finished: the board holds nothing of it any more
+
+    def __post_init__(self) -> None:
+        self.stop = self.stop or len(self.indices)
+
+    @property
+    def current(self) -> int:
+        return self.indices[self.pos]
+
+    def pending(self) -> list[int]:
+        return self.indices[self.pos : self.stop]
+
+
+@dataclass
+class _Lane:
+    location: str = ""  # where the lane fetches now
+    first: int | None = None  # its first message in the plan (each lane's first run starts there)
+    rate: float = 0.0  # rows per second while receiving (0: not measured yet)
+    run: Run | None = None  # the run it fetches now (a lane runs one request at a time)
+    gone: bool = False
+
+
+@dataclass
+class Board:
+    """Messages ``0..len(rows)-1`` of ``rows[j]`` rows each; message ``j`` is planned on lane
+    ``plan[j]``, whose first location is ``homes[plan[j]]``. ``window``: messages fetched ahead of
+    the consumer at most."""
+
+    rows: Sequence[int]
+    plan: Sequence[int]
+    homes: Sequence[str]
+    window: int
+    run_seconds: float = 0.25
+    hedging: bool = True
+    window_bytes: int = 0  # > 0: widen ``window`` to this many bytes of the largest message seen
+    count: Callable[[str, int], None] = field(default=lambda event, n: None)
+    clock: Callable[[], float] = time.monotonic
+    cond: threading.Condition = field(default_factory=threading.Condition, init=False)
+    head: int = field(default=0, init=False)  # next message the consumer takes
+    error: BaseException | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        n = len(self.rows)
+        self.lanes = len(self.homes)
+        if len(self.plan) != n or self.lanes < 1 or self.window < 1:
+            raise ValueError("need one planned lane per message, a home per lane and window >= 1")
+        if any(not 0 <= k < self.lanes for k in self.plan):
+            raise ValueError(f"plan names a lane outside 0..{self.lanes - 1}")
+        self.holder: list[Run | None] = [None] * n
+        self.hedger: list[Run | None] = [None] * n
+        self.slots: dict[int, Any] = {}
+        self.done = bytearray(n)
+        self.low_free = 0  # no message below it is free
+        self.state = [_Lane(location=home) for home in self.homes]
+        for j in reversed(range(n)):
+            self.state[self.plan[j]].first = j
+        self.pace = 0.0  # seconds between the consumer's takes (average)
+        self._last_take: float | None = None
+        self._waiting_since: float | None = None  # the consumer waits for message ``head`` since
+        self.counts = {"moved": 0, "hedged": 0, "duplicates": 0}
+        self.min_window = self.window
+        self._largest = 0  # bytes of the largest message received
+
+    # -- the consumer -----------------------------------------------------------------------------
+    def messages(self, alive: Callable[[], bool] = lambda: True) -> Iterator[Any]:
+        """Each message's payload in canonical order; raises the iteration's error, if any."""
+        for j in range(len(self.rows)):
+            with self.cond:
+                while j not in self.slots and self.error is None:
+                    if self._waiting_since is None:
+                        self._waiting_since = self.clock()
+                    if not self.cond.wait(0.5) and not alive():
+                        raise StreamError("every stream stopped before the epoch's messages arrived")
+                self._waiting_since = None
+                if self.error is not None:
+                    raise self.error
+                item = self.slots.pop(j)
+                self.head = j + 1
+                now = self.clock()
+                if self._last_take is not None:
+                    dt = now - self._last_take
+                    self.pace = dt if not self.pace else (1 - _ALPHA) * self.pace + _ALPHA * dt
+                self._last_take = now
+                self.cond.notify_all()  # the window moved
+            yield item
+
+    def finished(self) -> bool:
+        return self.error is not None or self.head >= len(self.rows)
+
+    def buffered(self) -> int:
+        """Messages received and not yet taken (at most ``window``)."""
+        with self.cond:
+            return len(self.slots)
+
+    # -- lanes: getting work ----------------------------------------------------------------------
+    def next_run(self, lane: int, location: str, stop: threading.Event) -> Run | None:
+        """The lane's next run (blocks until there is one); None when the iteration is over."""
+        with self.cond:
+            me = self.state[lane]
+            me.location = location
+            while not (self.finished() or stop.is_set()):
+                run = self._claim(lane) or self._help(lane)
+                if run is not None:
+                    run.since = self.clock()
+                    return run
+                self.cond.wait(_WAIT_S)
+            return None
+
+    def _claim(self, lane: int) -> Run | None:
+        n = len(self.rows)
+        hi = min(n, self.head + self.window)
+        while self.low_free < n and (self.done[self.low_free] or self.holder[self.low_free] is not None):
+            self.low_free += 1
+        me = self.state[lane]
+        planned = me.first
+        if me.rate == 0.0 and planned is not None and planned < hi and self._free(planned):
+            j: int | None = planned  # a lane's first run: its planned first message (the plan's spread)
+        else:
+            first = max(self.low_free, self.head + self._lead(lane))
+            j = next((i for i in range(first, hi) if self._free(i)), None)
+            if self._neglected():
+                j = self.head  # the consumer waits for a message no faster lane took: take it
+        if j is None:
+            return None
+        me.first = None
+        free_ahead = sum(1 for i in range(j, hi) if self._free(i))
+        share = max(1, free_ahead // max(1, self._active_lanes()))
+        length = min(share, self._run_length(lane, j))
+        indices = [j]
+        while len(indices) < length and indices[-1] + 1 < hi and self._free(indices[-1] + 1):
+            indices.append(indices[-1] + 1)
+        run = Run(lane, indices)
+        for i in indices:
+            self.holder[i] = run
+        me.run = run
+        return run
+
+    def _neglected(self) -> bool:
+        """The consumer has waited for a free message ``head`` longer than the fastest lane's message time."""
+        if self._waiting_since is None or self.head >= len(self.rows) or not self._free(self.head):
+            return False
+        best = self._best_time()
+        return self.clock() - self._waiting_since > (best if best is not None else 0.0)
+
+    def _help(self, lane: int) -> Run | None:
+        """Steal or hedge the earliest message the consumer would wait for (module doc)."""
+        me = self.state[lane]
+        mine = self._message_time(lane)
+        if mine is None:
+            return None
+        now = self.clock()
+        for i in range(self.head, min(len(self.rows), self.head + self.window)):
+            run = self.holder[i]
+            if self.done[i] or run is None or run.lane == lane:
+                continue
+            due = self._due(i)
+            if i != run.current:  # not started: steal it and what follows it in that run
+                eta = self._remaining(run, now) + self._ahead(run, i)
+                if eta > due and mine < eta:
+                    return self._steal(lane, run, i)
+            elif self.hedging and self.hedger[i] is None:
+                left = self._remaining(run, now)
+                if left > due and mine * _HEDGE_MARGIN < left:
+                    hedge = Run(lane, [i], hedge=True)
+                    self.hedger[i] = hedge
+                    me.run = hedge
+                    self._bump("hedged")
+                    return hedge
+        return None
+
+    def _steal(self, lane: int, victim: Run, i: int) -> Run:
+        k = victim.indices.index(i, victim.pos)
+        taken = victim.indices[k : victim.stop]
+        victim.stop = k
+        length = max(1, min(len(taken), self._run_length(lane, i)))
+        run = Run(lane, taken[:length])
+        for j in taken:
+            self.holder[j] = None
+        for j in run.indices:
+            self.holder[j] = run
+        self.low_free = min(self.low_free, taken[0])
+        self.state[lane].run = run
+        return run
+
+    # -- lanes: reporting -------------------------------------------------------------------------
+    def progress(self, run: Run, rows: int) -> bool:
+        """``rows`` more rows of the run's current message arrived; False: another copy of it won,
+        abandon this request (then :meth:`release`)."""
+        with self.cond:
+            run.received += rows
+            return not self.done[run.current]
+
+    def deliver(self, run: Run, payload: Any, nbytes: int = 0) -> bool:
+        """The run's current message (``nbytes`` bytes) is complete; True: go on with the run's next one."""
+        with self.cond:
+            if self.window_bytes and nbytes > self._largest:
+                self._largest = nbytes
+                self.window = max(self.min_window, self.window_bytes // nbytes)
+            j = run.current
+            now = self.clock()
+            lane = self.state[run.lane]
+            elapsed = max(now - run.since, 1e-6)
+            sample = self.rows[j] / elapsed
+            lane.rate = sample if not lane.rate else (1 - _ALPHA) * lane.rate + _ALPHA * sample
+            if self.done[j]:
+                self._bump("duplicates")
+            else:
+                self.done[j] = 1
+                self.slots[j] = payload
+                if lane.location != self.homes[self.plan[j]]:
+                    self._bump("moved")
+                other = self.hedger[j] if self.holder[j] is run else self.holder[j]
+                if other is not None and other is not run:
+                    self.cond.notify_all()  # its lane stops at its next batch
+            self.holder[j] = None if self.holder[j] is run else self.holder[j]
+            self.hedger[j] = None if self.hedger[j] is run else self.hedger[j]
+            run.pos += 1
+            run.received = 0
+            run.since = now
+            more = run.pos < run.stop
+            if not more:
+                self._drop(run)
+            self.cond.notify_all()
+            return more
+
+    def release(self, run: Run) -> None:
+        """The run ends early (failure, cut short, or lost a race): its undelivered messages go back."""
+        with self.cond:
+            if run.closed:
+                return
+            for j in run.indices[run.pos :]:
+                if self.holder[j] is run:
+                    self.holder[j] = None
+                    self.low_free = min(self.low_free, j)
+                if self.hedger[j] is run:
+                    self.hedger[j] = None
+            if run.pos < run.stop and self.done[run.current] and run.received:
+                self._bump("duplicates")  # a copy abandoned part-way
+            self._drop(run)
+            self.cond.notify_all()
+
+    def moved_to(self, lane: int, location: str) -> None:
+        with self.cond:
+            self.state[lane].location = location
+
+    def lane_gone(self, lane: int, error: BaseException) -> None:
+        """Lane ``lane`` gave up; the iteration fails with ``error`` when every lane has."""
+        with self.cond:
+            self.state[lane].gone = True
+            if all(s.gone for s in self.state) and self.error is None:
+                self.error = error
+            self.cond.notify_all()
+
+    def fail(self, error: BaseException) -> None:
+        with self.cond:
+            if self.error is None:
+                self.error = error
+            self.cond.notify_all()
+
+    # -- estimates --------------------------------------------------------------------------------
+    def _message_time(self, lane: int) -> float | None:
+        """Seconds lane ``lane`` needs for a typical message (None: not measured yet)."""
+        rate = self.state[lane].rate
+        if not rate:
+            return None
+        return self._typical_rows() / rate
+
+    def _typical_rows(self) -> float:
+        return float(self.rows[min(self.head, len(self.rows) - 1)]) if self.rows else 1.0
+
+    def _best_time(self) -> float | None:
+        times = [t for k in range(self.lanes) if not self.state[k].gone and (t := self._message_time(k)) is not None]
+        return min(times) if times else None
+
+    def _lead(self, lane: int) -> int:
+        """How far ahead of the consumer a slow lane claims (0 for the fastest lanes)."""
+        mine, best = self._message_time(lane), self._best_time()
+        if mine is None or best is None or not self.pace:
+            return 0
+        return max(0, math.ceil((mine - best) / self.pace))
+
+    def _run_length(self, lane: int, j: int) -> int:
+        t = self._message_time(lane)
+        if t is None:
+            return 1
+        return max(1, int(self.run_seconds / max(t, 1e-6)))
+
+    def _remaining(self, run: Run, now: float) -> float:
+        """The holder's time left for its current message: its measured speed, or, once it took
+        longer than that (or was never measured), as long again as it has taken so far."""
+        elapsed = now - run.since
+        rate = self.state[run.lane].rate
+        if rate:
+            expected = (self.rows[run.current] - run.received) / rate
+            if elapsed < self.rows[run.current] / rate:
+                return expected
+        return elapsed
+
+    def _ahead(self, run: Run, i: int) -> float:
+        """Time the holder needs for its messages between its current one and ``i`` (inclusive)."""
+        t = self._message_time(run.lane)
+        k = run.indices.index(i, run.pos)
+        return (t if t is not None else math.inf) * (k - run.pos)
+
+    def _due(self, i: int) -> float:
+        """Seconds until the consumer reaches message ``i`` (0 when it waits for it now)."""
+        return max(0, i - self.head) * self.pace
+
+    def _free(self, i: int) -> bool:
+        return not self.done[i] and self.holder[i] is None
+
+    def _active_lanes(self) -> int:
+        return sum(1 for s in self.state if not s.gone)
+
+    def _drop(self, run: Run) -> None:
+        run.closed = True
+        lane = self.state[run.lane]
+        if lane.run is run:
+            lane.run = None
+
+    def _bump(self, event: str) -> None:
+        self.counts[event] += 1
+        self.count(event, 1)
