@@ -1,6 +1,7 @@
 """Cut a worker's messages (in canonical order, from ``_lanes``) into its batch sequence.
 
-Every wire RecordBatch holds whole batches, so batches are zero-copy slices; a batch that spans two RecordBatches (a server that re-chunks) is concatenated.
+Every wire RecordBatch holds whole batches, so batches are zero-copy slices; a batch that spans
+two RecordBatches (a server that re-chunks) is concatenated.
 """
 
 from __future__ import annotations

@@ -172,7 +172,7 @@ class Board:
             j: int | None = planned  # a lane's first run: its planned first message (the plan's spread)
         else:
             first = max(self.low_free, self.head + self._lead(lane))
-            j = next((i for i in range(first, hi) if self._free(i)), None)
+            j = next((i for i in range(first, hi) if self._free(i) and not self._reserved(i, lane)), None)
             if self._neglected():
                 j = self.head  # the consumer waits for a message no faster lane took: take it
         if j is None:
@@ -182,13 +182,21 @@ class Board:
         share = max(1, free_ahead // max(1, self._active_lanes()))
         length = min(share, self._run_length(lane, j))
         indices = [j]
-        while len(indices) < length and indices[-1] + 1 < hi and self._free(indices[-1] + 1):
-            indices.append(indices[-1] + 1)
+        while len(indices) < length and indices[-1] + 1 < hi:
+            nxt = indices[-1] + 1
+            if not self._free(nxt) or self._reserved(nxt, lane):
+                break
+            indices.append(nxt)
         run = Run(lane, indices)
         for i in indices:
             self.holder[i] = run
         me.run = run
         return run
+
+    def _reserved(self, i: int, lane: int) -> bool:
+        """Message ``i`` is the planned first of another lane that has not started yet."""
+        owner = self.plan[i]
+        return owner != lane and self.state[owner].first == i
 
     def _neglected(self) -> bool:
         """The consumer has waited for a free message ``head`` longer than the fastest lane's message time."""
@@ -332,13 +340,13 @@ class Board:
         mine, best = self._message_time(lane), self._best_time()
         if mine is None or best is None or not self.pace:
             return 0
-        return max(0, math.ceil((mine - best) / self.pace))
+        return max(0, math.ceil((mine - best) / self.pace - 1e-6))
 
     def _run_length(self, lane: int, j: int) -> int:
         t = self._message_time(lane)
         if t is None:
             return 1
-        return max(1, int(self.run_seconds / max(t, 1e-6)))
+        return max(1, round(self.run_seconds / max(t, 1e-6)))
 
     def _remaining(self, run: Run, now: float) -> float:
         """The holder's time left for its current message: its measured speed, or, once it took
