@@ -22,10 +22,11 @@ class Clock:
         return self.now
 
 
-def board(n: int = 12, lanes: int = 3, window: int = 6, **kw: object) -> tuple[Board, Clock]:
+def board(n: int = 12, lanes: int = 3, window: int = 6, run_seconds: float = 0.25) -> tuple[Board, Clock]:
     clock = Clock()
     homes = [f"grpc://node{k}:1" for k in range(lanes)]
-    b = Board(rows=[10] * n, plan=[j % lanes for j in range(n)], homes=homes, window=window, clock=clock, **kw)
+    b = Board(rows=[10] * n, plan=[j % lanes for j in range(n)], homes=homes, window=window, clock=clock,
+              run_seconds=run_seconds)
     return b, clock
 
 
