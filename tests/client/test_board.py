@@ -180,3 +180,15 @@ def test_a_permanent_error_fails_at_once() -> None:
 def test_the_plan_must_fit_the_lanes() -> None:
     with pytest.raises(ValueError, match="plan names a lane"):
         Board(rows=[1, 1], plan=[0, 2], homes=["a", "b"], window=2)
+
+
+def test_without_moves_each_lane_fetches_only_its_planned_messages() -> None:
+    clock = Clock()
+    b = Board(rows=[10] * 6, plan=[j % 2 for j in range(6)], homes=["a", "b"], window=6, clock=clock, moving=False)
+    fast = claim(b, 0)
+    finish(b, fast, clock, 0.01)
+    while (run := b._claim(0)) is not None:
+        assert run.indices in ([2], [4])
+        finish(b, run, clock, 0.01)
+    assert b._help(0) is None  # nothing is stolen or hedged either
+    assert all(b.holder[j] is None and not b.done[j] for j in (1, 3, 5))

@@ -157,3 +157,14 @@ def test_a_run_ticket_carries_exactly_its_messages(blobs_dir: Path) -> None:
         assert rows(run) == flat[7 * 200 : 12 * 200]
         run.first_message, run.message_step, run.message_count = 58, 1, 5  # past the end: what is left
         assert rows(run) == flat[58 * 200 :]
+
+
+def test_small_rows_reach_every_node(blobs_dir: Path) -> None:
+    """8-byte rows: the whole epoch is 96 KB, one message at the default size; messages are now
+    sized so every stream (and node) gets work."""
+    with tier(blobs_dir) as nodes:
+        before = [rows_sent(n) for n in nodes]
+        ds = FlightDataset(nodes[0].location, "blobs", columns=["index"], batch_size=100, streams=3,
+                           report_interval=None)
+        assert sorted(i for b in ds for i in b["index"].tolist()) == list(range(BLOB_ROWS))
+        assert all(rows_sent(n) > x for n, x in zip(nodes, before, strict=True))

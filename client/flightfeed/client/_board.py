@@ -87,6 +87,7 @@ class Board:
     window: int
     run_seconds: float = 0.25
     hedging: bool = True
+    moving: bool = True  # False: each lane fetches only its planned messages, one at a time (no moves)
     window_bytes: int = 0  # > 0: widen ``window`` to this many bytes of the largest message seen
     count: Callable[[str, int], None] = field(default=lambda event, n: None)
     clock: Callable[[], float] = time.monotonic
@@ -167,6 +168,14 @@ class Board:
         while self.low_free < n and (self.done[self.low_free] or self.holder[self.low_free] is not None):
             self.low_free += 1
         me = self.state[lane]
+        if not self.moving:  # the plan fixed: this lane's next planned message, when in the window
+            mine = (i for i in range(max(self.low_free, self.head), hi) if self._free(i) and self.plan[i] == lane)
+            planned_next = next(mine, None)
+            if planned_next is None:
+                return None
+            fixed = Run(lane, [planned_next])
+            self.holder[planned_next] = me.run = fixed
+            return fixed
         planned = me.first
         if me.rate == 0.0 and planned is not None and planned < hi and self._free(planned):
             j: int | None = planned  # a lane's first run: its planned first message (the plan's spread)
@@ -209,7 +218,7 @@ class Board:
         """Steal or hedge the earliest message the consumer would wait for (module doc)."""
         me = self.state[lane]
         mine = self._message_time(lane)
-        if mine is None:
+        if mine is None or not self.moving:
             return None
         now = self.clock()
         for i in range(self.head, min(len(self.rows), self.head + self.window)):
@@ -310,7 +319,7 @@ class Board:
         """Lane ``lane`` gave up; the iteration fails with ``error`` when every lane has."""
         with self.cond:
             self.state[lane].gone = True
-            if all(s.gone for s in self.state) and self.error is None:
+            if (all(s.gone for s in self.state) or not self.moving) and self.error is None:
                 self.error = error
             self.cond.notify_all()
 

@@ -51,11 +51,13 @@ class LaneSettings:
     """How lanes share work. ``window_bytes``: received-but-not-consumed bytes at most (None:
     ``streams x (prefetch + 1) x 16 MiB``; never fewer than ``streams x (prefetch + 1)``
     messages); ``run_seconds``: a run lasts about this long at the lane's speed; ``hedge``:
-    request a lagging message again elsewhere (first copy wins)."""
+    request a lagging message again elsewhere (first copy wins); ``move``: False keeps every
+    message on the stream the plan put it on (one request per message; a baseline for benchmarks)."""
 
     window_bytes: int | None = None
     run_seconds: float = 0.25
     hedge: bool = True
+    move: bool = True
 
 
 class Lanes:
@@ -88,6 +90,7 @@ class Lanes:
             window=depth,
             run_seconds=settings.run_seconds,
             hedging=settings.hedge,
+            moving=settings.move,
             window_bytes=max(0, budget),
             count=count or (lambda event, n: None),
         )

@@ -29,6 +29,8 @@ __all__ = [
     "split_streams",
     "stream_messages",
     "default_message_rows",
+    "spread_message_rows",
+    "MESSAGES_PER_STREAM",
     "ceil_div",
 ]
 
@@ -205,3 +207,17 @@ def default_message_rows(batch_rows: int, row_bytes: int, num_workers: int, targ
         return batch_rows
     per_batch = max(1, batch_rows * max(1, row_bytes))
     return batch_rows * max(1, target_bytes // per_batch)
+
+
+#: a reader's rows make at least this many messages per stream (or node): streams that pull work
+#: (the client's lanes) need several messages each to divide an epoch by the nodes' speeds
+MESSAGES_PER_STREAM = 8
+
+
+def spread_message_rows(message_rows: int, batch_rows: int, rows: int, streams: int, nodes: int = 1) -> int:
+    """``message_rows`` (whole batches) capped so that ``rows`` make at least
+    ``max(streams, nodes) x MESSAGES_PER_STREAM`` messages where they can (one batch at least):
+    with small rows a whole epoch would otherwise fit in a few messages and one node serve it all."""
+    parts = max(1, streams, nodes) * MESSAGES_PER_STREAM
+    cap = batch_rows * max(1, rows // (batch_rows * parts))
+    return max(batch_rows, min(message_rows, cap))

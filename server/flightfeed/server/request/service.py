@@ -144,7 +144,7 @@ class FlightFeedServer(flight.FlightServerBase):
         ds = self.catalog.get(cmd.dataset)
         check_columns(ds, list(cmd.columns))
         check_read(ds, cmd, self.limits, self._row_bytes(ds, cmd))
-        tickets = make_tickets(ds, cmd, self.settings, self.transformer)
+        tickets = make_tickets(ds, cmd, self.settings, self.transformer, nodes=len(self.cluster.nodes()))
         return self._info(ds, descriptor, tickets, self._schema(ds, cmd))
 
     def _row_bytes(self, ds: Dataset, read: Any) -> int:

@@ -22,7 +22,7 @@ from flightfeed.server.request.gather import contiguous, gather
 from flightfeed.server.request.shared_messages import SHARED, message_key
 from flightfeed.wire.errors import InvalidRequest, StaleState
 from flightfeed.wire.messages import WIRE_VERSION, ReadCommand, StreamTicket, span_of
-from flightfeed.wire.plan import Partition, ceil_div, default_message_rows, split_streams
+from flightfeed.wire.plan import Partition, ceil_div, default_message_rows, split_streams, spread_message_rows
 
 if TYPE_CHECKING:
     from flightfeed.server.transforms import Plan, Transformer
@@ -74,8 +74,14 @@ def message_row_bytes(ds: Dataset, columns: list[str], plan: Plan | None) -> int
     return row_bytes
 
 
-def make_tickets(ds: Dataset, cmd: Any, settings: StreamSettings, transformer: Transformer | None = None) -> list[Any]:
-    """One ticket per stream for a validated ReadCommand."""
+def make_tickets(
+    ds: Dataset, cmd: Any, settings: StreamSettings, transformer: Transformer | None = None, nodes: int = 1
+) -> list[Any]:
+    """One ticket per stream for a validated ReadCommand; ``nodes``: live data nodes of the tier.
+
+    Unless the command names ``message_rows``, messages hold about ``settings.message_bytes``,
+    capped so the rows make several messages per stream and node (``spread_message_rows``):
+    the sample sequence never depends on it, only how finely work can move between nodes."""
     columns = list(cmd.columns)
     check_columns(ds, columns)
     ds.check_unchanged(stale=True)
@@ -104,8 +110,12 @@ def make_tickets(ds: Dataset, cmd: Any, settings: StreamSettings, transformer: T
             f"start_row {cmd.start_row} is past this rank's {part.rows} rows", field="start_row"
         )
     row_bytes = message_row_bytes(ds, columns, plan)
-    message_rows = resolved.message_rows or default_message_rows(
-        resolved.batch_rows, row_bytes, resolved.num_workers, settings.message_bytes
+    message_rows = resolved.message_rows or spread_message_rows(
+        default_message_rows(resolved.batch_rows, row_bytes, resolved.num_workers, settings.message_bytes),
+        int(resolved.batch_rows),
+        part.rows - int(cmd.start_row),
+        int(resolved.streams),
+        nodes,
     )
     resolved.message_rows = message_rows
     spans = split_streams(
