@@ -38,7 +38,7 @@ import pyarrow.flight as flight
 import pyarrow.ipc as ipc
 
 from bench.common import flightfeed_server, machine, median, write_json
-from flightfeed.client import FlightDataset
+from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.data.order import default_shuffle
 
 ROW_SIZES = {"16KiB": 16 << 10, "147KiB": 224 * 224 * 3}
@@ -103,8 +103,11 @@ def read_flightfeed(root: Path, shuffle: bool, *, read_ahead: int = 1, block_row
     drop_caches()
     with flightfeed_server({"data": root}, "--read-ahead", str(read_ahead)) as server:
         ds = FlightDataset(
-            server.location, "data", batch_size=256, shuffle=shuffle, streams=4, block_rows=block_rows,
-            report_interval=None,
+            server.location,
+            "data",
+            batch_size=256,
+            shuffle=shuffle,
+            options=ReadOptions(streams=4, block_rows=block_rows, report_interval=None),
         )
         rows = 0
         t0 = time.perf_counter()

@@ -33,7 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F  # noqa: N812
 
 from bench.common import flightfeed_server, image_dataset, machine, median, raw_flight_server, write_json
-from flightfeed.client import FlightDataset
+from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.client._bench import measure_epoch
 from flightfeed.client._convert import batch_to_torch
 from flightfeed.wire.plan import default_message_rows
@@ -255,8 +255,12 @@ def main() -> int:
     with flightfeed_server({"images": data}, *workers) as srv:
         for mode in ("stored", "shuffled"):
             ds = FlightDataset(
-                srv.location, "images", batch_size=B, shuffle=mode == "shuffled", streams=K, device=device,
-                message_rows=M, report_interval=None,
+                srv.location,
+                "images",
+                batch_size=B,
+                shuffle=mode == "shuffled",
+                device=device,
+                options=ReadOptions(streams=K, message_rows=M, report_interval=None),
             )
             epochs = [measure_epoch(ds, e) for e in range(args.rounds)]
             ds.close()
@@ -265,8 +269,14 @@ def main() -> int:
             print(f"flightfeed {mode} -> {device.type}: {result[f'flightfeed_{mode}_to_device_gb_per_s']:.2f} GB/s")
 
         synth = train_rate(synthetic(shape, B, device), device, args.steps, warmup)
-        ds = FlightDataset(srv.location, "images", batch_size=B, shuffle=True, streams=K, device=device,
-                           report_interval=None)
+        ds = FlightDataset(
+            srv.location,
+            "images",
+            batch_size=B,
+            shuffle=True,
+            device=device,
+            options=ReadOptions(streams=K, report_interval=None),
+        )
         fed_rate = train_rate(fed(ds), device, args.steps, warmup)
         result["resnet50_stall_ratio"] = ds.stats()["stall_ratio"]
         ds.close()

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from bench.common import ROOT, flightfeed_server, machine, median, write_json
-from flightfeed.client import FlightDataset
+from flightfeed.client import FlightDataset, ReadOptions
 
 BLOCK = 256  # rows of the stored order per block, for the mix figure
 
@@ -94,9 +94,11 @@ def run_flightfeed(args: argparse.Namespace, shape: tuple[int, ...], root: Path)
             "stored order": {"shuffle": False},
         }
         for label, extra in configs.items():
-            opts: dict[str, Any] = {"batch_size": args.batch_size, "streams": args.streams, "seed": 0}
-            opts.update(extra)
-            ds = FlightDataset(srv.location, "peers", report_interval=None, **opts)
+            shuffle = bool(extra.pop("shuffle", True))
+            options = ReadOptions(streams=args.streams, report_interval=None, **extra)
+            ds = FlightDataset(
+                srv.location, "peers", batch_size=args.batch_size, seed=0, shuffle=shuffle, options=options
+            )
 
             def epoch(e: int, ds: FlightDataset = ds) -> Iterable[Any]:
                 ds.set_epoch(e)

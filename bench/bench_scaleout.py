@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pyarrow.flight as flight
 
 from bench.common import ROOT, ServerProcess, image_dataset, machine, median, write_json
-from flightfeed.client import FlightDataset
+from flightfeed.client import FlightDataset, ReadOptions
 
 
 def free_port() -> int:
@@ -70,12 +70,20 @@ def wait_live(location: str, peers: int, timeout: float = 60.0) -> None:
     raise RuntimeError(f"{location} did not see {peers} live peers within {timeout}s")
 
 
-def dataset(location: str, args: argparse.Namespace, **kw: Any) -> FlightDataset:
+def dataset(location: str, args: argparse.Namespace, streams: int | None = None) -> FlightDataset:
     return FlightDataset(
-        location, "img", columns=["image", "index"], batch_size=args.message_rows, shuffle=True, seed=1,
-        rank=0, world_size=1, streams=kw.pop("streams", args.streams), message_rows=args.message_rows,
-        prefetch=2, report_interval=None,
-        transform=[{"name": "bench_sleep", "column": "image", "ms": args.ms}], **kw,
+        location,
+        "img",
+        columns=["image", "index"],
+        batch_size=args.message_rows,
+        shuffle=True,
+        seed=1,
+        rank=0,
+        world_size=1,
+        transform=[{"name": "bench_sleep", "column": "image", "ms": args.ms}],
+        options=ReadOptions(
+            streams=streams or args.streams, message_rows=args.message_rows, prefetch=2, report_interval=None
+        ),
     )
 
 
@@ -182,8 +190,16 @@ def locality(args: argparse.Namespace) -> list[dict[str, Any]]:
                     nodes.append(ServerProcess(cmd + (["--peers", peers] if n > 1 else [])))
                 if n > 1:
                     wait_live(nodes[0].location, n - 1)
-                ds = FlightDataset(nodes[0].location, "d", columns=["index"], batch_size=256, seed=2, rank=0,
-                                   world_size=1, streams=6, message_rows=256, report_interval=None)
+                ds = FlightDataset(
+                    nodes[0].location,
+                    "d",
+                    columns=["index"],
+                    batch_size=256,
+                    seed=2,
+                    rank=0,
+                    world_size=1,
+                    options=ReadOptions(streams=6, message_rows=256, report_interval=None),
+                )
                 rows = sum(len(b["index"]) for b in ds)
                 per_node = []
                 for node in nodes:

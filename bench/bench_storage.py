@@ -190,12 +190,18 @@ def bench_hdf5(work: Path, rows: int, repeats: int, batch: int = 256) -> dict[st
     seed()  # start the persistent workers, warm the page cache
     seed_s = best(seed, repeats)
 
-    from flightfeed.client import FlightDataset
+    from flightfeed.client import FlightDataset, ReadOptions
 
     with running_server({"h5": str(path)}) as server:
         results: dict[str, float] = {}
         for shuffle in (False, True):
-            ds = FlightDataset(server.location, "h5", batch_size=batch, shuffle=shuffle, streams=2)
+            ds = FlightDataset(
+                server.location,
+                "h5",
+                batch_size=batch,
+                shuffle=shuffle,
+                options=ReadOptions(streams=2),
+            )
 
             def served(ds: FlightDataset = ds) -> float:
                 start = time.perf_counter()

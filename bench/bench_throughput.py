@@ -34,7 +34,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from bench.common import flightfeed_server, image_dataset, machine, median, raw_flight_server, write_json
-from flightfeed.client import FlightDataset
+from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.client._bench import measure_epoch
 from flightfeed.client._convert import batch_to_torch
 from flightfeed.wire.plan import default_message_rows
@@ -197,8 +197,11 @@ def main() -> int:
         raw = RawReader(raw_srv.location, K)
         readers = {
             mode: FlightDataset(
-                ff_srv.location, "images", batch_size=B, shuffle=mode == "shuffled", streams=K,
-                message_rows=M, prefetch=args.prefetch, report_interval=None,
+                ff_srv.location,
+                "images",
+                batch_size=B,
+                shuffle=mode == "shuffled",
+                options=ReadOptions(streams=K, message_rows=M, prefetch=args.prefetch, report_interval=None),
             )
             for mode in ("stored", "shuffled")
         }

@@ -26,7 +26,7 @@ import torch
 import torch.utils.data
 
 from bench.common import flightfeed_server, image_dataset, machine, median, write_json
-from flightfeed.client import FlightDataset
+from flightfeed.client import FlightDataset, ReadOptions
 
 
 class Ready(torch.utils.data.IterableDataset[dict[str, Any]]):
@@ -82,9 +82,16 @@ def main() -> int:
     with flightfeed_server({"w": data}) as srv:
         for mode in args.modes:
             print(f"{mode}:", flush=True)
-            ds = FlightDataset(srv.location, "w", batch_size=args.batch_size, shuffle=True, seed=0,
-                               streams=args.streams if mode == "none" else max(1, args.streams // 2),
-                               report_interval=None)
+            ds = FlightDataset(
+                srv.location,
+                "w",
+                batch_size=args.batch_size,
+                shuffle=True,
+                seed=0,
+                options=ReadOptions(
+                    streams=args.streams if mode == "none" else max(1, args.streams // 2), report_interval=None
+                ),
+            )
             source: Iterable[dict[str, Any]] = ds
             if mode == "ipc":
                 batches = -(-args.rows // args.batch_size)

@@ -1,7 +1,7 @@
 """Run the benchmarks present in bench/ (each in its own process) and print a summary.
 
-``python bench/run_all.py [--only NAME ...]``: bench_throughput, bench_shuffle and bench_storage
-when present, and bench_gpu when this machine has a CUDA device. Each writes bench/out/*.json;
+``python bench/run_all.py [--only NAME ...]``: bench_throughput, bench_shuffle, bench_storage and
+bench_hdf5 when present, and bench_gpu when this machine has a CUDA device. Each writes bench/out/*.json;
 the summary reads them back. The exit status is 1 when a benchmark failed to run (a missed
 target is reported, not an error: the figures depend on the machine).
 """
@@ -26,6 +26,8 @@ SCRIPTS = {
     "bench_gpu": "gpu.json",
     "bench_imagenet": "imagenet.json",
     "bench_scaleout": "scaleout.json",
+    "bench_hdf5": "hdf5.json",
+    "bench_verify": "verify.json",
 }
 
 

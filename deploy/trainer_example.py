@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flightfeed.client import FlightDataset
+from flightfeed.client import ConnectOptions, FlightDataset
 
 
 def read_rank(args: argparse.Namespace, token: str | None, rank: int, epoch: int, out: dict[int, np.ndarray]) -> None:
@@ -32,7 +32,7 @@ def read_rank(args: argparse.Namespace, token: str | None, rank: int, epoch: int
         seed=args.seed,
         rank=rank,
         world_size=args.world_size,
-        token=token,
+        connect=ConnectOptions(token=token),
     )
     ds.set_epoch(epoch)
     seen = [batch["index"].numpy().copy() for batch in ds]

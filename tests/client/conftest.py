@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from flightfeed.client import FlightDataset
+from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.testing import RunningServer, running_server
 from tests.client.support import LAYOUT, NAME
 from tests.datasets import write_dataset
@@ -30,13 +30,14 @@ def pics_server(pics_dir: Path) -> Iterator[RunningServer]:
 
 @pytest.fixture
 def make_ds(pics_server: RunningServer) -> Iterator[Callable[..., FlightDataset]]:
-    """``make_ds(**kwargs)``: a FlightDataset of the test dataset (closed after the test)."""
+    """``make_ds(**kwargs)``: a FlightDataset of the test dataset (closed after the test); keywords
+    naming a ReadOptions field (``streams=``, ``message_rows=``, ...) go into its ``options``."""
     made: list[FlightDataset] = []
 
     def make(**kwargs: Any) -> FlightDataset:
-        opts: dict[str, Any] = {"batch_size": 32, "streams": 3, "report_interval": None, "message_rows": 64}
-        opts.update(kwargs)
-        ds = FlightDataset(pics_server.location, NAME, **opts)
+        read: dict[str, Any] = {"streams": 3, "report_interval": None, "message_rows": 64}
+        read.update({k: kwargs.pop(k) for k in list(kwargs) if k in ReadOptions.__dataclass_fields__})
+        ds = FlightDataset(pics_server.location, NAME, **{"batch_size": 32, **kwargs}, options=ReadOptions(**read))
         made.append(ds)
         return ds
 

@@ -16,13 +16,13 @@ import torch
 import torch.utils.data
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from flightfeed.client import FlightDataset
+from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.wire.errors import ConfigError
 
 
 def main(location: str, name: str, stop_after: int) -> None:
-    opts = {"batch_size": 32, "streams": 3, "report_interval": None, "message_rows": 64, "seed": 4}
-    ds = FlightDataset(location, name, **opts)  # type: ignore[arg-type]
+    options = ReadOptions(streams=3, report_interval=None, message_rows=64)
+    ds = FlightDataset(location, name, batch_size=32, seed=4, options=options)
     ds.set_epoch(1)
     loader = StatefulDataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=60)
     it = iter(loader)
@@ -32,7 +32,7 @@ def main(location: str, name: str, stop_after: int) -> None:
     tail = [b["index"].tolist() for b in it]
     del it, loader
 
-    again = FlightDataset(location, name, **opts)  # type: ignore[arg-type]
+    again = FlightDataset(location, name, batch_size=32, seed=4, options=options)
     again.set_epoch(1)
     loader = StatefulDataLoader(again, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=60)
     buf.seek(0)

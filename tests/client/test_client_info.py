@@ -11,7 +11,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from flightfeed.client import FlightDataset
+from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.testing import RunningServer, running_server
 from flightfeed.server.tools.inspect import format_report, inspect_dataset, inspect_server
 from flightfeed.wire.classes import classes_of
@@ -32,7 +32,7 @@ def labelled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, R
 
 def test_dataset_exposes_classes_and_info(labelled: tuple[Path, RunningServer]) -> None:
     _, srv = labelled
-    ds = FlightDataset(srv.location, "pets", batch_size=2, report_interval=None)
+    ds = FlightDataset(srv.location, "pets", batch_size=2, options=ReadOptions(report_interval=None))
     try:
         assert ds.classes == CLASSES
         info = ds.info()
@@ -46,7 +46,7 @@ def test_dataset_exposes_classes_and_info(labelled: tuple[Path, RunningServer]) 
 
 
 def test_datasets_without_classes_say_none(pics_server: RunningServer) -> None:
-    ds = FlightDataset(pics_server.location, "pics", report_interval=None)
+    ds = FlightDataset(pics_server.location, "pics", options=ReadOptions(report_interval=None))
     try:
         assert ds.classes is None
     finally:

@@ -13,7 +13,7 @@ import torch
 import flightfeed.client._dataset as dataset_module
 from flightfeed.client import FlightDataset
 from flightfeed.client._device import DeviceStage
-from flightfeed.client._lanes import WINDOW_MESSAGE_BYTES, Lanes, LaneSettings
+from flightfeed.client._lanes import WINDOW_MESSAGE_BYTES, Lanes
 from flightfeed.client._stats import StallMeter
 from flightfeed.server.testing import RunningServer
 from flightfeed.wire.errors import ConfigError
@@ -59,8 +59,7 @@ def test_prefetch_is_bounded(make_ds: MakeDs, prefetch: int, monkeypatch: pytest
     messages ahead of it (here with the byte budget off, so the bound is in messages)."""
     monkeypatch.setattr(dataset_module, "Lanes", _Recorded)
     _Recorded.made.clear()
-    ds = make_ds(shuffle=False, prefetch=prefetch, batch_size=8, message_rows=16, streams=2)
-    ds.lane_settings = LaneSettings(window_bytes=0)
+    ds = make_ds(shuffle=False, prefetch=prefetch, batch_size=8, message_rows=16, streams=2, window_bytes=0)
     most = 0
     rows = []
     for b in ds:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flightfeed.client import FlightDataset, _bench
+from flightfeed.client import FlightDataset, ReadOptions, _bench
 from flightfeed.server.testing import RunningServer, running_server
 from tests.client.support import NAME, ROWS
 
@@ -21,7 +21,7 @@ def server(pics_dir: Path) -> Iterator[RunningServer]:
 
 
 def test_one_client_identity_across_epochs(server: RunningServer) -> None:
-    ds = FlightDataset(server.location, NAME, batch_size=64, report_interval=30.0)
+    ds = FlightDataset(server.location, NAME, batch_size=64, options=ReadOptions(report_interval=30.0))
     try:
         for epoch in range(3):
             ds.set_epoch(epoch)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from flightfeed.client import FlightDataset
+from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.testing import running_server
 from tests.cluster.conftest import action, eventually, write_blobs
 from tests.netns import PREFIX, Links, cleanup_leftovers, unavailable
@@ -31,8 +31,8 @@ def small_blobs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def read(location: str, streams: int = 6) -> tuple[list[list[int]], FlightDataset]:
-    ds = FlightDataset(location, "blobs", columns=["index", "blob"], batch_size=50, seed=2, streams=streams,
-                       message_rows=100, report_interval=None)
+    options = ReadOptions(streams=streams, message_rows=100, report_interval=None)
+    ds = FlightDataset(location, "blobs", columns=["index", "blob"], batch_size=50, seed=2, options=options)
     return [b["index"].tolist() for b in ds], ds
 
 

@@ -13,7 +13,7 @@ import pyarrow.flight as flight
 import pyarrow.parquet as pq
 import pytest
 
-from flightfeed.client import FlightDataset
+from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.cluster import Membership
 from flightfeed.server.cluster.locality import ShardRouter, rendezvous
 from flightfeed.server.request.service import FlightFeedServer
@@ -70,8 +70,13 @@ def test_two_nodes_download_each_shard_from_s3_once(s3: LocalS3, tmp_path: Path)
             c.membership.check_once()
             c.locality = ShardRouter(c)
             assert c.locality.install(me.catalog) == len(shards)
-        ds = FlightDataset(a.location, "d", columns=["index"], batch_size=100, streams=4, message_rows=100,
-                           report_interval=None)
+        ds = FlightDataset(
+            a.location,
+            "d",
+            columns=["index"],
+            batch_size=100,
+            options=ReadOptions(streams=4, message_rows=100, report_interval=None),
+        )
         assert sorted(i for batch in ds for i in batch["index"].tolist()) == list(range(ROWS))
         counts = [n.server.cluster.describe()["locality"] for n in nodes]
         total = sum(s3.fs().get_file_info(u.removeprefix("s3://")).size for u in shards)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow.flight as flight
 import pytest
 
-from flightfeed.client import FlightDataset
+from flightfeed.client import ConnectOptions, FlightDataset, ReadOptions
 from flightfeed.server.cluster import Membership
 from flightfeed.server.observe.snapshot import metrics_snapshot
 from flightfeed.server.request.service import FlightFeedServer
@@ -69,8 +69,13 @@ def test_dns_membership_with_a_fake_resolver(blobs_dir: Path) -> None:
         # every row exactly once through a two-node spread, read with the client
         answers["flightfeed-headless.test"] = ["127.0.0.1", "127.0.0.2"]
         m.check_once()
-        ds = FlightDataset(a.location, "blobs", columns=["index"], batch_size=100, streams=4, message_rows=200,
-                           report_interval=None)
+        ds = FlightDataset(
+            a.location,
+            "blobs",
+            columns=["index"],
+            batch_size=100,
+            options=ReadOptions(streams=4, message_rows=200, report_interval=None),
+        )
         assert sorted(i for batch in ds for i in batch["index"].tolist()) == list(range(BLOB_ROWS))
         assert metrics_snapshot(b.metrics)["totals"]["rows"] > 0 and metrics_snapshot(a.metrics)["totals"]["rows"] > 0
 
@@ -108,7 +113,13 @@ def test_a_dead_location_that_never_comes_back_is_named(blobs_dir: Path) -> None
     dead = [f"grpc://127.0.0.1:{free_port()}", f"grpc://127.0.0.1:{free_port()}"]
     with node(blobs_dir, "grpc://127.0.0.1:0") as a:
         a.server.cluster.endpoint_locations = lambda k: list(dead)  # type: ignore[method-assign]
-        ds = FlightDataset(a.location, "blobs", batch_size=100, streams=2, retry_timeout=0.5, report_interval=None)
+        ds = FlightDataset(
+            a.location,
+            "blobs",
+            batch_size=100,
+            connect=ConnectOptions(retry_timeout=0.5),
+            options=ReadOptions(streams=2, report_interval=None),
+        )
         with pytest.raises(StreamError, match=r"locations tried: ") as info:
             list(ds)
         text = str(info.value)
@@ -119,12 +130,22 @@ def test_a_dead_location_that_never_comes_back_is_named(blobs_dir: Path) -> None
 def test_a_client_names_several_entries_and_skips_a_dead_one(blobs_dir: Path) -> None:
     dead = f"grpc://127.0.0.1:{free_port()}"
     with node(blobs_dir, "grpc://127.0.0.1:0") as a:
-        ds = FlightDataset(f"{dead}, {a.location}", "blobs", columns=["index"], batch_size=100, streams=2,
-                           message_rows=500, report_interval=None)
+        ds = FlightDataset(
+            f"{dead}, {a.location}",
+            "blobs",
+            columns=["index"],
+            batch_size=100,
+            options=ReadOptions(streams=2, message_rows=500, report_interval=None),
+        )
         assert sorted(i for batch in ds for i in batch["index"].tolist()) == list(range(BLOB_ROWS))
         assert ds.stats()["failovers"] >= 1  # get_flight_info moved on from the dead entry
     with pytest.raises(StreamError, match=r"get_flight_info for dataset 'blobs': gave up .* locations tried: "):
-        next(iter(FlightDataset(dead, "blobs", retry_timeout=0.3, report_interval=None)))
+        next(iter(FlightDataset(
+            dead,
+            "blobs",
+            connect=ConnectOptions(retry_timeout=0.3),
+            options=ReadOptions(report_interval=None),
+        )))
 
 
 class _HalfDown:

@@ -13,8 +13,7 @@ from typing import Any
 
 import pyarrow.flight as flight
 
-from flightfeed.client import FlightDataset
-from flightfeed.client._lanes import LaneSettings
+from flightfeed.client import FlightDataset, ReadOptions
 from tests.cluster.conftest import BLOB_ROWS, action, eventually, free_port, gone
 from tests.processes import start_serve
 
@@ -36,15 +35,22 @@ def live_peers(location: str) -> set[str]:
 
 
 def reader(location: str, rank: int, streams: int) -> FlightDataset:
-    ds = FlightDataset(
-        location, "blobs", batch_size=100, shuffle=True, seed=3, rank=rank, world_size=2,
-        streams=streams, message_rows=100, prefetch=1, report_interval=None,
+    return FlightDataset(
+        location,
+        "blobs",
+        batch_size=100,
+        shuffle=True,
+        seed=3,
+        rank=rank,
+        world_size=2,
+        # window_bytes=0: streams x 2 messages ahead of the consumer, so the kill hits a stream in flight
+        options=ReadOptions(streams=streams, message_rows=100, prefetch=1, report_interval=None, window_bytes=0),
     )
-    ds.lane_settings = LaneSettings(window_bytes=0)  # streams x 2 messages ahead: the kill hits a stream
-    return ds
 
 
-def test_epoch_over_two_ranks_survives_a_killed_node_and_a_joining_node(blobs_dir: Path) -> None:
+def test_epoch_over_two_ranks_survives_a_killed_node_and_a_joining_node(blobs_dir: Path, tmp_path: Path) -> None:
+    secret = tmp_path / "cluster-token"  # the joining node is learned by gossip: it proves this secret
+    secret.write_text("nodes-only-secret\n")
     ports = [free_port() for _ in range(4)]
     locs = [f"grpc://127.0.0.1:{p}" for p in ports]
     peers = ",".join(locs[:3])
@@ -53,13 +59,15 @@ def test_epoch_over_two_ranks_survives_a_killed_node_and_a_joining_node(blobs_di
     entry, other = (loc for loc in locs[:3] if loc != victim)
     with nodes() as procs:
         for port in ports[:3]:
-            procs.append(start_serve(f"blobs={blobs_dir}", "--peers", peers, port=port)[0])
+            procs.append(start_serve(f"blobs={blobs_dir}", "--peers", peers, "--cluster-token-file", str(secret),
+                                     port=port)[0])
         eventually("the three nodes see each other", lambda: live_peers(entry) == {victim, other})
         rank0 = reader(entry, 0, streams=1)
         it = iter(rank0)
         got0 = [i for _ in range(4) for i in next(it)["index"].tolist()]
         procs[locs.index(victim)].send_signal(signal.SIGKILL)  # its stream is in flight
-        procs.append(start_serve(f"blobs={blobs_dir}", "--peers", peers, port=ports[3])[0])  # a node joins
+        procs.append(start_serve(f"blobs={blobs_dir}", "--peers", peers, "--cluster-token-file", str(secret),
+                                 port=ports[3])[0])  # a node joins
         got0 += [i for batch in it for i in batch["index"].tolist()]
         assert rank0.stats()["failovers"] >= 1  # the stream continued on another node
         eventually("the new node live, the victim gone", lambda: live_peers(entry) == {other, locs[3]})
@@ -127,9 +135,12 @@ def test_a_killed_worker_is_unlisted_restarted_and_the_epoch_completes(blobs_dir
         again = workers_of(location)[0]
         assert again["restarts"] == 1 and again["pid"] != first[0]["pid"]
         # a worker dies mid-epoch: its streams continue on the coordinator
-        ds = FlightDataset(location, "blobs", batch_size=100, streams=6, message_rows=100,
-                           prefetch=1, report_interval=None)
-        ds.lane_settings = LaneSettings(window_bytes=0)  # 12 messages ahead: the kill hits a stream
+        ds = FlightDataset(
+            location,
+            "blobs",
+            batch_size=100,
+            options=ReadOptions(streams=6, message_rows=100, prefetch=1, report_interval=None, window_bytes=0),
+        )
         it = iter(ds)
         got = [i for _ in range(3) for i in next(it)["index"].tolist()]
         os.kill(workers_of(location)[1]["pid"], signal.SIGKILL)
@@ -154,8 +165,12 @@ def test_many_short_outages_in_one_epoch_are_survived(blobs_dir: Path) -> None:
     with nodes() as procs:
         procs.append(start_serve(f"blobs={blobs_dir}", port=port)[0])
         location = f"grpc://127.0.0.1:{port}"
-        ds = FlightDataset(location, "blobs", batch_size=100, streams=1, message_rows=100, prefetch=1,
-                           report_interval=None)
+        ds = FlightDataset(
+            location,
+            "blobs",
+            batch_size=100,
+            options=ReadOptions(streams=1, message_rows=100, prefetch=1, report_interval=None),
+        )
         it = iter(ds)
         got: list[int] = []
         for _ in range(4):

@@ -18,7 +18,7 @@ from typing import Any
 
 import pyarrow.flight as flight
 
-from flightfeed.client import FlightDataset
+from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.cluster import Membership
 from flightfeed.server.observe.snapshot import metrics_snapshot
 from flightfeed.server.request.service import FlightFeedServer
@@ -76,11 +76,9 @@ def tier(root: Path, n: int = 3) -> Iterator[list[RunningServer]]:
                     slow.hold.set()  # let hung streams end before the servers stop
 
 
-def reader(location: str, **kw: Any) -> FlightDataset:
-    opts: dict[str, Any] = {"columns": ["index"], "batch_size": 100, "seed": 4, "streams": 6,
-                            "message_rows": 200, "report_interval": None}
-    opts.update(kw)
-    return FlightDataset(location, "blobs", **opts)
+def reader(location: str, streams: int = 6) -> FlightDataset:
+    options = ReadOptions(streams=streams, message_rows=200, report_interval=None)
+    return FlightDataset(location, "blobs", columns=["index"], batch_size=100, seed=4, options=options)
 
 
 def batches(ds: FlightDataset) -> list[list[int]]:
@@ -164,7 +162,7 @@ def test_small_rows_reach_every_node(blobs_dir: Path) -> None:
     sized so every stream (and node) gets work."""
     with tier(blobs_dir) as nodes:
         before = [rows_sent(n) for n in nodes]
-        ds = FlightDataset(nodes[0].location, "blobs", columns=["index"], batch_size=100, streams=3,
-                           report_interval=None)
+        ds = FlightDataset(nodes[0].location, "blobs", columns=["index"], batch_size=100,
+                           options=ReadOptions(streams=3, report_interval=None))
         assert sorted(i for b in ds for i in b["index"].tolist()) == list(range(BLOB_ROWS))
         assert all(rows_sent(n) > x for n, x in zip(nodes, before, strict=True))

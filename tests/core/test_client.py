@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,15 @@ import pyarrow.flight as flight
 import pytest
 import torch
 
-from flightfeed.client import DatasetNotFound, FlightDataset, InvalidRequest, StreamTruncated, Unauthenticated
+from flightfeed.client import (
+    ConnectOptions,
+    DatasetNotFound,
+    FlightDataset,
+    InvalidRequest,
+    ReadOptions,
+    StreamTruncated,
+    Unauthenticated,
+)
 from flightfeed.server.request.service import FlightFeedServer
 from flightfeed.server.storage import open_catalog
 from flightfeed.server.testing import RunningServer, running_server
@@ -22,7 +31,7 @@ def epoch_indices(ds: FlightDataset) -> list[int]:
 
 
 def test_every_row_once_with_exact_content(server: RunningServer) -> None:
-    ds = FlightDataset(server.location, "small", batch_size=32, seed=5, streams=3)
+    ds = FlightDataset(server.location, "small", batch_size=32, seed=5, options=ReadOptions(streams=3))
     seen: list[int] = []
     for batch in ds:
         idx = batch["index"].numpy()
@@ -37,7 +46,7 @@ def test_every_row_once_with_exact_content(server: RunningServer) -> None:
 
 
 def test_unshuffled_is_stored_order(server: RunningServer) -> None:
-    ds = FlightDataset(server.location, "small", batch_size=50, shuffle=False, streams=2)
+    ds = FlightDataset(server.location, "small", batch_size=50, shuffle=False, options=ReadOptions(streams=2))
     batches = list(ds)
     assert [len(b["index"]) for b in batches] == [50] * 8 + [22]
     assert epoch_indices(ds) == list(range(SMALL_ROWS))
@@ -45,7 +54,7 @@ def test_unshuffled_is_stored_order(server: RunningServer) -> None:
 
 def test_order_is_a_function_of_seed_and_epoch(server: RunningServer) -> None:
     def order(seed: int, epoch: int, streams: int) -> list[int]:
-        ds = FlightDataset(server.location, "small", batch_size=16, seed=seed, streams=streams)
+        ds = FlightDataset(server.location, "small", batch_size=16, seed=seed, options=ReadOptions(streams=streams))
         ds.set_epoch(epoch)
         return epoch_indices(ds)
 
@@ -112,7 +121,13 @@ def test_truncated_stream_is_detected(small_dir: Path) -> None:
     server = TruncatingServer(catalog, "grpc://127.0.0.1:0")
     handle = RunningServer(server)
     try:
-        ds = FlightDataset(server.location, "small", batch_size=16, streams=2, message_rows=32, retries=1)
+        ds = FlightDataset(
+            server.location,
+            "small",
+            batch_size=16,
+            connect=ConnectOptions(retries=1),
+            options=ReadOptions(streams=2, message_rows=32),
+        )
         with pytest.raises(StreamTruncated, match=r"stream \d ended after \d+ of \d+ messages"):
             list(ds)
     finally:
@@ -121,12 +136,24 @@ def test_truncated_stream_is_detected(small_dir: Path) -> None:
 
 
 def test_failed_stream_is_retried_without_loss_or_duplicates(small_dir: Path, server: RunningServer) -> None:
-    reference = epoch_indices(FlightDataset(server.location, "small", batch_size=16, seed=9, streams=3))
+    reference = epoch_indices(FlightDataset(
+        server.location,
+        "small",
+        batch_size=16,
+        seed=9,
+        options=ReadOptions(streams=3),
+    ))
     catalog = open_catalog({"small": str(small_dir)})
     flaky = FlakyServer(catalog, "grpc://127.0.0.1:0")
     handle = RunningServer(flaky)
     try:
-        ds = FlightDataset(flaky.location, "small", batch_size=16, seed=9, streams=3, message_rows=32)
+        ds = FlightDataset(
+            flaky.location,
+            "small",
+            batch_size=16,
+            seed=9,
+            options=ReadOptions(streams=3, message_rows=32),
+        )
         assert epoch_indices(ds) == reference
         assert flaky.failed == {0, 1, 2}
     finally:
@@ -137,24 +164,30 @@ def test_failed_stream_is_retried_without_loss_or_duplicates(small_dir: Path, se
 def test_token_auth(small_dir: Path) -> None:
     with running_server({"small": str(small_dir)}, auth_token="s3cret") as srv:
         with pytest.raises(Unauthenticated, match=r"missing or wrong bearer token"):
-            next(iter(FlightDataset(srv.location, "small", report_interval=None)))
+            next(iter(FlightDataset(srv.location, "small", options=ReadOptions(report_interval=None))))
         with pytest.raises(Unauthenticated):
-            next(iter(FlightDataset(srv.location, "small", token="wrong", report_interval=None)))
-        ds = FlightDataset(srv.location, "small", token="s3cret", batch_size=100)
+            next(iter(FlightDataset(
+                srv.location,
+                "small",
+                connect=ConnectOptions(token="wrong"),
+                options=ReadOptions(report_interval=None),
+            )))
+        ds = FlightDataset(srv.location, "small", batch_size=100, connect=ConnectOptions(token="s3cret"))
         assert sorted(epoch_indices(ds)) == list(range(SMALL_ROWS))
 
 
 def test_bad_client_settings() -> None:
     from flightfeed.client import ConfigError
 
-    for kwargs, message in [
-        (dict(batch_size=0), "batch_size is 0"),
-        (dict(streams=0), "streams is 0"),
-        (dict(seed=-1), "seed is -1"),
-        (dict(compression="gzip"), "compression is 'gzip'"),
-    ]:
+    cases: list[tuple[Callable[[], object], str]] = [
+        (lambda: FlightDataset("grpc://127.0.0.1:1", "x", batch_size=0), "batch_size is 0"),
+        (lambda: ReadOptions(streams=0), "streams is 0"),
+        (lambda: FlightDataset("grpc://127.0.0.1:1", "x", seed=-1), "seed is -1"),
+        (lambda: ReadOptions(compression="gzip"), "compression is 'gzip'"),
+    ]
+    for make, message in cases:
         with pytest.raises(ConfigError, match=message):
-            FlightDataset("grpc://127.0.0.1:1", "x", **kwargs)  # type: ignore[arg-type]
+            make()
 
 
 def test_stall_figures(server: RunningServer) -> None:
@@ -168,7 +201,12 @@ def test_stall_figures(server: RunningServer) -> None:
 def test_close_stops_an_iteration_in_progress(server: RunningServer) -> None:
     import threading
 
-    ds = FlightDataset(server.location, "small", batch_size=8, streams=3, prefetch=1, report_interval=None)
+    ds = FlightDataset(
+        server.location,
+        "small",
+        batch_size=8,
+        options=ReadOptions(streams=3, prefetch=1, report_interval=None),
+    )
     it = iter(ds)
     next(it)  # streams are open and blocked on their full queues
     ds.close()

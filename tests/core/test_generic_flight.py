@@ -67,8 +67,14 @@ def test_ipc_stream_format_shards(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("compression", ["lz4", "zstd"])
 def test_compressed_stream(server: RunningServer, compression: str) -> None:
-    from flightfeed.client import FlightDataset
+    from flightfeed.client import FlightDataset, ReadOptions
 
-    ds = FlightDataset(server.location, "small", batch_size=50, shuffle=False, compression=compression, streams=2)
+    ds = FlightDataset(
+        server.location,
+        "small",
+        batch_size=50,
+        shuffle=False,
+        options=ReadOptions(compression=compression, streams=2),
+    )
     got = np.concatenate([b["index"].numpy() for b in ds])
     assert got.tolist() == list(range(SMALL_ROWS))

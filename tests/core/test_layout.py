@@ -105,9 +105,6 @@ def test_no_import_cycles_in_server_and_wire() -> None:
     assert found == [], f"import cycles (move the shared type down or invert the dependency): {found}"
 
 
-@pytest.mark.xfail(
-    strict=True, reason="client cycles _dataset <-> _node/_datapipe/_request: removed with the FlightDataset regroup"
-)
 def test_no_import_cycles_in_client() -> None:
     found = [c for c in cycles(import_graph()) if any(m.startswith("flightfeed.client") for m in c)]
     assert found == [], f"import cycles (move the shared type down or invert the dependency): {found}"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pyarrow.flight as flight
 
-from flightfeed.client import FlightDataset
+from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.wire.messages import WIRE_VERSION, ReadCommand
 from tests.datasets import SMALL_ROWS, write_dataset
 from tests.processes import start_serve
@@ -21,7 +21,13 @@ def test_workers_serve_streams_behind_one_coordinator(small_dir: Path) -> None:
         info = client.get_flight_info(flight.FlightDescriptor.for_command(cmd.SerializeToString()))
         locations = [ep.locations[0].uri.decode() for ep in info.endpoints]
         assert len(set(locations)) == 2 and locations[0] == location and locations[1] != location
-        ds = FlightDataset(location, "small", batch_size=16, seed=1, streams=4, report_interval=None)
+        ds = FlightDataset(
+            location,
+            "small",
+            batch_size=16,
+            seed=1,
+            options=ReadOptions(streams=4, report_interval=None),
+        )
         rows = [i for b in ds for i in b["index"].tolist()]
         assert sorted(rows) == list(range(SMALL_ROWS))
     finally:
@@ -32,7 +38,13 @@ def test_workers_serve_streams_behind_one_coordinator(small_dir: Path) -> None:
 def test_sigterm_lets_in_flight_streams_finish(tmp_path: Path) -> None:
     rows = write_dataset(tmp_path / "big", [[4000] * 5])
     proc, location = start_serve(f"big={tmp_path / 'big'}")
-    ds = FlightDataset(location, "big", batch_size=100, shuffle=False, streams=2, prefetch=1, report_interval=None)
+    ds = FlightDataset(
+        location,
+        "big",
+        batch_size=100,
+        shuffle=False,
+        options=ReadOptions(streams=2, prefetch=1, report_interval=None),
+    )
     it = iter(ds)
     got = next(it)["index"].tolist()
     proc.send_signal(signal.SIGTERM)

@@ -21,7 +21,7 @@ import pyarrow.flight as flight
 import pyarrow.ipc as ipc
 import pytest
 
-from flightfeed.client import FlightDataset, StaleState
+from flightfeed.client import FlightDataset, ReadOptions, StaleState
 from flightfeed.wire.errors import ShardError
 from tests.datasets import SMALL_LAYOUT, SMALL_ROWS, write_dataset
 from tests.processes import start_serve
@@ -73,7 +73,13 @@ def test_a_shard_changed_in_place_fails_its_stream_not_the_server(
     victim = big / "part-00002.arrow"  # the stored-order stream reaches it last
     with _serve(f"big={big}", f"small={small}") as (proc, location):
         client = flight.connect(location)
-        ds = FlightDataset(location, "big", batch_size=16, shuffle=shuffle, streams=1, report_interval=None)
+        ds = FlightDataset(
+            location,
+            "big",
+            batch_size=16,
+            shuffle=shuffle,
+            options=ReadOptions(streams=1, report_interval=None),
+        )
         it = iter(ds)
         assert len(next(it)["index"]) == 16
         change(big / "part-00000.arrow", victim)  # cp of another shard, or a truncate
@@ -85,11 +91,12 @@ def test_a_shard_changed_in_place_fails_its_stream_not_the_server(
         assert proc.poll() is None, "the server process died"
 
         # the other dataset still serves, every row
-        rows = [i for b in FlightDataset(location, "small", batch_size=32, report_interval=None) for i in b["index"]]
+        other = FlightDataset(location, "small", batch_size=32, options=ReadOptions(report_interval=None))
+        rows = [i for b in other for i in b["index"]]
         assert sorted(int(i) for i in rows) == list(range(SMALL_ROWS))
         # the changed one is refused with StaleState naming the shard, for new epochs
         with pytest.raises(StaleState, match=r"part-00002\.arrow"):
-            next(iter(FlightDataset(location, "big", batch_size=64, report_interval=None)))
+            next(iter(FlightDataset(location, "big", batch_size=64, options=ReadOptions(report_interval=None))))
         stats = json.loads(next(iter(client.do_action(flight.Action("stats", b"")))).body.to_pybytes())
         assert stats["io"]["datasets"]["big"]["shard_changes"] == 1
         assert "small" not in stats["io"]["datasets"] or stats["io"]["datasets"]["small"]["shard_changes"] == 0

@@ -86,7 +86,7 @@ def test_unknown_io_mode_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_server_reading_with_positioned_reads_serves_the_same_epoch(tmp_path: Path) -> None:
-    from flightfeed.client import FlightDataset
+    from flightfeed.client import FlightDataset, ReadOptions
     from flightfeed.server.storage import StorageOptions
     from flightfeed.server.testing import running_server
 
@@ -95,6 +95,12 @@ def test_a_server_reading_with_positioned_reads_serves_the_same_epoch(tmp_path: 
     for io in ("mmap", "read"):
         with running_server({"d": str(tmp_path)}, storage=StorageOptions(arrow_io=io)) as srv:
             assert all(getattr(s, "io", None) == io for s in srv.catalog.get("d").shards)
-            ds = FlightDataset(srv.location, "d", batch_size=16, seed=2, streams=2, report_interval=None)
+            ds = FlightDataset(
+                srv.location,
+                "d",
+                batch_size=16,
+                seed=2,
+                options=ReadOptions(streams=2, report_interval=None),
+            )
             epochs.append([(int(i), b["image"][k].sum().item()) for b in ds for k, i in enumerate(b["index"])])
     assert epochs[0] == epochs[1] and len(epochs[0]) == 200

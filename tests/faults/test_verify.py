@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from flightfeed.client import FlightDataset
+from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.storage import StorageOptions, open_catalog
 from flightfeed.server.storage.cache_files import sha256_file
@@ -43,7 +43,8 @@ def _flip(path: Path) -> None:
 
 
 def _epoch(location: str) -> list[int]:
-    return [int(i) for b in FlightDataset(location, "d", batch_size=32, report_interval=None) for i in b["index"]]
+    ds = FlightDataset(location, "d", batch_size=32, options=ReadOptions(report_interval=None))
+    return [int(i) for b in ds for i in b["index"]]
 
 
 def _count(metrics: ServerMetrics, key: str) -> float:

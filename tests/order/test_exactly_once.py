@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flightfeed.client import FlightDataset
+from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.testing import RunningServer
 from tests.datasets import SMALL_ROWS
 
@@ -19,8 +19,15 @@ def test_ranks_partition_the_epoch(server: RunningServer, world: int, drop_last:
         seqs = set()
         for streams in (1, 3):
             ds = FlightDataset(
-                server.location, "small", batch_size=batch, shuffle=shuffle, seed=2, rank=rank,
-                world_size=world, drop_last=drop_last, streams=streams, report_interval=None,
+                server.location,
+                "small",
+                batch_size=batch,
+                shuffle=shuffle,
+                seed=2,
+                rank=rank,
+                world_size=world,
+                drop_last=drop_last,
+                options=ReadOptions(streams=streams, report_interval=None),
             )
             seqs.add(tuple(tuple(b["index"].tolist()) for b in ds))
         assert len(seqs) == 1, "order must not depend on the number of streams"

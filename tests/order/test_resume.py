@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from flightfeed.client import FlightDataset, StaleState
+from flightfeed.client import FlightDataset, ReadOptions, StaleState
 from flightfeed.server.testing import RunningServer
 from tests.datasets import SMALL_ROWS, write_dataset
 from tests.processes import start_serve
@@ -24,7 +24,14 @@ def indices(batches: Any) -> list[list[int]]:
 @pytest.mark.parametrize("shuffle", [True, False])
 def test_resume_at_every_cut_point(server: RunningServer, shuffle: bool) -> None:
     def make(streams: int) -> FlightDataset:
-        ds = FlightDataset(server.location, "small", batch_size=32, shuffle=shuffle, seed=11, streams=streams)
+        ds = FlightDataset(
+            server.location,
+            "small",
+            batch_size=32,
+            shuffle=shuffle,
+            seed=11,
+            options=ReadOptions(streams=streams),
+        )
         ds.set_epoch(2)
         return ds
 
@@ -110,15 +117,33 @@ def serve_process(name: str, path: Path) -> Iterator[tuple[subprocess.Popen[str]
 
 def test_resume_after_the_server_process_was_killed_and_restarted(small_dir: Path) -> None:
     with serve_process("small", small_dir) as (_, location):
-        full = indices(FlightDataset(location, "small", batch_size=32, seed=8, streams=2, report_interval=None))
-        ds = FlightDataset(location, "small", batch_size=32, seed=8, streams=2, report_interval=None)
+        full = indices(FlightDataset(
+            location,
+            "small",
+            batch_size=32,
+            seed=8,
+            options=ReadOptions(streams=2, report_interval=None),
+        ))
+        ds = FlightDataset(
+            location,
+            "small",
+            batch_size=32,
+            seed=8,
+            options=ReadOptions(streams=2, report_interval=None),
+        )
         it = iter(ds)
         head = [next(it)["index"].tolist() for _ in range(5)]
         state = ds.state_dict()
     # the first server is dead (killed); a new one on another port serves the same files
     with serve_process("small", small_dir) as (_, location2):
         assert location2 != "" and location2
-        resumed = FlightDataset(location2, "small", batch_size=32, seed=8, streams=3, report_interval=None)
+        resumed = FlightDataset(
+            location2,
+            "small",
+            batch_size=32,
+            seed=8,
+            options=ReadOptions(streams=3, report_interval=None),
+        )
         resumed.load_state_dict(state)
         assert head + indices(resumed) == full
     del it

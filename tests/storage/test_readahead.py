@@ -11,7 +11,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
 
-from flightfeed.client import FlightDataset
+from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.data.readahead import ReadAhead
 from flightfeed.server.request.streaming import StreamSettings
 from flightfeed.server.testing import running_server
@@ -21,7 +21,14 @@ from tests.datasets import SMALL_LAYOUT, SMALL_ROWS, write_dataset
 
 
 def _epoch(location: str, shuffle: bool, name: str = "data") -> list[tuple[int, int]]:
-    ds = FlightDataset(location, name, batch_size=16, shuffle=shuffle, seed=9, streams=3, block_rows=8, buffer_rows=64)
+    ds = FlightDataset(
+        location,
+        name,
+        batch_size=16,
+        shuffle=shuffle,
+        seed=9,
+        options=ReadOptions(streams=3, block_rows=8, buffer_rows=64),
+    )
     ds.set_epoch(1)
     out = []
     for b in ds:
@@ -73,7 +80,13 @@ def test_read_ahead_stops_when_the_consumer_stops(tmp_path: Path) -> None:
     with running_server({"data": str(root)}, settings=StreamSettings(readahead_windows=4)) as srv:
         ahead = srv.catalog.get("data").readahead
         assert isinstance(ahead, ReadAhead)
-        ds = FlightDataset(srv.location, "data", batch_size=16, shuffle=True, streams=2, block_rows=8, buffer_rows=64)
+        ds = FlightDataset(
+            srv.location,
+            "data",
+            batch_size=16,
+            shuffle=True,
+            options=ReadOptions(streams=2, block_rows=8, buffer_rows=64),
+        )
         it = iter(ds)
         next(it)
         del it  # the consumer stops mid-epoch: its streams are cancelled

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from flightfeed.client import FlightDataset
+from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.testing import RunningServer, running_server
 from flightfeed.server.transforms import Transformer
@@ -46,11 +46,12 @@ def make_images(image_server: RunningServer) -> Iterator[MakeImages]:
     made: list[FlightDataset] = []
 
     def make(**kw: Any) -> FlightDataset:
-        opts: dict[str, Any] = dict(
-            batch_size=8, seed=1, rank=0, world_size=1, report_interval=None, transform=STEPS, on_decode_error="skip"
-        )
+        """Keywords naming a ReadOptions field (``streams=``, ...) go into the dataset's ``options``."""
+        read: dict[str, Any] = {"report_interval": None, "on_decode_error": "skip"}
+        read.update({k: kw.pop(k) for k in list(kw) if k in ReadOptions.__dataclass_fields__})
+        opts: dict[str, Any] = dict(batch_size=8, seed=1, rank=0, world_size=1, transform=STEPS)
         opts.update(kw)
-        ds = FlightDataset(image_server.location, "imgs", **opts)
+        ds = FlightDataset(image_server.location, "imgs", **opts, options=ReadOptions(**read))
         made.append(ds)
         return ds
 

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
-from flightfeed.client import FlightDataset
+from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.testing import RunningServer, running_server
 from flightfeed.server.transforms import ENTRY_POINT_GROUP, Registry, Transformer, load_entry_points
@@ -66,8 +66,8 @@ def test_bad_transforms_are_refused_before_streaming(image_server: RunningServer
 
 
 def test_bad_policy_and_step_shape_are_refused_by_the_client() -> None:
-    with pytest.raises(Exception, match=r"on_decode_error is 'ignore'; allowed: 'raise' or 'skip'"):
-        FlightDataset("grpc://127.0.0.1:1", "imgs", transform="imagenet_train", on_decode_error="ignore")
+    with pytest.raises(ConfigError, match=r"on_decode_error is 'ignore'; allowed: 'raise' or 'skip'"):
+        ReadOptions(on_decode_error="ignore")
     with pytest.raises(Exception, match=r"transform step 0 is 'decode'; expected a dict"):
         FlightDataset("grpc://127.0.0.1:1", "imgs", transform=["decode"])  # type: ignore[list-item]
 
@@ -115,8 +115,16 @@ def test_custom_transforms_from_an_entry_point(image_dir: Path, entry_point: Non
     with running_server({"imgs": str(image_dir)}, metrics=metrics,
                         transformer=Transformer(registry, workers=2, metrics=metrics)) as srv:
         def read(extra: list[dict[str, Any]]) -> np.ndarray:
-            ds = FlightDataset(srv.location, "imgs", batch_size=8, shuffle=False, rank=0, world_size=1,
-                               report_interval=None, transform=steps + extra, on_decode_error="skip")
+            ds = FlightDataset(
+                srv.location,
+                "imgs",
+                batch_size=8,
+                shuffle=False,
+                rank=0,
+                world_size=1,
+                transform=steps + extra,
+                options=ReadOptions(report_interval=None, on_decode_error="skip"),
+            )
             try:
                 return np.concatenate([b["image"].numpy() for b in ds])
             finally:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from flightfeed.client import FlightDataset
+from flightfeed.client import FlightDataset, ReadOptions
 from tests.processes import start_serve
 from tests.transforms.conftest import CORRUPT, ROWS
 
@@ -23,8 +23,15 @@ def test_config_preset_served_by_worker_processes(image_dir: Path, tmp_path: Pat
     proc, location = start_serve(f"imgs={image_dir}", "--config", str(config), "--decode-workers", "2",
                                  "--workers", "2")
     try:
-        ds = FlightDataset(location, "imgs", batch_size=8, streams=2, transform="thumbs", on_decode_error="skip",
-                           rank=0, world_size=1, report_interval=None)
+        ds = FlightDataset(
+            location,
+            "imgs",
+            batch_size=8,
+            transform="thumbs",
+            rank=0,
+            world_size=1,
+            options=ReadOptions(streams=2, on_decode_error="skip", report_interval=None),
+        )
         seen = []
         for batch in ds:
             assert tuple(batch["image"].shape[1:]) == (3, 20, 20)

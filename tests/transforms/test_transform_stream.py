@@ -28,12 +28,17 @@ def samples(batches: Any) -> list[tuple[int, bytes]]:
 
 @pytest.fixture(scope="module")
 def reference(image_server: RunningServer) -> list[tuple[int, bytes]]:
-    from flightfeed.client import FlightDataset
+    from flightfeed.client import FlightDataset, ReadOptions
 
     ds = FlightDataset(
-        image_server.location, "imgs", batch_size=8, seed=1, rank=0, world_size=1, report_interval=None,
-        streams=1, transform=[{"name": "decode"}, {"name": "random_resized_crop", "size": 32}, {"name": "hflip"}],
-        on_decode_error="skip",
+        image_server.location,
+        "imgs",
+        batch_size=8,
+        seed=1,
+        rank=0,
+        world_size=1,
+        transform=[{"name": "decode"}, {"name": "random_resized_crop", "size": 32}, {"name": "hflip"}],
+        options=ReadOptions(report_interval=None, streams=1, on_decode_error="skip"),
     )
     try:
         return samples(ds)

@@ -1,7 +1,8 @@
 """flightfeed's PyTorch client: zero-copy batches from a flightfeed Flight server.
 
-    from flightfeed.client import FlightDataset
-    ds = FlightDataset("grpc://127.0.0.1:8815", "train", batch_size=256, shuffle=True, seed=0)
+    from flightfeed.client import FlightDataset, ReadOptions
+    ds = FlightDataset("grpc://127.0.0.1:8815", "train", batch_size=256, shuffle=True, seed=0,
+                       options=ReadOptions(streams=4))   # connect=ConnectOptions(token=...)
     for epoch in range(epochs):
         ds.set_epoch(epoch)
         for batch in ds:          # dict[str, torch.Tensor]
@@ -11,6 +12,7 @@
 from flightfeed.client._datapipe import FlightDataPipe
 from flightfeed.client._dataset import FlightDataset
 from flightfeed.client._node import FlightNode
+from flightfeed.client._options import ConnectOptions, ReadOptions
 from flightfeed.wire.errors import (
     ConfigError,
     DatasetNotFound,
@@ -24,6 +26,8 @@ from flightfeed.wire.errors import (
 
 __all__ = [
     "FlightDataset",
+    "ConnectOptions",
+    "ReadOptions",
     "FlightNode",
     "FlightDataPipe",
     "FlightFeedError",

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from flightfeed.client._dataset import FlightDataset
+from flightfeed.client._options import ConnectOptions, ReadOptions
 from flightfeed.wire.tokens import read_token_file
 
 __all__ = ["add_arguments", "run", "measure_epoch", "summarize"]
@@ -105,11 +106,10 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         shuffle=args.shuffle,
         device=args.device,
-        streams=args.streams,
-        token=token,
-        tls_root_certs=_read(args.tls_root_cert),
-        message_rows=args.message_rows,
-        report_interval=args.report_interval or None,
+        connect=ConnectOptions(token=token, tls_root_certs=_read(args.tls_root_cert)),
+        options=ReadOptions(
+            streams=args.streams, message_rows=args.message_rows, report_interval=args.report_interval or None
+        ),
     )
     try:
         epochs = [measure_epoch(ds, e, step_s=args.step_ms / 1e3) for e in range(args.epochs)]

@@ -9,12 +9,11 @@ would drop batches).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch.utils.data
 
-if TYPE_CHECKING:
-    from flightfeed.client._dataset import FlightDataset
+from flightfeed.client._source import EpochSource
 
 __all__ = ["FlightDataPipe"]
 
@@ -22,7 +21,7 @@ __all__ = ["FlightDataPipe"]
 class FlightDataPipe(torch.utils.data.IterDataPipe[dict[str, Any]]):
     """Iterates ``dataset`` (batches as ``dict[str, torch.Tensor]``); state and epoch are the dataset's."""
 
-    def __init__(self, dataset: FlightDataset) -> None:
+    def __init__(self, dataset: EpochSource) -> None:
         super().__init__()
         self.dataset = dataset
 

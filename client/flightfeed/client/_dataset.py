@@ -1,7 +1,7 @@
 """FlightDataset: a torch IterableDataset over a flightfeed server.
 
-One pipeline: get_flight_info -> one StreamReader thread per endpoint (own connection each) ->
-messages in canonical order -> batches (zero-copy slices) -> torch tensors (DLPack views) ->
+One pipeline: get_flight_info -> one lane thread per endpoint (own connection each) pulling runs of
+messages (``_lanes``) -> messages in canonical order -> batches (zero-copy slices) -> torch tensors (DLPack views) ->
 optional device stage (pinned ring + CUDA side stream). The consumer's waiting time is measured
 (``stats()``), and ``state_dict()`` is a few hundred bytes that restore the exact remaining
 sequence, even against a restarted server.
@@ -21,13 +21,16 @@ from flightfeed.client._assemble import split_batches
 from flightfeed.client._convert import batch_to_torch
 from flightfeed.client._datapipe import FlightDataPipe
 from flightfeed.client._device import DeviceStage
+from flightfeed.client._images import check_decode_on, image_stage
 from flightfeed.client._info import dataset_info
 from flightfeed.client._lanes import Lane, Lanes, LaneSettings
 from flightfeed.client._node import FlightNode
-from flightfeed.client._pool import ConnectionPool, ConnectOptions
+from flightfeed.client._normalize import normalize_option
+from flightfeed.client._options import ConnectOptions, ReadOptions, refuse_moved
+from flightfeed.client._pool import ConnectionPool
 from flightfeed.client._report import Reporter, _default_client_id
-from flightfeed.client._request import columns_arg, open_readers, read_command
-from flightfeed.client._retry import RetryPolicy, split_locations
+from flightfeed.client._request import ReadJob, columns_arg, open_readers, read_command
+from flightfeed.client._retry import split_locations
 from flightfeed.client._skips import positions_of
 from flightfeed.client._state import ReadState
 from flightfeed.client._stats import StallMeter
@@ -43,7 +46,7 @@ from flightfeed.client._workers import (
     worker_start,
 )
 from flightfeed.wire.errors import ConfigError
-from flightfeed.wire.messages import COMPRESSIONS, ReadCommand
+from flightfeed.wire.messages import ReadCommand
 from flightfeed.wire.transforms import TransformSpec, set_transform
 
 __all__ = ["FlightDataset"]
@@ -60,17 +63,27 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
     of steps ``[{"name": "decode"}, {"name": "center_crop", "size": 224}, ...]``. The column keeps
     its name and arrives as a uint8 tensor ``(B, 224, 224, 3)`` (HWC; add ``{"name": "to_chw"}``
     for ``(B, 3, 224, 224)``). Augmentation draws depend on (data, seed, epoch, row) only.
-    ``on_decode_error="skip"`` drops rows whose bytes do not decode (such batches are shorter; the
-    count is in ``stats()["rows_skipped"]``); the default ``"raise"`` fails naming the row and shard.
+    ``options=ReadOptions(on_decode_error="skip")`` drops rows whose bytes do not decode (such
+    batches are shorter; the count is in ``stats()["rows_skipped"]``); the default ``"raise"``
+    fails naming the row and shard. ``ReadOptions(normalize=True)`` (torchvision's ImageNet
+    mean/std) or ``normalize=(mean, std)``: the image column becomes float32 ``(B, C, H, W)``,
+    computed on ``device`` after the copy (only uint8 crosses the wire).
+    ``ReadOptions(decode_on="trainer")``: the node sends the JPEG bytes plus the seeded crop box and
+    flip, and the trainer decodes them on ``device`` (nvJPEG through torchvision, imported on first use).
 
     ``location`` may name several data nodes, comma-separated: ``get_flight_info`` goes to the
     first that answers. A stream that fails continues from its first undelivered message on the
-    endpoint's next location (another process or data node). ``retry_timeout`` is the budget of one *outage* in
-    seconds (it starts again once a retry delivers data); ``retries`` optionally caps the retries
-    of one outage as well (None: only the time budget counts). Pauses between rounds over the
-    locations back off exponentially, capped at 1 s. ``stats()`` counts ``retries`` and ``failovers``.
+    endpoint's next location (another process or data node).
+
+    ``connect=ConnectOptions(token, tls_root_certs, timeout, retries, retry_timeout)``: how to
+    reach the server and how long one outage may last (see :class:`ConnectOptions`);
+    ``options=ReadOptions(streams, prefetch, message_rows, block_rows, buffer_rows, compression,
+    on_decode_error, report_interval)``: stream and tuning knobs (see :class:`ReadOptions`).
+    The former flat keywords (``streams=``, ``token=``, ...) raise ConfigError naming their new place.
+    ``stats()`` counts ``retries`` and ``failovers``.
     """
 
+    @refuse_moved
     def __init__(
         self,
         location: str,
@@ -83,48 +96,34 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         world_size: int | None = None,
         drop_last: bool = False,
         device: str | torch.device | None = None,
-        streams: int = 4,
-        *,
-        block_rows: int = 0,
-        buffer_rows: int = 0,
-        prefetch: int = 1,
-        retries: int | None = None,
-        retry_timeout: float = 30.0,
-        token: str | None = None,
-        tls_root_certs: bytes | None = None,
-        timeout: float | None = None,
-        compression: str | None = None,
-        message_rows: int = 0,
-        report_interval: float | None = 5.0,
         transform: TransformSpec = None,
-        on_decode_error: str = "raise",
+        *,
+        connect: ConnectOptions | None = None,
+        options: ReadOptions | None = None,
     ) -> None:
         super().__init__()
-        if batch_size < 1:
-            raise ConfigError(f"batch_size is {batch_size}; it must be >= 1")
-        if streams < 1:
-            raise ConfigError(f"streams is {streams}; it must be >= 1")
-        if seed < 0:
-            raise ConfigError(f"seed is {seed}; it must be >= 0")
-        if (compression or "") not in COMPRESSIONS:
-            raise ConfigError(f"compression is {compression!r}; use 'lz4', 'zstd' or None")
-        if prefetch < 1:
-            raise ConfigError(f"prefetch is {prefetch}; it must be >= 1 (messages per stream)")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ConfigError(f"batch_size is {batch_size!r}; it must be an integer >= 1")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ConfigError(f"seed is {seed!r}; it must be an integer >= 0")
+        if connect is not None and not isinstance(connect, ConnectOptions):
+            raise ConfigError(f"connect is a {type(connect).__name__}; pass connect=ConnectOptions(...)")
+        if options is not None and not isinstance(options, ReadOptions):
+            raise ConfigError(f"options is a {type(options).__name__}; pass options=ReadOptions(...)")
         self.location, self.name = location, name
         split_locations(location)  # one or several comma-separated entries; a clear error if none
         self.columns = columns_arg(columns)
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
         self.device = torch.device(device) if device is not None else None
-        self.streams, self.prefetch, self.retries = streams, prefetch, retries
-        self.retry = RetryPolicy(timeout_s=retry_timeout, max_attempts=retries)
-        self.block_rows, self.buffer_rows, self.message_rows = block_rows, buffer_rows, message_rows
-        self.compression = compression or ""
-        self.report_interval = report_interval
+        self.connect = connect if connect is not None else ConnectOptions()
+        self.options = options if options is not None else ReadOptions()
         # server-side transforms (see the class doc); checked here for shape, on the server in full
-        self.transform, self.on_decode_error = transform, on_decode_error
-        set_transform(ReadCommand(), transform, on_decode_error)
-        self._connect = ConnectOptions(token=token, tls_root_certs=tls_root_certs, timeout=timeout)
+        self.transform = transform
+        set_transform(ReadCommand(), transform, self.options.on_decode_error)
+        # image output on the trainer (``_images``): decode on the trainer, normalised float32 CHW
+        check_decode_on(self.options.decode_on, transform)
+        self._image_decoder: Any = None  # decode_on="trainer": None = torchvision's (tests pass their own)
         self._shared = SharedSlots()  # the epoch and worker activity, shared with DataLoader workers
         self._worker_mark = 0  # WORKER_ITERATIONS when this process last read or loaded a state itself
         self._client_id = _default_client_id()  # one identity in the server's metrics for all epochs
@@ -133,10 +132,18 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         self._resume: ReadState | None = None
         self._pool: ConnectionPool | None = None
         self._running: list[tuple[threading.Event, list[Lane]]] = []
-        self.lane_settings = LaneSettings()  # how streams share work (window, hedging): ``_lanes``
+        # how the streams share work (``_lanes``); benchmarks may replace it (e.g. move=False)
+        self._lane_settings = LaneSettings(window_bytes=self.options.window_bytes, hedge=self.options.hedge)
         self.meter = StallMeter()
 
     # -- settings and state -----------------------------------------------------------------
+    def job(self) -> ReadJob:
+        """What this reader asks the server for (its settings, whatever its position)."""
+        return ReadJob(
+            self.name, self.columns, self.batch_size, self.shuffle, self.seed, self.drop_last,
+            self.transform, self.options,
+        )
+
     def _settings(self) -> dict[str, Any]:
         return {
             "dataset": self.name,
@@ -196,7 +203,7 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         """What the server says about the dataset: ``name``, ``rows``, ``columns`` (name -> Arrow
         type), ``classes`` (class names of a converted image folder, else None) and ``schema``."""
         if self._info is None:
-            self._info = dataset_info(self._get_pool(), self._connect, self.name, self.columns)
+            self._info = dataset_info(self._get_pool(), self.connect, self.name, self.columns)
         return self._info
 
     @property
@@ -214,15 +221,18 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
     # -- iteration ------------------------------------------------------------------------
     def _get_pool(self) -> ConnectionPool:
         if self._pool is None:
-            self._pool = ConnectionPool(split_locations(self.location)[0], self._connect)
+            self._pool = ConnectionPool(split_locations(self.location)[0], self.connect)
         return self._pool
 
     def open_streams(
         self, topo: Topology, start: ReadState, stop: threading.Event, epoch: int | None = None
     ) -> list[StreamReader]:
         """One started-later StreamReader per endpoint of this reader's request (``_request``)."""
-        cmd = read_command(self, topo, start, self.epoch if epoch is None else epoch)
-        return open_readers(self, self._get_pool(), cmd, stop)
+        cmd = read_command(self.job(), topo, start, self.epoch if epoch is None else epoch)
+        return open_readers(
+            self._get_pool(), cmd, stop, locations=split_locations(self.location), connect=self.connect,
+            prefetch=self.options.prefetch, on_retry=self._retried,
+        )
 
     def _retried(self, failed: str, next_location: str) -> None:
         self.meter.count("retries")
@@ -251,12 +261,15 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         readers = self.open_streams(topo, start, stop, epoch)
         self._state = start.pinned(readers[0].ticket if readers else None, topo.rank, topo.world_size)
         skip = skip_delivered(readers, start.worker_rows) if topo.num_workers > 1 else 0
-        lanes = Lanes(readers, prefetch=self.prefetch, settings=self.lane_settings, count=self.meter.count)
+        lanes = Lanes(readers, prefetch=self.options.prefetch, settings=self._lane_settings, count=self.meter.count)
         running = (stop, lanes.lanes)
         self._running.append(running)
         lanes.start()
         batches = split_batches(drop_rows(lanes.messages(), skip), self.batch_size)
         stage = _device_stage(self.device, self.meter)
+        post = image_stage(
+            self.device, normalize_option(self.options.normalize), self.options.decode_on, self._image_decoder
+        )
         self.meter.start()
         reporter = self._reporter(topo)
         try:
@@ -276,6 +289,10 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
                 tensors = batch_to_torch(rb)
                 self.meter.spent("convert", time.perf_counter() - t1)
                 out = stage(tensors)  # the device stage reports its own time
+                if post is not None:
+                    t2 = time.perf_counter()
+                    out = post(out, rb)
+                    self.meter.spent("images", time.perf_counter() - t2)
                 self.meter.waited(time.perf_counter() - t0, rb.num_rows, rb.nbytes)
                 self._state = self._state.advanced(positions)
                 yield out
@@ -294,7 +311,8 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
 
     def _reporter(self, topo: Topology) -> Reporter | None:
         """Send this reader's stall/throughput to the server every ``report_interval`` seconds."""
-        if not self.report_interval:
+        interval = self.options.report_interval
+        if not interval:
             return None
         static = {
             "dataset": self.name,
@@ -305,11 +323,11 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         return Reporter(
             split_locations(self.location)[0],
             self.meter.figures,
-            interval=self.report_interval,
+            interval=interval,
             static=static,
             client_id=self._client_id + (f"/worker{topo.worker}" if topo.num_workers > 1 else ""),
-            token=self._connect.token,
-            tls_root_certs=self._connect.tls_root_certs,
+            token=self.connect.token,
+            tls_root_certs=self.connect.tls_root_certs,
         )
 
     # -- adapters -------------------------------------------------------------------------

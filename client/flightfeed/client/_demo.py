@@ -17,6 +17,7 @@ import pyarrow.ipc as ipc
 import torch
 
 from flightfeed.client._dataset import FlightDataset
+from flightfeed.client._options import ReadOptions
 from flightfeed.wire.errors import ConfigError
 
 __all__ = ["add_arguments", "run", "make_demo_dataset"]
@@ -102,7 +103,14 @@ def run(args: argparse.Namespace) -> int:
     proc, location, sidecar = _start_server(data)
     print(f"server:  {location}" + (f"   dashboard: {sidecar}/" if sidecar else ""))
     try:
-        ds = FlightDataset(location, "demo", batch_size=args.batch_size, shuffle=True, seed=0, streams=args.streams)
+        ds = FlightDataset(
+            location,
+            "demo",
+            batch_size=args.batch_size,
+            shuffle=True,
+            seed=0,
+            options=ReadOptions(streams=args.streams),
+        )
         seen = np.zeros(args.rows, dtype=np.int64)
         batches = 0
         for batch in ds:

@@ -13,7 +13,8 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from flightfeed.client._boundary import flight_call
-from flightfeed.client._pool import ConnectionPool, ConnectOptions
+from flightfeed.client._options import ConnectOptions
+from flightfeed.client._pool import ConnectionPool
 from flightfeed.wire.classes import classes_of
 
 __all__ = ["dataset_info"]

@@ -9,14 +9,12 @@ iteration has started moves on to the next epoch (a ``Loader`` resets once per e
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torchdata.nodes
 
+from flightfeed.client._source import EpochSource
 from flightfeed.wire.errors import ConfigError
-
-if TYPE_CHECKING:
-    from flightfeed.client._dataset import FlightDataset
 
 __all__ = ["FlightNode"]
 
@@ -29,7 +27,7 @@ class FlightNode(_Base):  # type: ignore[misc]
     READER_KEY = "reader"
     EPOCH_KEY = "epoch"
 
-    def __init__(self, dataset: FlightDataset, initial_epoch: int | None = None) -> None:
+    def __init__(self, dataset: EpochSource, initial_epoch: int | None = None) -> None:
         super().__init__()
         self.dataset = dataset
         self.epoch = dataset.epoch if initial_epoch is None else initial_epoch

@@ -10,30 +10,14 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow.flight as flight
 
 from flightfeed.client._fork import abandon, check_fork, note_grpc_use
-from flightfeed.wire.tokens import normalize_token
+from flightfeed.client._options import ConnectOptions
 
-__all__ = ["ConnectOptions", "ConnectionPool"]
-
-
-@dataclass(frozen=True)
-class ConnectOptions:
-    token: str | None = None  # bearer token (server's --auth-token-file)
-    tls_root_certs: bytes | None = None  # PEM of the CA for grpc+tls:// locations
-    timeout: float | None = None  # per-call timeout in seconds (None: no limit)
-
-    def __post_init__(self) -> None:
-        if self.token is not None:  # strip a trailing newline; refuse empty or non-header text
-            object.__setattr__(self, "token", normalize_token(self.token, "token="))
-
-    def call_options(self) -> flight.FlightCallOptions:
-        headers: Any = [(b"authorization", f"Bearer {self.token}".encode())] if self.token else None
-        return flight.FlightCallOptions(timeout=self.timeout, headers=headers)
+__all__ = ["ConnectionPool"]
 
 
 class ConnectionPool:

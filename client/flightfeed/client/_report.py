@@ -20,7 +20,8 @@ from typing import Any
 
 import pyarrow.flight as flight
 
-from flightfeed.client._pool import ConnectionPool, ConnectOptions
+from flightfeed.client._options import ConnectOptions
+from flightfeed.client._pool import ConnectionPool
 from flightfeed.wire.messages import ClientReport
 
 __all__ = ["Reporter", "report_message"]

@@ -1,35 +1,48 @@
 """What a FlightDataset asks the server for: the ReadCommand of one iteration, and the stream
 readers of the FlightInfo that answers it.
 
-``read_command`` turns the dataset's settings, the topology (rank, DataLoader worker) and the
-position to start from into a ReadCommand; ``open_readers`` sends it to the first of the
-dataset's locations that answers (retried under the dataset's outage budget) and makes one
-:class:`StreamReader` per endpoint. An endpoint without locations is served by the node that
-answered, then by the other entries of ``location``.
+``read_command`` turns a :class:`ReadJob` (the dataset's settings), the topology (rank,
+DataLoader worker) and the position to start from into a ReadCommand; ``open_readers`` sends it
+to the first of the locations that answers (retried under the outage budget of ``connect``) and
+makes one :class:`StreamReader` per endpoint. An endpoint without locations is served by the node
+that answered, then by the other locations.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import pyarrow.flight as flight
 
 from flightfeed.client._boundary import flight_call
+from flightfeed.client._options import ConnectOptions, ReadOptions
 from flightfeed.client._pool import ConnectionPool
-from flightfeed.client._retry import retrying, split_locations
+from flightfeed.client._retry import retrying
 from flightfeed.client._state import ReadState
 from flightfeed.client._streams import StreamReader
 from flightfeed.client._topology import Topology
 from flightfeed.wire.errors import ConfigError
 from flightfeed.wire.messages import WIRE_VERSION, ReadCommand, StreamTicket
-from flightfeed.wire.transforms import set_transform
+from flightfeed.wire.transforms import TransformSpec, defer_decode, set_transform
 
-if TYPE_CHECKING:
-    from flightfeed.client._dataset import FlightDataset
+__all__ = ["ReadJob", "columns_arg", "read_command", "open_readers"]
 
-__all__ = ["columns_arg", "read_command", "open_readers"]
+
+@dataclass(frozen=True)
+class ReadJob:
+    """What one reader asks for, whatever its position: the dataset's settings."""
+
+    name: str
+    columns: list[str]
+    batch_size: int
+    shuffle: bool
+    seed: int
+    drop_last: bool
+    transform: TransformSpec
+    options: ReadOptions
 
 
 def columns_arg(columns: str | Sequence[str] | None) -> list[str]:
@@ -45,57 +58,69 @@ def columns_arg(columns: str | Sequence[str] | None) -> list[str]:
     return out
 
 
-def read_command(ds: FlightDataset, topo: Topology, start: ReadState, epoch: int) -> Any:
-    """The ReadCommand for ``ds`` read by ``topo`` from ``start`` in ``epoch``."""
+def read_command(job: ReadJob, topo: Topology, start: ReadState, epoch: int) -> Any:
+    """The ReadCommand for ``job`` read by ``topo`` from ``start`` in ``epoch``."""
+    opts = job.options
     cmd = ReadCommand(
         version=WIRE_VERSION,
-        dataset=ds.name,
-        columns=ds.columns,
-        seed=ds.seed,
+        dataset=job.name,
+        columns=job.columns,
+        seed=job.seed,
         epoch=epoch,
         rank=topo.rank,
         world_size=topo.world_size,
-        batch_rows=ds.batch_size,
-        drop_last=ds.drop_last,
-        streams=ds.streams,
+        batch_rows=job.batch_size,
+        drop_last=job.drop_last,
+        streams=opts.streams,
         start_row=start.rows_consumed,
         global_start=start.global_start,
         worker=topo.worker,
         num_workers=topo.num_workers,
         fingerprint=start.fingerprint,
-        compression=ds.compression,
-        message_rows=(start.message_rows if start.num_workers > 1 else 0) or ds.message_rows,
+        compression=opts.compression or "",
+        message_rows=(start.message_rows if start.num_workers > 1 else 0) or opts.message_rows,
     )
-    set_transform(cmd, ds.transform, ds.on_decode_error)
-    cmd.shuffle.enabled = ds.shuffle
-    cmd.shuffle.block_rows = start.block_rows or ds.block_rows
-    cmd.shuffle.buffer_rows = start.buffer_rows or ds.buffer_rows
+    set_transform(cmd, job.transform, opts.on_decode_error)
+    if opts.decode_on == "trainer":
+        defer_decode(cmd)  # bytes + crop + flip: the trainer decodes (``_trainer_decode``)
+    cmd.shuffle.enabled = job.shuffle
+    cmd.shuffle.block_rows = start.block_rows or opts.block_rows
+    cmd.shuffle.buffer_rows = start.buffer_rows or opts.buffer_rows
     return cmd
 
 
-def open_readers(ds: FlightDataset, pool: ConnectionPool, cmd: Any, stop: threading.Event) -> list[StreamReader]:
-    """get_flight_info for ``cmd`` -> one (not yet started) StreamReader per endpoint."""
+def open_readers(
+    pool: ConnectionPool,
+    cmd: Any,
+    stop: threading.Event,
+    *,
+    locations: Sequence[str],
+    connect: ConnectOptions,
+    prefetch: int,
+    on_retry: Callable[[str, str], None] | None = None,
+) -> list[StreamReader]:
+    """get_flight_info for ``cmd`` at the first of ``locations`` that answers -> one (not yet
+    started) StreamReader per endpoint."""
     descriptor = flight.FlightDescriptor.for_command(cmd.SerializeToString())
-    options = ds._connect.call_options()
+    options = connect.call_options()
+    policy = connect.policy()
     answered: list[str] = []
+    what = f"get_flight_info for dataset {cmd.dataset!r}"
 
     def get_info(entry: str) -> Any:
-        with flight_call(f"get_flight_info for dataset {ds.name!r} at {entry}"):
+        with flight_call(f"{what} at {entry}"):
             info = pool.client(0, entry).get_flight_info(descriptor, options)
         answered.append(entry)
         return info
 
-    entries = split_locations(ds.location)
-    info = retrying(get_info, entries, ds.retry, what=f"get_flight_info for dataset {ds.name!r}", on_retry=ds._retried)
+    entries = list(locations)
+    info = retrying(get_info, entries, policy, what=what, on_retry=on_retry)
     home = [answered[-1], *(e for e in entries if e != answered[-1])]
     readers = []
     for k, ep in enumerate(info.endpoints):
         ticket = StreamTicket.FromString(ep.ticket.ticket)
-        locations = [loc.uri.decode() if isinstance(loc.uri, bytes) else str(loc.uri) for loc in ep.locations]
+        found = [loc.uri.decode() if isinstance(loc.uri, bytes) else str(loc.uri) for loc in ep.locations]
         readers.append(
-            StreamReader(
-                pool, k, ticket, locations or home,
-                depth=ds.prefetch, policy=ds.retry, stop=stop, on_retry=ds._retried,
-            )
+            StreamReader(pool, k, ticket, found or home, depth=prefetch, policy=policy, stop=stop, on_retry=on_retry)
         )
     return readers

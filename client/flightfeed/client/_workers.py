@@ -45,8 +45,8 @@ log = logging.getLogger("flightfeed.client")
 
 WORKERS_HINT = (
     "DataLoader workers add no speed to a FlightDataset: the server already produces the batches and "
-    "FlightDataset(streams=K) reads K streams on background threads; each worker batch also costs a copy "
-    "into shared memory. num_workers=0 with streams=K is the fast path."
+    "FlightDataset(..., options=ReadOptions(streams=K)) reads K streams on background threads; each worker "
+    "batch also costs a copy into shared memory. num_workers=0 with streams=K is the fast path."
 )
 STATEFUL_HINT = (
     "use torchdata.stateful_dataloader.StatefulDataLoader(ds, batch_size=None, num_workers=N) and its "

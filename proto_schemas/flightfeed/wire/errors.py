@@ -17,6 +17,7 @@ __all__ = [
     "DatasetError",
     "ShardError",
     "StorageError",
+    "DiskFull",
     "StaleState",
     "StreamError",
     "StreamTruncated",
@@ -59,6 +60,11 @@ class StorageError(FlightFeedError):
     """Object storage or the local cache failed (missing bucket/key, denied, I/O)."""
 
 
+class DiskFull(FlightFeedError):
+    """A node's local disk (its shard cache) is full: an operator must free space or lower
+    ``--cache-size``. Not retried: retrying does not make room."""
+
+
 class StaleState(FlightFeedError):
     """A checkpoint or ticket does not match the dataset or settings now served."""
 
@@ -86,6 +92,7 @@ _BY_NAME: dict[str, type[FlightFeedError]] = {
         DatasetError,
         ShardError,
         StorageError,
+        DiskFull,
         StaleState,
         StreamError,
         StreamTruncated,

@@ -119,11 +119,7 @@ def _check_transforms(cmd: Any) -> None:
             f"on_decode_error is {cmd.on_decode_error!r}; allowed: 'raise', 'skip' or '' (raise)",
             field="on_decode_error",
         )
-    if cmd.transforms and cmd.transform:
-        raise InvalidRequest(
-            f"both a transform preset {list(cmd.transforms)} and explicit steps were given; use one",
-            field="transforms",
-        )
+    # presets and explicit steps together: the presets' steps come first (e.g. a trailing defer_decode)
     for k, step in enumerate(cmd.transform):
         if not step.name:
             raise InvalidRequest(f"transform step {k} has no name", field="transform.name")

@@ -15,11 +15,13 @@ from typing import Any, cast
 from flightfeed.wire.errors import InvalidRequest
 from flightfeed.wire.messages import DECODE_ERROR_POLICIES, TransformStep
 
-__all__ = ["TransformSpec", "steps_from_dicts", "set_transform", "SKIP_INFO_KEY"]
+__all__ = ["TransformSpec", "steps_from_dicts", "set_transform", "defer_decode", "SKIP_INFO_KEY", "DEFER_DECODE"]
 
 TransformSpec = str | Sequence[Mapping[str, Any]] | None
 #: in-memory schema-metadata key of a RecordBatch that lost rows: its SkipInfo (positions, skipped)
 SKIP_INFO_KEY = b"flightfeed.skip"
+#: the last step that makes the node send bytes + crop + flip instead of pixels (the trainer decodes)
+DEFER_DECODE = "defer_decode"
 
 
 def steps_from_dicts(steps: Sequence[Mapping[str, Any]]) -> list[Any]:
@@ -64,3 +66,14 @@ def set_transform(cmd: Any, transform: TransformSpec, on_decode_error: str = "ra
             field="transform",
         )
     cmd.transform.extend(steps_from_dicts(cast(Sequence[Mapping[str, Any]], transform)))
+
+
+def defer_decode(cmd: Any) -> None:
+    """Append ``defer_decode`` to a ReadCommand whose transform decodes: the node then sends the
+    encoded bytes plus each sample's crop box and flip (the same draws) and the trainer decodes."""
+    if not (cmd.transforms or cmd.transform):
+        raise InvalidRequest(
+            "decode on the trainer needs a transform that decodes (e.g. transform='imagenet_train')",
+            field="transform",
+        )
+    cmd.transform.append(TransformStep(name=DEFER_DECODE))

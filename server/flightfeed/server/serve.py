@@ -20,20 +20,24 @@ from pathlib import Path
 from typing import Any
 
 from flightfeed.server.cluster import READY_PREFIX, Membership, WorkerPool, parse_peers, parse_peers_dns
+from flightfeed.server.cluster.credential import read_cluster_key
 from flightfeed.server.cluster.lifecycle import drain_and_exit, exit_with_parent, install_signals, wait_for
 from flightfeed.server.cluster.locality import ShardRouter
 from flightfeed.server.data.catalog import Catalog
 from flightfeed.server.guards.budget import DEFAULT_BYTES_IN_FLIGHT, DEFAULT_CLIENT_BYTES_IN_FLIGHT, BytesInFlight
 from flightfeed.server.guards.exposure import warn_if_exposed
 from flightfeed.server.guards.limits import DEFAULT_MAX_STREAMS, Limits
+from flightfeed.server.guards.listen import check_tls_files
 from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.request.service import FlightFeedServer
 from flightfeed.server.request.streaming import StreamSettings
 from flightfeed.server.storage import StorageOptions, open_catalog
 from flightfeed.server.storage.cli_options import (
     add_cache_arguments,
+    add_chunk_cache_argument,
     add_reader_arguments,
     add_s3_arguments,
+    apply_config,
     size_argument,
     storage_options_from_args,
 )
@@ -91,6 +95,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="find peers as every address NAME resolves to (re-resolved; a Kubernetes headless Service)",
     )
     p.add_argument(
+        "--cluster-token-file", default=None, metavar="FILE",
+        help="a secret shared by the data nodes (not the trainers' token): nodes that prove it may join "
+        "by gossip; without it the peers are exactly --peers/--peers-dns",
+    )
+    p.add_argument(
         "--no-cache-locality", action="store_true",
         help="with peers: fetch every shard from storage here (default: via the shard's preferred node)",
     )
@@ -119,6 +128,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_s3_arguments(p)
     add_cache_arguments(p)
     add_reader_arguments(p)
+    add_chunk_cache_argument(p)
 
 
 def parse_datasets(items: list[str]) -> dict[str, str]:
@@ -171,7 +181,7 @@ def _worker_argv(args: argparse.Namespace, datasets: dict[str, str], host: str) 
         "--s3-region": getattr(args, "s3_region", None),
         "--cache-dir": getattr(args, "cache_dir", None),
         "--cache-size": getattr(args, "cache_size", None),
-        "--hdf5-group": getattr(args, "hdf5_group", None),
+        "--chunk-cache": getattr(args, "chunk_cache", None),
         "--message-size": args.message_size,
         "--decode-workers": getattr(args, "decode_workers", None),
         "--max-streams": getattr(args, "max_streams", None),
@@ -189,6 +199,8 @@ def _worker_argv(args: argparse.Namespace, datasets: dict[str, str], host: str) 
             out += [flag, str(value)]
     for cast in getattr(args, "cast", None) or []:
         out += ["--cast", cast]
+    for group in getattr(args, "hdf5_group", None) or []:
+        out += ["--hdf5-group", group]
     return out
 
 
@@ -211,7 +223,13 @@ def run(args: argparse.Namespace) -> int:
     if args.exit_with_parent:
         exit_with_parent()
     options = storage_options_from_args(args, os.environ)
-    locality = bool(peers or dns) and not args.no_cache_locality
+    apply_config(options, args, config)
+    token_file = _setting(args, config, "auth_token_file", None)
+    token = read_token_file(token_file) if token_file else None
+    cluster_token_file = _setting(args, config, "cluster_token_file", None)
+    key = read_cluster_key(str(cluster_token_file), token) if cluster_token_file else None
+    clustered = bool(peers or dns or key)  # with a credential, a node alone may be joined by others
+    locality = clustered and not args.no_cache_locality
     if locality:  # shards come on first read, through their preferred node (not all at startup)
         options.s3_prefetch = False
     metrics = ServerMetrics()
@@ -222,9 +240,7 @@ def run(args: argparse.Namespace) -> int:
     if args.tls_cert or args.tls_key:
         if not (args.tls_cert and args.tls_key):
             raise ConfigError("TLS needs both --tls-cert and --tls-key")
-        tls = [(Path(args.tls_cert).read_bytes(), Path(args.tls_key).read_bytes())]
-    token_file = _setting(args, config, "auth_token_file", None)
-    token = read_token_file(token_file) if token_file else None
+        tls = [check_tls_files(args.tls_cert, args.tls_key)]
     settings = StreamSettings(
         message_bytes=int(_setting(args, config, "message_size", 16 << 20)),
         readahead_windows=int(_setting(args, config, "read_ahead", 1)),
@@ -273,9 +289,10 @@ def run(args: argparse.Namespace) -> int:
             command += ["--workers", "1", "--no-sidecar", "--port", "0", "--grace", str(grace), "--exit-with-parent"]
             cluster.workers = WorkerPool(command, workers - 1, token=token, tls_root_certs=roots)
             cluster.workers.start()
-        if peers or dns:
+        if clustered:
             cluster.membership = Membership(
-                cluster.me, cluster.datasets, static=peers, dns=dns, scheme=scheme, token=token, tls_root_certs=roots
+                cluster.me, cluster.datasets, static=peers, dns=dns, scheme=scheme, token=token, tls_root_certs=roots,
+                key=key,
             )
             cluster.start()
         router = ShardRouter(cluster, route=locality, token=token, tls_root_certs=roots)

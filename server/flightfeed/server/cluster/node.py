@@ -42,6 +42,9 @@ class Cluster:
         self.node_id = uuid.uuid4().hex
         self.locality: Any = None  # a locality.ShardRouter when shards are routed to preferred nodes
         self._draining = threading.Event()
+        #: readiness checks: each returns why this node cannot serve well now (None: it can),
+        #: e.g. the shard cache's disk is full; the plain health action (``/readyz``) says why
+        self.checks: list[Callable[[], str | None]] = []
 
     # -- state ----------------------------------------------------------------------------
     def drain(self) -> None:
@@ -52,10 +55,15 @@ class Cluster:
     def draining(self) -> bool:
         return self._draining.is_set()
 
+    def problems(self) -> list[str]:
+        return [p for p in (check() for check in self.checks) if p]
+
     def status(self) -> str:
         if self.draining:
             return "draining"
         if self.workers is not None and not self.workers.all_live():
+            return "degraded"
+        if self.problems():
             return "degraded"
         return "ready"
 
@@ -101,17 +109,24 @@ class Cluster:
         if body[:1] != b"{":
             status = self.status()
             if status != "ready":
-                why = "it is draining (shutting down)" if status == "draining" else "a worker process is down"
+                why = "it is draining (shutting down)" if status == "draining" else (
+                    "; ".join(self.problems()) or "a worker process is down"
+                )
                 raise flight.FlightUnavailableError(f"node {self.entry()} is not ready: {why}")
             return b"ok"
         try:
             caller = json.loads(body)
         except ValueError:
             caller = {}
-        if isinstance(caller, dict) and self.membership is not None and caller.get("id") != self.node_id:
-            self.membership.learn(str(caller.get("node", "")))
-        peers = [p.location for p in self.membership.live()] if self.membership is not None else []
-        detail = {
+        if not isinstance(caller, dict):
+            caller = {}
+        membership = self.membership
+        key = membership.key if membership is not None else None
+        if membership is not None and key is not None and caller.get("id") != self.node_id and key.admits(caller):
+            # only a node holding the cluster credential is learned: a client's body is never enough
+            membership.learn(str(caller.get("node", "")))
+        peers = [p.location for p in membership.live()] if membership is not None else []
+        detail: dict[str, Any] = {
             "id": self.node_id,
             "status": self.status(),
             "node": self.entry(),
@@ -119,6 +134,8 @@ class Cluster:
             "peers": peers,
             "datasets": self.datasets(),
         }
+        if key is not None:
+            detail = key.sign_answer(caller, detail)
         return json.dumps(detail).encode()
 
     # -- reporting ------------------------------------------------------------------------

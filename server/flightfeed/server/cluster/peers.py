@@ -2,9 +2,12 @@
 
 Peers come from ``--peers grpc://a:8815,grpc://b:8815`` (static), from ``--peers-dns NAME:PORT``
 (every address the name resolves to, re-resolved every ``refresh_s``: a Kubernetes headless
-Service) and by gossip: a node that checks us names itself, and every answer lists the peers the
-other node sees live. Each peer is asked for its ``health`` detail every ``interval`` s (with a
-timeout); its state is one of
+Service) and, only with a cluster credential (``key``, ``--cluster-token-file``), by gossip: a
+node that checks us names itself, and every answer lists the peers the other node sees live.
+With a key, every request and answer carries a proof of it (see ``credential``): a request
+without one teaches nothing, and a peer that cannot prove it is ``down`` whatever it claims.
+Without a key nothing is learned: the peers are the operator's lists. Each peer is asked for its
+``health`` detail every ``interval`` s (with a timeout); its state is one of
 
 - ``live``: ready (or degraded) and serving the same dataset versions as this node,
 - ``draining``: shutting down; no longer offered,
@@ -27,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
+from flightfeed.server.cluster.credential import ClusterKey, NotAMember
 from flightfeed.server.cluster.probe import HealthProbe
 from flightfeed.server.cluster.spread import host_of, is_wildcard, with_host
 from flightfeed.wire.errors import ConfigError
@@ -111,8 +115,11 @@ class Membership:
         forget_s: float = 60.0,
         token: str | None = None,
         tls_root_certs: bytes | None = None,
+        key: ClusterKey | None = None,
     ) -> None:
         self._me, self._datasets = me, datasets
+        #: the cluster credential (None: no gossip, the operator's lists only)
+        self.key = key
         self.dns, self.scheme, self.resolver = dns, scheme, resolver
         self.interval, self.timeout_s, self.refresh_s, self.forget_s = interval, timeout_s, refresh_s, forget_s
         self._token, self._roots = token, tls_root_certs
@@ -140,8 +147,9 @@ class Membership:
 
     # -- changes --------------------------------------------------------------------------
     def learn(self, location: str) -> None:
-        """A node named itself (it checked us) or a peer listed it: check it from now on."""
-        if not location or is_wildcard(location) or location == self._me().get("node"):
+        """A node that proved the cluster credential named itself, or a proven peer listed it:
+        check it from now on. Without a credential nothing is learned."""
+        if self.key is None or not location or is_wildcard(location) or location == self._me().get("node"):
             return
         with self._lock:
             if location not in self._peers:
@@ -191,7 +199,14 @@ class Membership:
 
     def _check(self, location: str, me: dict[str, Any]) -> dict[str, Any] | Exception:
         try:
-            return self._probe(location).detail(me)
+            request = self.key.sign_request(me) if self.key is not None else me
+            answer = self._probe(location).detail(request)
+            if self.key is not None and not self.key.proves(request, answer):
+                raise NotAMember(
+                    f"{location} did not prove it belongs to this cluster (its --cluster-token-file is "
+                    "missing or differs); it is not offered"
+                )
+            return answer
         except Exception as exc:  # any failure: the peer is down for us
             return exc
 

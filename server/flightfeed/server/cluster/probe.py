@@ -10,7 +10,9 @@ detail instead, which is answered whatever the state::
               "datasets": {"name": "fingerprint", ...}}
 
 ``processes`` are the node's live serving processes (itself first, then its live workers);
-``peers`` the other nodes it knows to be live (membership spreads through them).
+``peers`` the other nodes it knows to be live (membership spreads through them). Between nodes
+holding a cluster credential the request also carries ``nonce`` and ``proof`` and the answer a
+``proof`` (``credential.ClusterKey``); the caller is learned only when its proof holds.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ made against another fingerprint is refused.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -20,16 +21,16 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
+from flightfeed.server.data.chunk_cache import DEFAULT_CHUNK_CACHE, ChunkCache
 from flightfeed.server.data.order import EpochOrder
 from flightfeed.server.readers import ShardReader
 from flightfeed.wire.errors import DatasetError, DatasetNotFound, ShardError, StaleState
 from flightfeed.wire.plan import Partition
 
-__all__ = ["Dataset", "Catalog", "ChunkCache", "DatasetReadAhead", "StreamReadAhead"]
+__all__ = ["Dataset", "Catalog", "ChunkCache", "DEFAULT_CHUNK_CACHE", "DatasetReadAhead", "StreamReadAhead"]
 
 log = logging.getLogger("flightfeed.server")
 
-_DEFAULT_CHUNK_CACHE = 512 << 20
 
 
 class StreamReadAhead(Protocol):
@@ -46,38 +47,6 @@ class DatasetReadAhead(Protocol):
 
     def stream(self, order: EpochOrder, part: Partition, messages: Sequence[tuple[int, int]]) -> StreamReadAhead: ...
     def close(self) -> None: ...
-
-
-class ChunkCache:
-    """Bounded LRU (by bytes) of decoded chunks of readers that are not zero-copy."""
-
-    def __init__(self, max_bytes: int = _DEFAULT_CHUNK_CACHE) -> None:
-        self.max_bytes = max_bytes
-        self._items: OrderedDict[int, pa.RecordBatch] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    @property
-    def nbytes(self) -> int:
-        return self._bytes
-
-    def get(self, key: int) -> pa.RecordBatch | None:
-        with self._lock:
-            batch = self._items.get(key)
-            if batch is not None:
-                self._items.move_to_end(key)
-            return batch
-
-    def put(self, key: int, batch: pa.RecordBatch) -> None:
-        size = batch.nbytes
-        with self._lock:
-            if key in self._items:
-                return
-            self._items[key] = batch
-            self._bytes += size
-            while self._bytes > self.max_bytes and len(self._items) > 1:
-                _, old = self._items.popitem(last=False)
-                self._bytes -= old.nbytes
 
 
 @dataclass
@@ -132,6 +101,13 @@ class Dataset:
             watch = getattr(shard, "watch", None)
             if watch is not None:
                 watch(self._shard_changed)
+            on_corrupt = getattr(shard, "on_corrupt", None)  # a block failed its checksum
+            if on_corrupt is not None:
+                on_corrupt(self.mark_corrupt)
+        for s, shard in enumerate(self.shards):
+            on_release = getattr(shard, "on_release", None)  # a cached copy was closed (evicted)
+            if on_release is not None:
+                on_release(functools.partial(self._drop_views, s))
 
     # -- shards changed in place while served ---------------------------------------------------
     def on_change(self, listener: Callable[[Dataset, str], None]) -> None:
@@ -146,6 +122,12 @@ class Dataset:
         for listener in list(self._change_listeners):
             listener(self, reason)
 
+    def _drop_views(self, shard: int) -> None:
+        """Forget the memoised views of ``shard``'s chunks (its copy was closed: let its memory go)."""
+        with self.views_lock:
+            for key in [k for k in self.views if self._chunk_refs[k[0]][0] == shard]:
+                del self.views[key]
+
     def on_first_read(self, callback: Callable[[int], None]) -> None:
         """Call ``callback(shard_index)`` the first time each shard is read (lazy verification)."""
         self._unread = set(range(len(self.shards)))
@@ -155,6 +137,7 @@ class Dataset:
         """A shard failed verification: every stream and request on this dataset fails."""
         if self.corrupt is None:
             self.corrupt = reason
+            log.error("dataset %r is corrupt: %s", self.name, reason)
 
     def check_unchanged(self, *, stale: bool = False) -> None:
         """Raise if a shard changed on disk while served: ``StaleState`` for a new request
@@ -209,16 +192,14 @@ class Dataset:
         shard = self.shards[s]
         if shard.zero_copy:
             return shard.read_chunk(c)
-        batch = self.chunk_cache.get(cid)
-        if batch is None:
-            batch = shard.read_chunk(c)
-            self.chunk_cache.put(cid, batch)
-        return batch
+        return self.chunk_cache.get_or_load(cid, lambda: shard.read_chunk(c))
 
     def row_bytes(self, columns: Sequence[str] = ()) -> int:
         """Approximate bytes per row in memory of ``columns`` (all when empty), memoised."""
         key = tuple(columns)
         size = self._row_bytes.get(key)
+        if size is None and self.num_rows == 0:
+            raise DatasetError(f"dataset {self.name!r} ({self.uri}) has no rows: nothing to serve")
         if size is None:
             first = self.chunk(0).select(list(key)) if key else self.chunk(0)
             size = self._row_bytes[key] = max(1, first.get_total_buffer_size() // max(1, first.num_rows))

@@ -12,7 +12,9 @@ How a run of rows is fetched depends on the shard:
   size (the kernel caps one call at it), issued from one I/O thread: the kernel reads in large requests, nothing is
   copied, and the bytes live in the page cache (memory bounded by ``windows`` windows);
 * decoded shards (HDF5, Parquet, Arrow read mode): the chunks are decoded into the dataset's
-  bounded chunk LRU, at most ``chunk_budget`` bytes ahead.
+  bounded chunk LRU, at most ``chunk_budget`` bytes per window (by default the cache's share of
+  one window, so read-ahead never evicts the chunks of the window being served; HDF5 windows are
+  sized to fit, ``shuffle_sizing``). A chunk being decoded by a stream is not decoded again.
 
 Read-ahead never changes what is delivered (it only warms caches). Each stream's pending work is
 dropped when the stream stops, and the I/O thread exits when it has nothing left to do.
@@ -24,13 +26,14 @@ window or message a *hit* when its read-ahead had completed before the stream ne
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
+import os
 import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +41,7 @@ import numpy as np
 
 from flightfeed.server.data.catalog import Dataset
 from flightfeed.server.data.order import EpochOrder
+from flightfeed.server.data.shuffle_sizing import cache_windows
 from flightfeed.server.observe.io import IoMetrics
 from flightfeed.wire.plan import Partition
 
@@ -69,18 +73,26 @@ class ReadAhead:
         windows: int = 1,
         messages: int = 0,
         chunk_budget: int | None = None,
+        decode_threads: int | None = None,
     ) -> None:
         self.ds = ds
         self.metrics = metrics
         self.windows = max(0, windows)
         self.messages = max(0, messages)
-        self.chunk_budget = chunk_budget if chunk_budget is not None else ds.chunk_cache.max_bytes // 4
+        share = ds.chunk_cache.max_bytes / cache_windows(self.windows)  # as shuffle_sizing sizes windows
+        self.chunk_budget = chunk_budget if chunk_budget is not None else int(share)
         self._lock = threading.Lock()
         self._queue: deque[_Task] = deque()
         self._tasks: OrderedDict[tuple[Any, ...], _Task] = OrderedDict()
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
         self._stopped = False
+        self._decoded = 0  # the I/O thread's decoded bytes for its current task
+        #: chunks of a task are decoded by this many threads at once (HDF5 deflate chunks inflate
+        #: outside h5py's lock, ``readers/hdf5_chunks``); their results are awaited by the I/O thread
+        self.decode_threads = max(1, decode_threads or min(4, os.cpu_count() or 1))
+        self._decoders: ThreadPoolExecutor | None = None
+        self._jobs: list[Future[int]] = []
         self.bytes_ahead = 0  # totals, also when no metrics are attached
         self.hits = 0
         self.misses = 0
@@ -121,6 +133,23 @@ class ReadAhead:
         if wait and task is not None and not hit:
             task.finished.wait(_WAIT_S)
 
+    def _touch(self, key: tuple[Any, ...]) -> None:
+        """Mark the decoded chunks of window ``key`` as just used, so that decoding the next windows
+        evicts older chunks first (the chunk cache is an LRU)."""
+        ds = self.ds
+        if all(s.zero_copy for s in ds.shards):
+            return
+        with self._lock:
+            task = self._tasks.get(key)
+        if task is None:
+            return
+        starts = ds.chunk_starts
+        for first, rows in task.runs:
+            lo = int(np.searchsorted(starts, first, side="right") - 1)
+            hi = int(np.searchsorted(starts, first + rows - 1, side="right") - 1)
+            for cid in range(lo, hi + 1):
+                ds.chunk_cache.get(cid)
+
     def _stream_closed(self, stream: int) -> None:
         """Drop the stream's unfinished work (another stream that needs it submits it again)."""
         with self._lock:
@@ -146,6 +175,8 @@ class ReadAhead:
             thread = self._thread
         if thread is not None:
             thread.join(timeout=30)
+        if self._decoders is not None:
+            self._decoders.shutdown(wait=False, cancel_futures=True)
 
     # -- the I/O thread ---------------------------------------------------------------------
     def _run(self) -> None:
@@ -156,11 +187,14 @@ class ReadAhead:
                     return
                 task = self._queue.popleft()
             nbytes = 0
+            self._decoded = 0  # bytes of chunks decoded for this task (bounded by chunk_budget)
             for settle in (False, True) if task.settle else (False,):  # queue every read, then wait for them
                 for first, rows in task.runs:
                     if self._stopped or task.cancelled:
                         break
                     nbytes += self._fetch(first, first + rows, settle)
+                jobs, self._jobs = self._jobs, []
+                nbytes += sum(job.result() for job in jobs)  # decoded chunks, before the settle pass
             self.bytes_ahead += nbytes  # counted before a waiting stream is released
             if self.metrics is not None and nbytes:
                 self.metrics.prefetch_bytes.labels(self.ds.name).inc(nbytes)
@@ -169,7 +203,8 @@ class ReadAhead:
 
     def _fetch(self, lo: int, hi: int, settle: bool) -> int:
         """Bring stored rows ``[lo, hi)`` into memory ahead of need; returns the bytes asked for.
-        Mapped shards: ``settle=False`` queues the reads, ``settle=True`` waits for them."""
+        Mapped shards: ``settle=False`` queues the reads, ``settle=True`` waits for them. Decoded
+        chunks: at most ``chunk_budget`` bytes per task (``_decoded`` counts them)."""
         ds = self.ds
         starts = ds.chunk_starts
         total = 0
@@ -183,12 +218,21 @@ class ReadAhead:
                 if willneed is not None:
                     n = int(willneed(index, lo - c_lo, stop - c_lo, settle))
                     total += 0 if settle else n
-            elif not settle and ds.chunk_cache.nbytes < self.chunk_budget and ds.chunk_cache.get(cid) is None:
-                with contextlib.suppress(Exception):  # the stream that needs it raises the error itself
-                    total += ds.chunk(cid).nbytes
+            elif not settle and self._decoded < self.chunk_budget and cid not in ds.chunk_cache:
+                self._decoded += (c_hi - c_lo) * ds.row_bytes()
+                if self._decoders is None:
+                    self._decoders = ThreadPoolExecutor(self.decode_threads, thread_name_prefix="flightfeed-decode")
+                self._jobs.append(self._decoders.submit(self._decode, cid))
             lo = stop
             cid += 1
         return total
+
+
+    def _decode(self, cid: int) -> int:
+        try:
+            return int(self.ds.chunk(cid).nbytes)
+        except Exception:  # the stream that needs it raises the error itself
+            return 0
 
 
 class StreamAhead:
@@ -224,6 +268,7 @@ class StreamAhead:
             first, last = int(pos[0]) // buf, int(pos[-1]) // buf
             for w in range(max(first, self._last_window + 1), last + 1):
                 self._window(w)  # needed now: fetch at once if nobody asked for it yet
+                o._touch((*self._key, "w", w))  # its chunks outlive those of earlier windows
                 for ahead in range(w + 1, w + 1 + o.windows):
                     self._window(ahead)  # queue the next ones before waiting for this one
                 o._need((*self._key, "w", w), wait=True)

@@ -7,9 +7,13 @@ What leaves the server is a short, tagged message and nothing else: no Python tr
 path, no ``repr`` of an internal exception (those go to the server log under an error id), and
 echoed values are clipped (gRPC refuses error metadata over 16 KiB with ``RESOURCE_EXHAUSTED``).
 
-pyarrow turns an exception raised by ``get_schema`` (unlike the other handlers) into a status
-whose detail is the formatted traceback, so the wrapper's own frame must not name a file: the
-wrapper is compiled under the pseudo file name ``<flightfeed>``.
+pyarrow turns an exception raised by ``get_schema`` (unlike the other handlers, it does not
+catch Flight errors there) into a status whose message is the exception's text and whose detail
+is ``traceback.format_exception`` of it: the Python traceback and the text again. So
+``get_schema`` goes through :func:`schema_errors`, which raises a :class:`SchemaRefused` instead:
+formatting it fails on purpose (its ``__notes__`` raises), and pyarrow then sends only the class
+name as the detail. The wrapper is also compiled under the pseudo file name ``<flightfeed>``, so
+no frame ever names a server file.
 """
 
 from __future__ import annotations
@@ -33,7 +37,15 @@ from flightfeed.wire.errors import (
     error_tag,
 )
 
-__all__ = ["flight_errors", "guarded_stream", "to_flight_error", "clip_message", "MAX_MESSAGE_CHARS"]
+__all__ = [
+    "flight_errors",
+    "schema_errors",
+    "SchemaRefused",
+    "guarded_stream",
+    "to_flight_error",
+    "clip_message",
+    "MAX_MESSAGE_CHARS",
+]
 
 log = logging.getLogger("flightfeed.server")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -108,3 +120,27 @@ def flight_errors(fn: F) -> F:
     wrapper = _make_wrapper(fn, to_flight_error, guarded_stream, inspect.isgenerator)
     return cast(F, functools.wraps(fn)(wrapper))
 
+
+
+class SchemaRefused(Exception):
+    """What ``get_schema`` raises: its text is the tagged Flight error's; pyarrow cannot format a
+    traceback for it (``__notes__`` raises), so the client gets the text once and no traceback."""
+
+    @property
+    def __notes__(self) -> list[str]:  # type: ignore[override]  # read-only on purpose (see above)
+        raise TypeError("a get_schema refusal carries no traceback")
+
+
+def schema_errors(fn: F) -> F:
+    """:func:`flight_errors` for ``get_schema``: errors leave as :class:`SchemaRefused`."""
+    guarded = flight_errors(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return guarded(*args, **kwargs)
+        except flight.FlightError as exc:
+            refused = SchemaRefused(str(exc))
+        raise refused from None
+
+    return cast(F, wrapper)

@@ -65,6 +65,15 @@ def check_read(ds: Dataset, read: Any, limits: Limits, row_bytes: int) -> None:
             field="streams",
         )
     batch_bytes = min(int(read.batch_rows), max(1, ds.num_rows)) * row_bytes
+    if row_bytes > limits.batch_cap:
+        need = -(-row_bytes // 4)  # the cap is max(256 MiB, 4 x --message-size)
+        raise InvalidRequest(
+            f"one row of dataset {ds.name!r} is {_mib(row_bytes)} (as sent), above this server's cap of "
+            f"{_mib(limits.batch_cap)} per batch, which is max(256 MiB, 4 x --message-size): restart the server "
+            f"with --message-size {_mib(need).replace(' ', '')} or more (one row must fit in a batch), or read "
+            "fewer columns",
+            field="batch_rows",
+        )
     if batch_bytes > limits.batch_cap:
         raise InvalidRequest(
             f"batch_rows {read.batch_rows} x {row_bytes} bytes per row = {_mib(batch_bytes)} is above this "

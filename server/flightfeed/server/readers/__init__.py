@@ -10,7 +10,10 @@ from flightfeed.server.readers.arrow_ipc import ARROW_SUFFIXES, ArrowShard
 from flightfeed.server.readers.base import ShardReader
 from flightfeed.wire.errors import ConfigError, DatasetError
 
-__all__ = ["ShardReader", "ArrowShard", "open_shard", "format_of", "ARROW_SUFFIXES"]
+__all__ = ["ShardReader", "ArrowShard", "open_shard", "format_of", "ARROW_SUFFIXES", "HDF5_SUFFIXES"]
+
+#: HDF5 files, netCDF-4 included (a netCDF-4 file is an HDF5 file)
+HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5", ".nc", ".nc4")
 
 
 _FLAGS = {"group": "--hdf5-group", "casts": "--cast"}
@@ -20,11 +23,13 @@ def format_of(path: str) -> str:
     lower = path.lower()
     if lower.endswith(ARROW_SUFFIXES):
         return "arrow"
-    if lower.endswith((".h5", ".hdf5", ".hdf")):
+    if lower.endswith(HDF5_SUFFIXES):
         return "hdf5"
     if lower.endswith(".parquet"):
         return "parquet"
-    raise DatasetError(f"{path}: unknown shard format (expected .arrow, .arrows, .h5/.hdf5 or .parquet)")
+    raise DatasetError(
+        f"{path}: unknown shard format (expected .arrow, .arrows, .h5/.hdf5, netCDF-4 .nc/.nc4 or .parquet)"
+    )
 
 
 def open_shard(path: str, uri: str | None = None, **options: object) -> ShardReader:
@@ -33,9 +38,12 @@ def open_shard(path: str, uri: str | None = None, **options: object) -> ShardRea
     fmt = format_of(path)
     arrow_io = str(options.pop("io", "mmap")) if fmt == "arrow" else "mmap"
     if options and fmt != "hdf5":
+        flags = [_FLAGS.get(k, k) for k in sorted(options)]
+        verb = "applies" if len(flags) == 1 else "apply"
+        per = ", or give the group per dataset (--hdf5-group NAME=GROUP)" if "group" in options else ""
         raise ConfigError(
-            f"{uri or path}: {', '.join(_FLAGS.get(k, k) for k in sorted(options))} only apply to "
-            f"HDF5 shards; this dataset is {fmt} (convert it or drop the option)"
+            f"{uri or path}: {' and '.join(flags)} {verb} only to HDF5 shards, and this dataset is {fmt}: "
+            f"drop the option{per}"
         )
     if fmt == "arrow":
         return ArrowShard(path, uri, io=arrow_io)

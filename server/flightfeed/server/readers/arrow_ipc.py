@@ -9,6 +9,11 @@ then reports itself changed (``watch`` callbacks) and the dataset stops handing 
 into memory (not zero-copy: they go through the dataset's chunk LRU), and the file's
 (size, mtime, inode) is checked around every read, so an in-place change fails the read with a
 ShardError naming the shard instead of serving mixed bytes.
+
+With block checksums (``verify_blocks``, from the manifest), ``read_chunk`` verifies the blocks a
+record batch lives in (its metadata and body; the file's first and last block with the first
+chunk read) before it returns the batch the first time: no row of an unverified block is handed
+out. Which chunks passed is kept per open file.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from flightfeed.server.readers.base import ShardFields
+from flightfeed.server.readers.blocks import BlockCheck, BlockSums, chunk_ranges
 from flightfeed.server.readers.lease_watch import watcher
 from flightfeed.server.readers.mapped import LeaseUnavailable, MappedFile
 from flightfeed.wire.errors import ConfigError, ShardError
@@ -53,6 +59,10 @@ class ArrowShard(ShardFields):
         self._file_reader: ipc.RecordBatchFileReader | None = None
         self._stat: tuple[int, int, int] = (0, 0, 0)
         self._counts: list[int] = []
+        self._blocks: BlockCheck | None = None
+        self._chunk_ok = bytearray()
+        self._ranges: list[tuple[int, int]] | None = None
+        self._corrupt: list[Callable[[str], None]] = []
         if io == "mmap":
             try:
                 self._mapped = MappedFile(path)
@@ -123,7 +133,56 @@ class ArrowShard(ShardFields):
         st = os.fstat(self._file.fileno())
         return st.st_size, st.st_mtime_ns, st.st_ino
 
+    # -- block checksums -------------------------------------------------------------------
+    def verify_blocks(self, sums: BlockSums) -> BlockCheck:
+        """From now on, verify ``sums`` before a chunk is handed out (see the module docstring)."""
+        check = BlockCheck(sums, self._nbytes, self._read_range, self.uri)
+        for listener in self._corrupt:
+            check.on_failure(listener)
+        mapped = self._mapped
+        if mapped is not None and self._file_reader is None:
+            self._ranges = chunk_ranges(self._batches, mapped.address, self._nbytes)
+        self._chunk_ok = bytearray(len(self._offsets) - 1)
+        self._blocks = check
+        return check
+
+    def on_unmapped(self, callback: Callable[[], None]) -> bool:
+        """Call ``callback()`` once this shard's memory map is gone (after ``close``, with the last
+        batch that uses it); False when it is not memory-mapped."""
+        return self._mapped.on_unmapped(callback) if self._mapped is not None else False
+
+    def on_corrupt(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(reason)`` when a block fails its checksum."""
+        self._corrupt.append(listener)
+        if self._blocks is not None:
+            self._blocks.on_failure(listener)
+
+    def _read_range(self, lo: int, hi: int) -> object:
+        mapped = self._mapped
+        if mapped is not None and mapped.address:
+            return memoryview(mapped.buffer)[lo:hi]
+        if self._file is not None:
+            return os.pread(self._file.fileno(), hi - lo, lo)
+        with open(self.path, "rb") as f:
+            return os.pread(f.fileno(), hi - lo, lo)
+
+    def _verify_chunk(self, index: int) -> None:
+        check = self._blocks
+        assert check is not None
+        ranges = self._ranges
+        if ranges is None:
+            check.ensure_all()
+        else:
+            check.ensure(0, 1)  # the schema message
+            check.ensure(self._nbytes - 1, self._nbytes)  # the footer (batch offsets)
+            check.ensure(*ranges[index])
+            if index + 1 < len(ranges) and not self._chunk_ok[index + 1]:
+                check.ensure_ahead(*ranges[index + 1])  # verified while this one is sent
+        self._chunk_ok[index] = 1
+
     def read_chunk(self, index: int) -> pa.RecordBatch:
+        if self._blocks is not None and not self._chunk_ok[index]:
+            self._verify_chunk(index)
         if self._file_reader is None:
             return self._batches[index]
         assert self._indices is not None
@@ -174,11 +233,13 @@ class ArrowShard(ShardFields):
         return total
 
     def close(self) -> None:
+        """Let go of the file and the mapping: the mapping goes with the last batch still in use."""
         self._batches = []
         self._file_reader = None
-        if self._mapped is not None:
-            watcher().unregister(self._mapped)
-            self._mapped.close()
+        mapped, self._mapped = self._mapped, None
+        if mapped is not None:
+            watcher().unregister(mapped)
+            mapped.close()
         if self._file is not None:
             self._file.close()
 

@@ -1,66 +1,97 @@
 """Which datasets of an HDF5 file become columns, and as which Arrow types.
 
-A group's datasets with at least one dimension are its row-aligned datasets; they must share
-their first dimension (the rows). Without ``--hdf5-group`` the file must have exactly one group
-(root included) with row-aligned datasets. Scalar (0-d) datasets are ignored.
+A group's members with at least one dimension are its row-aligned datasets; they must share their
+first dimension (the rows). Members are found through links (``hdf5_members``: a dataset reached
+through an external or soft link is read through that link; a dangling link is an error). Without
+``--hdf5-group`` the file must have exactly one group (root included) with row-aligned datasets;
+PyTables' index groups are not data. Scalar (0-d) datasets are ignored.
+
+* a compound dataset gives one column per field (``hdf5_types``): named by field path when it is
+  the group's only dataset, else ``DATASET.field``;
+* a pandas ``format="fixed"`` frame gives one column per DataFrame column (``hdf5_pandas``);
+* netCDF4 (an HDF5 file): the dimension scales of *other* dimensions than the rows' (e.g. ``lat``
+  and ``lon`` beside ``temp(time, lat, lon)``) and netCDF's placeholder dimension datasets are left
+  out, and named in ``skipped``.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
 
 import h5py
-import numpy as np
-import pyarrow as pa
 
-from flightfeed.server.readers.ndarray import arrow_type_for, unsupported_dtype_reason
+from flightfeed.server.readers.hdf5_column import Column
+from flightfeed.server.readers.hdf5_members import Member, dangling_error, group_members, is_pytables_index
+from flightfeed.server.readers.hdf5_pandas import frame_columns, is_pandas_frame
+from flightfeed.server.readers.hdf5_types import Refusal, dataset_columns, refuse
 from flightfeed.wire.errors import ConfigError, DatasetError
 
-__all__ = ["Column", "find_columns", "candidate_groups"]
+__all__ = ["Column", "Layout", "find_columns", "candidate_groups"]
+
+_NETCDF_PLACEHOLDER = b"This is a netCDF dimension but not a netCDF variable"
 
 
-@dataclass(frozen=True)
-class Column:
-    """One HDF5 dataset served as one column."""
+@dataclass
+class Layout:
+    group: str
+    columns: list[Column]
+    skipped: list[str] = field(default_factory=list)  # row-aligned datasets left out, with why
 
-    name: str
-    path: str
-    rows: int
-    row_shape: tuple[int, ...]
-    stored_dtype: np.dtype[Any]  # native-endian dtype read from the file
-    cast: np.dtype[Any] | None  # dtype served, when a cast was asked for
-    arrow_type: pa.DataType
-    chunk_rows: int | None  # rows per HDF5 chunk (None: contiguous)
-    compression: str
 
-    @property
-    def row_bytes(self) -> int:
-        dtype = self.cast if self.cast is not None else self.stored_dtype
-        return math.prod(self.row_shape) * dtype.itemsize
+def _groups(file: h5py.File) -> list[tuple[str, h5py.Group]]:
+    found: list[tuple[str, h5py.Group]] = [("/", file)]
+    hidden: list[str] = []
+
+    def visit(name: str, obj: object) -> None:  # returning None keeps visititems going
+        if not isinstance(obj, h5py.Group) or any(name.startswith(h + "/") for h in hidden):
+            return
+        if is_pytables_index(obj):
+            hidden.append(name)
+            return
+        found.append(("/" + name, obj))
+
+    file.visititems(visit)
+    return found
+
+
+def _row_members(members: list[Member]) -> list[Member]:
+    """Members that may be columns: datasets with rows, and dangling links (reported as errors)."""
+    return [m for m in members if m.obj is None or (m.dataset is not None and m.dataset.ndim >= 1)]
 
 
 def candidate_groups(file: h5py.File) -> dict[str, list[str]]:
     """Group name -> its row-aligned dataset names, for every group that has some."""
     found: dict[str, list[str]] = {}
-    groups: list[h5py.Group] = [file]
-
-    def visit(_name: str, obj: object) -> None:  # returning None keeps visititems going
-        if isinstance(obj, h5py.Group):
-            groups.append(obj)
-
-    file.visititems(visit)
-    for group in groups:
-        names = [k for k, v in _datasets(group).items() if v.ndim >= 1]
+    for path, group in _groups(file):
+        rows = _row_members(group_members(group, path))
+        names = [m.key if m.obj is not None else f"{m.key} (dangling link)" for m in rows]
+        names = [n for n in names if not _placeholder_name(group, n)]
         if names:
-            found[group.name] = names
+            found[path] = names
     return found
 
 
-def find_columns(file: h5py.File, uri: str, group: str | None, casts: Mapping[str, str]) -> tuple[str, list[Column]]:
-    """``(group name, columns)`` for ``file``; clear errors name the file, group and datasets."""
+def _placeholder_name(group: h5py.Group, key: str) -> bool:
+    try:
+        obj = group.get(key)
+    except (KeyError, OSError, ValueError):
+        return False
+    return isinstance(obj, h5py.Dataset) and _is_placeholder(obj)
+
+
+def _is_placeholder(ds: h5py.Dataset) -> bool:
+    name = ds.attrs.get("NAME")
+    return isinstance(name, bytes) and name.startswith(_NETCDF_PLACEHOLDER)
+
+
+def _is_dimension_scale(ds: h5py.Dataset) -> bool:
+    cls = ds.attrs.get("CLASS")
+    return isinstance(cls, bytes) and cls == b"DIMENSION_SCALE"
+
+
+def find_columns(file: h5py.File, uri: str, group: str | None, casts: Mapping[str, str]) -> Layout:
+    """The served group, its columns and what was left out; clear errors name the file, group, datasets."""
     candidates = candidate_groups(file)
     listing = "; ".join(f"{g} ({', '.join(names)})" for g, names in candidates.items()) or "(none)"
     if group is None:
@@ -69,45 +100,47 @@ def find_columns(file: h5py.File, uri: str, group: str | None, casts: Mapping[st
             raise DatasetError(f"HDF5 shard {uri} {why}: {listing}. Choose the group to serve with --hdf5-group GROUP.")
         group = next(iter(candidates))
     name = group if group.startswith("/") else "/" + group
-    obj = file.get(name)
-    if not isinstance(obj, h5py.Group) or name not in candidates:
+    try:
+        obj = file.get(name)
+    except (KeyError, OSError, ValueError):
+        obj = None
+    if not isinstance(obj, h5py.Group):
         raise DatasetError(
             f"HDF5 shard {uri}: --hdf5-group {group!r} is not a group with row-aligned datasets; "
             f"groups that have them: {listing}"
         )
-    datasets = {k: v for k, v in _datasets(obj).items() if v.ndim >= 1}
-    _check_values(uri, name, datasets)
-    unknown = sorted(set(casts) - set(datasets))
-    if unknown:
-        raise ConfigError(
-            f"HDF5 shard {uri}: cast for unknown column(s) {', '.join(unknown)}; "
-            f"columns of group {name}: {', '.join(datasets)}"
-        )
-    columns = [_column(uri, key, ds, casts.get(key)) for key, ds in datasets.items()]
-    return name, columns
-
-
-def _datasets(group: h5py.Group) -> dict[str, h5py.Dataset]:
-    out: dict[str, h5py.Dataset] = {}
-    for key in group:
-        try:
-            obj = group[key]
-        except KeyError:  # dangling soft/external link
-            continue
-        if isinstance(obj, h5py.Dataset):
-            out[key] = obj
-    return out
-
-
-def _check_values(uri: str, group: str, datasets: Mapping[str, h5py.Dataset]) -> None:
-    bad = [f"{k} ({why})" for k, ds in datasets.items() if (why := _dtype_problem(ds)) is not None]
-    bad += [f"{k} (zero-sized rows {ds.shape})" for k, ds in datasets.items() if 0 in ds.shape[1:]]
-    if bad:
+    members = group_members(obj, name)
+    dangling = dangling_error(uri, [m for m in members if not _placeholder_member(m)])
+    if dangling is not None:
+        raise DatasetError(dangling)
+    cast_map = dict(casts)
+    try:
+        if is_pandas_frame(obj):
+            layout = Layout(name, frame_columns(uri, obj, members, cast_map))
+        else:
+            layout = _plain_columns(uri, name, members, cast_map)
+    except Refusal as exc:
+        raise refuse(uri, name, [str(exc)]) from None
+    if not layout.columns:
         raise DatasetError(
-            f"HDF5 shard {uri}, group {group}: dataset(s) {'; '.join(bad)} cannot be served as columns "
-            "(only fixed-size numeric/bool values). Drop them or convert them first."
+            f"HDF5 shard {uri}: group {name} has no row-aligned datasets; groups that have them: {listing}"
         )
-    lengths = {k: int(ds.shape[0]) for k, ds in datasets.items()}
+    _check_names(uri, name, layout.columns, cast_map)
+    return layout
+
+
+def _placeholder_member(m: Member) -> bool:
+    return m.dataset is not None and _is_placeholder(m.dataset)
+
+
+def _plain_columns(uri: str, group: str, members: list[Member], casts: dict[str, str]) -> Layout:
+    datasets = [m for m in _row_members(members) if m.dataset is not None and not _is_placeholder(m.dataset)]
+    skipped = [f"{m.path} (netCDF dimension without values)" for m in members if _placeholder_member(m)]
+    lengths = {m.key: int(m.dataset.shape[0]) for m in datasets if m.dataset is not None}
+    if len(set(lengths.values())) > 1:
+        datasets, more = _netcdf_rows(datasets)
+        skipped += more
+        lengths = {m.key: int(m.dataset.shape[0]) for m in datasets if m.dataset is not None}
     if len(set(lengths.values())) > 1:
         shown = ", ".join(f"{k}: {n} rows" for k, n in lengths.items())
         raise DatasetError(
@@ -115,63 +148,51 @@ def _check_values(uri: str, group: str, datasets: Mapping[str, h5py.Dataset]) ->
             "the columns of one group must have one row count. Fix the file or choose another group "
             "with --hdf5-group."
         )
-
-
-def _dtype_problem(ds: h5py.Dataset) -> str | None:
-    if h5py.check_vlen_dtype(ds.dtype) is not None or h5py.check_string_dtype(ds.dtype) is not None:
-        return "variable-length or string values"
-    return unsupported_dtype_reason(ds.dtype)
-
-
-def _column(uri: str, key: str, ds: h5py.Dataset, cast: str | None) -> Column:
-    stored = ds.dtype.newbyteorder("=")
-    target: np.dtype[Any] | None = None
-    if cast is not None:
+    compound = [m for m in datasets if m.dataset is not None and _compound(m.dataset)]
+    prefix = bool(compound) and len(datasets) > 1
+    columns: list[Column] = []
+    problems: list[str] = []
+    for m in datasets:
+        assert m.dataset is not None
         try:
-            target = np.dtype(cast)
-        except TypeError:
-            raise ConfigError(f"HDF5 shard {uri}: cast {key}={cast!r} is not a NumPy dtype name") from None
-        if (why := unsupported_dtype_reason(target)) is not None:
-            raise ConfigError(f"HDF5 shard {uri}: cast {key}={cast!r}: {why}")
-        if target == stored:
-            target = None
-    row_shape = tuple(int(d) for d in ds.shape[1:])
-    return Column(
-        name=key,
-        path=ds.name,
-        rows=int(ds.shape[0]),
-        row_shape=row_shape,
-        stored_dtype=stored,
-        cast=target,
-        arrow_type=arrow_type_for(target if target is not None else stored, row_shape),
-        chunk_rows=int(ds.chunks[0]) if ds.chunks else None,
-        compression=_filters(ds),
-    )
+            columns += dataset_columns(uri, m.key, m.path, m.dataset, casts, prefix=prefix, link=m.link)
+        except Refusal as exc:
+            text = str(exc)
+            problems.append(text if text.startswith(m.key) else f"{m.key}: {text}")
+    if problems:
+        raise refuse(uri, group, problems)
+    return Layout(group, columns, skipped)
 
 
-#: HDF5 filter ids -> names (compression filters only; shuffle/fletcher32 are not compression)
-_FILTERS = {
-    1: "gzip",
-    3: "",
-    2: "",
-    4: "szip",
-    6: "",
-    307: "bzip2",
-    32000: "lzf",
-    32001: "blosc",
-    32004: "lz4",
-    32008: "bitshuffle",
-    32015: "zstd",
-    32026: "blosc2",
-}
+def _compound(ds: h5py.Dataset) -> bool:
+    try:
+        return ds.dtype.names is not None
+    except (TypeError, ValueError):
+        return False
 
 
-def _filters(ds: h5py.Dataset) -> str:
-    plist = ds.id.get_create_plist()
-    names = []
-    for i in range(plist.get_nfilters()):
-        code, *_ = plist.get_filter(i)
-        text = _FILTERS.get(int(code), f"filter-{code}")
-        if text:
-            names.append(text)
-    return "+".join(names) or "none"
+def _netcdf_rows(datasets: list[Member]) -> tuple[list[Member], list[str]]:
+    """netCDF: when the datasets that are not dimension scales share one row count, the dimension
+    scales of other lengths (coordinates of other axes) are left out."""
+    scales = [m for m in datasets if m.dataset is not None and _is_dimension_scale(m.dataset)]
+    others = [m for m in datasets if m not in scales and m.dataset is not None]
+    rows = {int(m.dataset.shape[0]) for m in others if m.dataset is not None}
+    if len(rows) != 1:
+        return datasets, []
+    (n,) = rows
+    keep = [m for m in datasets if m.dataset is not None and int(m.dataset.shape[0]) == n]
+    left = [f"{m.path} (dimension scale of another axis)" for m in datasets if m not in keep]
+    return keep, left
+
+
+def _check_names(uri: str, group: str, columns: list[Column], casts: dict[str, str]) -> None:
+    names = [c.name for c in columns]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise DatasetError(f"HDF5 shard {uri}, group {group}: column name(s) {', '.join(twice)} occur twice")
+    unknown = sorted(set(casts) - set(names))
+    if unknown:
+        raise ConfigError(
+            f"HDF5 shard {uri}: cast for unknown column(s) {', '.join(unknown)}; columns of group {group}: "
+            f"{', '.join(names)}"
+        )

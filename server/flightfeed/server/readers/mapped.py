@@ -30,6 +30,8 @@ import mmap
 import os
 import signal
 import threading
+import weakref
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -129,6 +131,15 @@ class MappedFile:
             }.get(exc.errno or 0, exc.strerror or str(exc))
             raise LeaseUnavailable(exc.errno or 0, f"no read lease on {self.path}: {why}") from None
 
+    def on_unmapped(self, callback: Callable[[], None]) -> bool:
+        """Call ``callback()`` once the mapping is gone (the last Arrow buffer over it dropped,
+        after ``close``); False when there is no mapping (an empty file)."""
+        region = self._region
+        if region is None:
+            return False
+        weakref.finalize(region, callback)
+        return True
+
     @property
     def address(self) -> int:
         return self._region.address if self._region is not None else 0
@@ -201,10 +212,12 @@ class MappedFile:
             os.close(fd)
 
     def close(self) -> None:
-        """Release the lease and the file. The mapping lives on while Arrow buffers use it."""
+        """Release the lease and the file. The mapping lives on while Arrow buffers use it (and
+        only they: this object lets go of it)."""
         with self._lock:
             self._release()
         self._region = None
+        self.buffer = pa.py_buffer(b"")
 
 
 def _swap_for_copy(address: int, size: int) -> None:

@@ -127,7 +127,11 @@ def _flat_view(ds: Dataset, cid: int, name: str, width: int) -> npt.NDArray[np.g
 
 
 def gather(ds: Dataset, rows: _I64, columns: Sequence[str] | None) -> pa.RecordBatch:
-    """Stored ``rows`` (in this order) as one RecordBatch."""
+    """Stored ``rows`` (in this order) as one RecordBatch.
+
+    Chunk by chunk: each source chunk is read once and every column's rows are copied out of it
+    before the next chunk is read, so a message holds at most one chunk of a cached shard at a
+    time (an evicted shard's mapping can go while the message is still being gathered)."""
     n = len(rows)
     cid, local = ds.locate(rows)
     order = np.argsort(cid, kind="stable")
@@ -138,39 +142,56 @@ def gather(ds: Dataset, rows: _I64, columns: Sequence[str] | None) -> pa.RecordB
         for a, b in zip(np.r_[0, bounds], np.r_[bounds, n], strict=True)
     ]
     schema = ds.project_schema(columns or ())
-    arrays = []
+    fixed: list[_FixedOut | None] = []
     for fld in schema:
         layout = _fixed_layout(fld.type)
-        if layout is not None:
-            views = [_flat_view(ds, c, fld.name, layout.width) for c, _, _ in groups]
-            if all(v is not None for v in views):
-                parts = [(v, dst, src) for v, (_, dst, src) in zip(views, groups, strict=True)]
-                arrays.append(_gather_fixed(layout, parts, n))  # type: ignore[arg-type]
-                continue
-        arrays.append(_gather_generic([(ds.chunk(c).column(fld.name), dst, src) for c, dst, src in groups], n))
+        fixed.append(_FixedOut(layout, n) if layout is not None else None)
+    taken: list[list[tuple[_Arr, _I64]]] = [[] for _ in schema]  # other columns: per-chunk takes
+    for g, (c, dst, src) in enumerate(groups):
+        for i, fld in enumerate(schema):
+            out = fixed[i]
+            if out is not None:
+                view = _flat_view(ds, c, fld.name, out.layout.width)
+                if view is not None:
+                    out.put(view, dst, src)
+                    view = None  # hold no chunk while the next is read (its download may evict this one)
+                    continue
+                # nulls in this chunk: the column is taken generically after all
+                fixed[i] = None
+                taken[i] = [(ds.chunk(k).column(fld.name).take(s), d) for k, d, s in groups[:g]]
+            taken[i].append((ds.chunk(c).column(fld.name).take(src), dst))
+    arrays = [out.array() if out is not None else _gather_generic(taken[i], n) for i, out in enumerate(fixed)]
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def _gather_fixed(layout: _Fixed, parts: list[tuple[npt.NDArray[np.generic], _I64, _I64]], n: int) -> _Arr:
-    # allocate from Arrow's pool (mimalloc reuses freed pages: no page faults per message) and
-    # gather straight into the buffer the RecordBatch will own
-    buf = pa.allocate_buffer(max(1, n * layout.width * layout.dtype.itemsize))
-    memory: Any = buf  # a mutable Arrow buffer exposes the buffer protocol (the stubs do not say so)
-    out = np.frombuffer(memory, dtype=layout.dtype, count=n * layout.width).reshape(n, layout.width)
-    row_loop = layout.width * layout.dtype.itemsize >= _ROW_LOOP_BYTES
-    for vals, dst, src in parts:
-        if row_loop:
+class _FixedOut:
+    """The output buffer of one fixed-width column, filled chunk by chunk."""
+
+    def __init__(self, layout: _Fixed, n: int) -> None:
+        self.layout = layout
+        # allocate from Arrow's pool (mimalloc reuses freed pages: no page faults per message) and
+        # gather straight into the buffer the RecordBatch will own
+        self.buf = pa.allocate_buffer(max(1, n * layout.width * layout.dtype.itemsize))
+        memory: Any = self.buf  # a mutable Arrow buffer exposes the buffer protocol (the stubs do not say so)
+        self.out = np.frombuffer(memory, dtype=layout.dtype, count=n * layout.width).reshape(n, layout.width)
+        self.row_loop = layout.width * layout.dtype.itemsize >= _ROW_LOOP_BYTES
+
+    def put(self, vals: npt.NDArray[np.generic], dst: _I64, src: _I64) -> None:
+        if self.row_loop:
+            out = self.out
             for d, s in zip(dst.tolist(), src.tolist(), strict=True):
                 out[d] = vals[s]
         else:
-            out[dst] = vals[src]
-    leaf = pa.Array.from_buffers(pa.from_numpy_dtype(layout.dtype), out.size, [None, buf])
-    return layout.rebuild(leaf)
+            self.out[dst] = vals[src]
+
+    def array(self) -> _Arr:
+        leaf = pa.Array.from_buffers(pa.from_numpy_dtype(self.layout.dtype), self.out.size, [None, self.buf])
+        return self.layout.rebuild(leaf)
 
 
-def _gather_generic(parts: list[tuple[_Arr, _I64, _I64]], n: int) -> _Arr:
-    pieces = [arr.take(src) for arr, _, src in parts]
-    dst = np.concatenate([d for _, d, _ in parts]) if parts else np.empty(0, np.int64)
+def _gather_generic(pieces: list[tuple[_Arr, _I64]], n: int) -> _Arr:
+    """Per-chunk takes (rows in ``dst`` order of the message) -> one array in message order."""
+    dst = np.concatenate([d for _, d in pieces]) if pieces else np.empty(0, np.int64)
     inverse = np.empty(n, dtype=np.int64)
     inverse[dst] = np.arange(n, dtype=np.int64)
-    return pa.concat_arrays(pieces).take(inverse)
+    return pa.concat_arrays([p for p, _ in pieces]).take(inverse)

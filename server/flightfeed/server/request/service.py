@@ -6,6 +6,7 @@ Actions: ``stats`` (JSON figures for the sidecar), ``report`` (a client's Client
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Iterator, Sequence
@@ -20,9 +21,11 @@ from flightfeed.server.cluster import Cluster
 from flightfeed.server.data.catalog import Catalog, Dataset
 from flightfeed.server.data.readahead import ReadAhead
 from flightfeed.server.guards.auth import TokenAuthFactory
-from flightfeed.server.guards.boundary import flight_errors, guarded_stream
+from flightfeed.server.guards.boundary import flight_errors, guarded_stream, schema_errors
 from flightfeed.server.guards.budget import BytesInFlight, metered, peer_host
 from flightfeed.server.guards.limits import Limits, check_read, check_ticket
+from flightfeed.server.guards.listen import grpc_log, release, start_failure
+from flightfeed.server.observe.chunk_stats import install_chunk_stats
 from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.observe.reports import MAX_REPORT_BYTES, validate_report
 from flightfeed.server.observe.snapshot import metrics_snapshot
@@ -36,7 +39,7 @@ from flightfeed.server.request.streaming import (
     transform_plan,
 )
 from flightfeed.server.transforms import SKIP_KEY, Transformer
-from flightfeed.wire.errors import ConfigError, InvalidRequest
+from flightfeed.wire.errors import InvalidRequest
 from flightfeed.wire.messages import decode_command, decode_report, decode_ticket
 
 __all__ = ["FlightFeedServer"]
@@ -72,15 +75,14 @@ class FlightFeedServer(flight.FlightServerBase):
         )
         certs: Any = list(tls_certificates or [])
         try:
-            super().__init__(location, tls_certificates=certs, middleware=middleware)
+            with grpc_log() as captured:  # gRPC's absl lines about a failed bind stay off the terminal
+                super().__init__(location, tls_certificates=certs, middleware=middleware)
         except pa.ArrowException as exc:
             if "did not start" not in str(exc):
+                release(captured)
                 raise
-            raise ConfigError(
-                f"the Flight server cannot listen on {location}: the port is in use (or the address is not "
-                "one of this machine's); pick another --port (0: any free port) or stop the process using it "
-                "(`ss -ltnp` shows it)"
-            ) from None
+            raise start_failure(location, captured.text, tls=bool(certs)) from None
+        release(captured)
         self.catalog = catalog
         self.metrics = metrics or ServerMetrics()
         #: runs the transform steps clients name (``--decode-workers`` threads)
@@ -93,6 +95,7 @@ class FlightFeedServer(flight.FlightServerBase):
         self.bytes_in_flight = bytes_in_flight or BytesInFlight(metrics=self.metrics)
         self.bytes_in_flight.metrics = self.metrics
         self.metrics.sections["bytes_in_flight"] = self.bytes_in_flight.snapshot
+        install_chunk_stats(self.metrics, catalog)  # flightfeed_chunk_decodes_total, /stats chunk_cache
         for ds in catalog.datasets():  # a shard changed in place while served: count it
             ds.on_change(lambda d, _reason: self.metrics.io.shard_changes.labels(d.name).inc())
             if self.settings.readahead_windows > 0 and ds.readahead is None:
@@ -103,6 +106,9 @@ class FlightFeedServer(flight.FlightServerBase):
         self.location = f"{scheme}://{host}:{self.port}"
         #: where streams go: this process, its workers and the live peer nodes (``cluster``)
         self.cluster = Cluster(self.location, self._fingerprints)
+        caches = {id(c): c for ds in catalog.datasets() for s in ds.shards if (c := getattr(s, "cache", None))}
+        for cache in caches.values():  # a full cache disk makes the node unready, saying why
+            self.cluster.checks.append(functools.partial(getattr, cache, "problem"))
         self.metrics.sections["cluster"] = self.cluster.describe
         self.metrics.registry.register(self.cluster.collector())
 
@@ -151,7 +157,7 @@ class FlightFeedServer(flight.FlightServerBase):
         """Bytes of one row as sent (after the request's transforms): what message sizes count."""
         return message_row_bytes(ds, list(read.columns), transform_plan(ds, read, self.transformer))
 
-    @flight_errors
+    @schema_errors
     def get_schema(self, context: Any, descriptor: flight.FlightDescriptor) -> Any:
         if descriptor.descriptor_type == flight.DescriptorType.PATH:
             return flight.SchemaResult(self._path_dataset(descriptor).schema)

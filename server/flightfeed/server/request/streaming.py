@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from flightfeed.server.data.catalog import Dataset
-from flightfeed.server.data.order import EpochOrder, default_shuffle
+from flightfeed.server.data.order import EpochOrder
 from flightfeed.server.data.readahead import NO_READAHEAD
+from flightfeed.server.data.shuffle_sizing import message_rows_cap, shuffle_defaults
 from flightfeed.server.request.gather import contiguous, gather
 from flightfeed.server.request.shared_messages import SHARED, message_key
 from flightfeed.wire.errors import InvalidRequest, StaleState
@@ -98,7 +99,7 @@ def make_tickets(
     resolved = ReadCommand()
     resolved.CopyFrom(cmd)
     if resolved.shuffle.enabled:
-        block, buffer = default_shuffle(ds.row_bytes(columns), ds.num_rows)
+        block, buffer = shuffle_defaults(ds, columns, settings.readahead_windows)
         resolved.shuffle.block_rows = resolved.shuffle.block_rows or block
         resolved.shuffle.buffer_rows = resolved.shuffle.buffer_rows or buffer
     resolved.fingerprint = ds.fingerprint
@@ -117,6 +118,8 @@ def make_tickets(
         int(resolved.streams),
         nodes,
     )
+    if resolved.shuffle.enabled and not resolved.message_rows:  # HDF5: a message within one window
+        message_rows = message_rows_cap(ds, message_rows, int(resolved.batch_rows), int(resolved.shuffle.buffer_rows))
     resolved.message_rows = message_rows
     spans = split_streams(
         int(cmd.start_row), part.rows, message_rows, resolved.streams, resolved.worker, resolved.num_workers

@@ -31,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--tls-root-cert", type=Path, help="PEM root certificate(s) of a grpc+tls server")
     parser.add_argument("--timeout", type=float, default=2.0, help="seconds per Flight call (default 2)")
+    parser.add_argument(
+        "--insecure", action="store_true", help="no warning for a non-loopback --host without --auth-token-file"
+    )
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
 
 
@@ -44,6 +47,7 @@ def _read(path: Path | None, what: str) -> bytes | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from flightfeed.server.guards.exposure import sidecar_exposure_warnings
     from flightfeed.server.sidecar.runner import start_sidecar
     from flightfeed.server.sidecar.sources import RemoteSource
 
@@ -52,6 +56,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--flight {args.flight!r} is not a Flight location; write grpc://HOST:PORT")
     token = read_token_file(args.auth_token_file) if args.auth_token_file else None
     roots = _read(args.tls_root_cert, "--tls-root-cert")
+    if not getattr(args, "insecure", False):
+        for line in sidecar_exposure_warnings(args.host, has_token=token is not None):
+            print(line, file=sys.stderr, flush=True)
     source = RemoteSource(args.flight, timeout_s=args.timeout, token=token, tls_root_certs=roots)
     handle = start_sidecar(source, args.host, args.port, log_level=args.log_level, token=token)
     print(f"flightfeed sidecar for {args.flight} at {handle.url}", flush=True)

@@ -11,12 +11,20 @@ by the worker processes of one server:
 - one download per shard: a per-key thread lock plus an ``flock`` on the shard's lock file;
 - eviction (least recently used first, by the data file's mtime) never removes a pinned shard,
   i.e. one with a live ``CacheLease`` in this process. Evicting a file another process still has
-  open is safe on POSIX; its space comes back when that process drops it.
+  open is safe on POSIX; its space comes back when that process drops it;
+- an evicted file that this process still maps (``track_mapping``: an open reader, batches in
+  flight) keeps its bytes counted (``cache_held``) until the mapping goes, so the files plus
+  those deleted-but-held bytes stay within ``max_bytes``; readers of evicted entries are closed
+  (the ``on_evict`` callbacks), so the mapping goes with the last batch that uses it;
+- a full disk (``ENOSPC``/``EDQUOT``, or less free space than a shard needs) raises
+  :class:`DiskFull` at once, naming the directory and the bytes needed, and ``problem`` says so
+  (``/readyz``) until a later download succeeds.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import threading
@@ -27,7 +35,8 @@ from typing import Any
 
 from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.storage.cache_files import CacheFiles, sha256_file
-from flightfeed.wire.errors import StorageError
+from flightfeed.server.storage.cache_held import HeldMappings
+from flightfeed.wire.errors import DiskFull, StorageError
 
 __all__ = ["ShardCache", "CacheLease", "shared_cache", "default_cache_size"]
 
@@ -106,6 +115,9 @@ class ShardCache:
         self._counters: dict[tuple[str, bool], Any] = {}
         self._entries: dict[str, _Entry] = {}
         self._generation = 0
+        self._held = HeldMappings()
+        #: why this cache cannot take new shards (a full disk), None while it can: /readyz shows it
+        self.problem: str | None = None
         self.files.recover()
         if max_bytes is None:
             max_bytes = default_cache_size(directory, self.files.total())
@@ -160,6 +172,24 @@ class ShardCache:
 
     def total_bytes(self) -> int:
         return self.files.total()
+
+    def track_mapping(self, lease: CacheLease) -> Callable[[], None]:
+        """Count a mapping of ``lease``'s file: after eviction its bytes stay counted until the
+        returned function is called (when the mapping is gone; see ``cache_held``)."""
+        with self._lock:
+            return self._held.track(lease.generation, lease.size)
+
+    def is_current(self, lease: CacheLease) -> bool:
+        """Whether ``lease``'s entry is still cached (not evicted or replaced)."""
+        with self._lock:
+            entry = self._entries.get(lease._name)
+            return entry is not None and entry.generation == lease.generation
+
+    def held(self) -> tuple[int, int]:
+        """(files, bytes) evicted from the cache but still mapped by this process."""
+        with self._lock:
+            self._held.drain()
+            return self._held.held(e.generation for e in self._entries.values())
 
     def pinned(self) -> list[str]:
         """Keys of the entries pinned now."""
@@ -222,7 +252,14 @@ class ShardCache:
             )
         reserved = [self._make_room(size or 0, keep=name)]  # given back when committed
         try:
-            entry = self._fetch_and_commit(name, key, fetch, size, version, sha256, label, reserved)
+            self._check_disk(key, size or 0)
+            try:
+                entry = self._fetch_and_commit(name, key, fetch, size, version, sha256, label, reserved)
+            except (OSError, StorageError) as exc:
+                if not _disk_full(exc):
+                    raise
+                raise self._disk_full(key, size or 0) from None
+            self.problem = None
         finally:
             with self._room:
                 self._reserved -= reserved[0]
@@ -270,19 +307,23 @@ class ShardCache:
         return entry
 
     def _make_room(self, incoming: int, keep: str) -> int:
-        """Reserve ``incoming`` bytes, evicting least recently used unpinned entries. While the
-        room is held by pinned entries or downloads in flight, wait up to ``wait_for_room_s``."""
+        """Reserve ``incoming`` bytes, evicting least recently used unpinned entries (their
+        readers are closed, so their mappings can go). While the room is held by pinned entries,
+        downloads in flight or evicted files still mapped, wait up to ``wait_for_room_s``."""
         deadline = time.monotonic() + self.wait_for_room_s
         while True:
             with self._room:
+                self._held.drain()
                 fits, total, pinned, callbacks, evicted = self._evict_for(incoming, keep)
+                held_files, held_bytes = self._held.held(e.generation for e in self._entries.values())
                 if fits:
                     self._reserved += incoming
-                else:
-                    busy = pinned > 0 or self._reserved > 0
+                elif not evicted:
+                    busy = pinned > 0 or self._reserved > 0 or held_bytes > 0
                     remaining = deadline - time.monotonic()
-                    if busy and remaining > 0 and not evicted:
-                        self._room.wait(min(remaining, 1.0))
+                    if busy and remaining > 0:
+                        # a mapping that goes does not take the lock to notify: poll for it
+                        self._room.wait(min(remaining, 0.05 if held_bytes else 1.0))
                         continue
             for label in evicted:
                 if self.metrics is not None:
@@ -295,8 +336,9 @@ class ShardCache:
                 return incoming
             if not evicted:
                 raise StorageError(
-                    f"shard cache {self.directory} is full: {total} bytes cached or downloading "
-                    f"({pinned} shard(s) in use) + {incoming} needed > {self.max_bytes}; raise --cache-size"
+                    f"shard cache {self.directory} is full: {total} bytes cached, downloading or still mapped "
+                    f"by streams ({pinned} shard(s) in use, {held_files} evicted file(s) of {held_bytes} bytes "
+                    f"not yet released) + {incoming} needed > {self.max_bytes}; raise --cache-size"
                 )
 
     def _evict_for(self, incoming: int, keep: str) -> tuple[bool, int, int, list[Callable[[], None]], list[str]]:
@@ -304,7 +346,8 @@ class ShardCache:
         callbacks: list[Callable[[], None]] = []
         evicted: list[str] = []
         listing = self.files.listing()
-        total = sum(size for _, size, _, _ in listing) + self._reserved
+        _, held = self._held.held(e.generation for e in self._entries.values())
+        total = sum(size for _, size, _, _ in listing) + self._reserved + held
         for name, size, _, label in sorted(listing, key=lambda item: item[2]):
             if total + incoming <= self.max_bytes:
                 break
@@ -319,6 +362,26 @@ class ShardCache:
                 del self._entries[name]
         pinned = sum(1 for e in self._entries.values() if e.pins > 0)
         return total + incoming <= self.max_bytes, total, pinned, callbacks, evicted
+
+    def _check_disk(self, key: str, size: int) -> None:
+        """DiskFull at once when the cache's file system has less free space than ``size``."""
+        try:
+            free = shutil.disk_usage(self.directory).free
+        except OSError:
+            return
+        if size > free:
+            raise self._disk_full(key, size, free)
+
+    def _disk_full(self, key: str, size: int, free: int | None = None) -> DiskFull:
+        if free is None:
+            with contextlib.suppress(OSError):
+                free = shutil.disk_usage(self.directory).free
+        shown = f"{free} bytes free" if free is not None else "no space left"
+        self.problem = (
+            f"the disk of the shard cache {self.directory} is full: {shown}, shard {key} needs {size} bytes; "
+            f"free space there, or lower --cache-size (now {self.max_bytes} bytes) below what the disk holds"
+        )
+        return DiskFull(self.problem)
 
     def _forget(self, name: str) -> None:
         with self._lock:
@@ -360,6 +423,17 @@ class ShardCache:
             per[label] = per.get(label, 0) + size
         for label in set(per) | {self.dataset}:
             self.metrics.cache_bytes.labels(label).set(per.get(label, 0))
+
+
+def _disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) is a full disk or quota."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(exc) or "Disk quota exceeded" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return False
 
 
 _SHARED: dict[str, ShardCache] = {}

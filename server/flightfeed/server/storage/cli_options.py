@@ -21,6 +21,9 @@ __all__ = [
     "parse_size",
     "size_argument",
     "parse_casts",
+    "parse_hdf5_groups",
+    "add_chunk_cache_argument",
+    "apply_config",
 ]
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
@@ -74,9 +77,73 @@ def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def parse_hdf5_groups(items: Sequence[str]) -> tuple[str | None, dict[str, str]]:
+    """``--hdf5-group`` values -> (the group for every HDF5 dataset, dataset name -> its own group).
+
+    ``GROUP`` applies to every HDF5 dataset; ``NAME=GROUP`` to dataset NAME only (a group whose
+    name holds ``=`` is written with its leading ``/``: ``/a=b`` is a group)."""
+    shared: str | None = None
+    per: dict[str, str] = {}
+    for item in items:
+        name, sep, group = item.partition("=")
+        if sep and name and "/" not in name:
+            if not group:
+                raise ConfigError(f"--hdf5-group {item!r}: expected NAME=GROUP, e.g. --hdf5-group train=/train")
+            if name in per:
+                raise ConfigError(f"--hdf5-group: dataset {name!r} is given a group twice")
+            per[name] = group
+        elif shared is not None:
+            raise ConfigError(
+                f"--hdf5-group {shared!r} and {item!r}: one group for every dataset at most; give other datasets "
+                "their own with --hdf5-group NAME=GROUP"
+            )
+        else:
+            shared = item
+    return shared, per
+
+
+def add_chunk_cache_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--chunk-cache",
+        metavar="BYTES",
+        type=size_argument,
+        default=None,
+        help="decoded HDF5/Parquet chunks kept per dataset, e.g. 2GiB (default 512MiB); shuffle windows "
+        "are sized to fit in it",
+    )
+
+
+def apply_config(options: StorageOptions, args: argparse.Namespace, config: Mapping[str, object]) -> None:
+    """Settings of a ``--config`` file that flags did not give: ``chunk_cache`` (bytes or a size
+    text) and ``hdf5_group`` (a group, or a table of dataset name -> group)."""
+    cache = getattr(args, "chunk_cache", None)
+    if cache is None:
+        cache = config.get("chunk_cache", config.get("chunk-cache"))
+        if isinstance(cache, str):
+            cache = parse_size(cache)
+    if cache is not None:
+        if not isinstance(cache, int) or cache < 1:
+            raise ConfigError(f"chunk_cache {cache!r}: expected a positive size, e.g. 2GiB")
+        options.chunk_cache_bytes = cache
+    groups = config.get("hdf5_group", config.get("hdf5-group"))
+    if not getattr(args, "hdf5_group", None) and groups is not None:
+        if isinstance(groups, str):
+            options.hdf5_group = groups
+        elif isinstance(groups, Mapping) and all(isinstance(v, str) for v in groups.values()):
+            options.hdf5_groups = {str(k): str(v) for k, v in groups.items()}
+        else:
+            raise ConfigError(f"hdf5_group {groups!r}: expected a group name or a table of dataset name = group")
+
+
 def add_reader_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("HDF5 sources")
-    group.add_argument("--hdf5-group", metavar="GROUP", help="the HDF5 group whose datasets become columns")
+    group = parser.add_argument_group("HDF5 and netCDF-4 sources")
+    group.add_argument(
+        "--hdf5-group",
+        metavar="[NAME=]GROUP",
+        action="append",
+        default=[],
+        help="the HDF5 group whose datasets become columns; NAME=GROUP for dataset NAME only (repeatable)",
+    )
     group.add_argument(
         "--cast",
         metavar="COLUMN=DTYPE",
@@ -92,7 +159,8 @@ def storage_options_from_args(args: argparse.Namespace, environ: Mapping[str, st
         getattr(args, "s3_endpoint", None) or environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL")
     )
     region = getattr(args, "s3_region", None) or environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION")
-    return StorageOptions(
+    group, groups = parse_hdf5_groups(getattr(args, "hdf5_group", None) or [])
+    options = StorageOptions(
         s3_endpoint=endpoint or None,
         s3_region=region or None,
         s3_access_key=environ.get("AWS_ACCESS_KEY_ID") or None,
@@ -100,6 +168,10 @@ def storage_options_from_args(args: argparse.Namespace, environ: Mapping[str, st
         s3_session_token=environ.get("AWS_SESSION_TOKEN") or None,
         cache_dir=getattr(args, "cache_dir", None),
         cache_size=getattr(args, "cache_size", None),
-        hdf5_group=getattr(args, "hdf5_group", None),
+        hdf5_group=group,
+        hdf5_groups=groups,
         casts=parse_casts(getattr(args, "cast", None) or []),
     )
+    if getattr(args, "chunk_cache", None) is not None:
+        options.chunk_cache_bytes = int(args.chunk_cache)
+    return options

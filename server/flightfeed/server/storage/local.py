@@ -5,12 +5,12 @@ from __future__ import annotations
 import glob
 import os
 
-from flightfeed.server.readers import format_of
+from flightfeed.server.readers import ARROW_SUFFIXES, HDF5_SUFFIXES, format_of
 from flightfeed.wire.errors import DatasetError
 
 __all__ = ["list_local_shards", "SHARD_SUFFIXES"]
 
-SHARD_SUFFIXES = (".arrow", ".arrows", ".feather", ".ipc", ".h5", ".hdf5", ".hdf", ".parquet")
+SHARD_SUFFIXES = (*ARROW_SUFFIXES, *HDF5_SUFFIXES, ".parquet")
 
 
 def list_local_shards(uri: str) -> list[str]:

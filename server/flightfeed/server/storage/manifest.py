@@ -1,5 +1,6 @@
 """``manifest.json``: what ``flightfeed convert`` wrote (schema, and per shard its rows, bytes,
-sha256 and record-batch sizes).
+sha256, record-batch sizes and the checksums of its fixed-size blocks, ``blocks``: see
+``readers.blocks``; manifests written before block checksums existed have none).
 
 A manifest lets a server open remote ``.arrow`` shards lazily: the catalog gets the schema, row
 counts and chunk offsets without downloading anything, and each shard is fetched into the cache
@@ -16,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from flightfeed.server.readers.blocks import BlockSums
 from flightfeed.wire.errors import DatasetError
 
 __all__ = ["MANIFEST_NAME", "MANIFEST_FORMAT", "Manifest", "ManifestShard"]
@@ -33,6 +35,7 @@ class ManifestShard:
     bytes: int
     sha256: str
     batch_rows: tuple[int, ...]
+    blocks: BlockSums | None = None
 
 
 @dataclass
@@ -67,6 +70,7 @@ class Manifest:
                     "bytes": s.bytes,
                     "sha256": s.sha256,
                     "batch_rows": list(s.batch_rows),
+                    **({"blocks": s.blocks.to_json()} if s.blocks is not None else {}),
                 }
                 for s in self.shards
             ],
@@ -89,6 +93,7 @@ class Manifest:
                     bytes=int(s["bytes"]),
                     sha256=str(s["sha256"]),
                     batch_rows=tuple(int(n) for n in s["batch_rows"]),
+                    blocks=BlockSums.from_json(s["blocks"], f"{where}: shard {s['name']}") if "blocks" in s else None,
                 )
                 for s in doc["shards"]
             ]

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from flightfeed.server.data.chunk_cache import DEFAULT_CHUNK_CACHE
 from flightfeed.server.observe.metrics import ServerMetrics
+from flightfeed.wire.errors import ConfigError
 
-__all__ = ["StorageOptions"]
+__all__ = ["StorageOptions", "reader_options"]
 
 
 @dataclass
@@ -25,9 +27,12 @@ class StorageOptions:
     s3_scheme: str = "https"
     cache_dir: str | None = None
     cache_size: int | None = None
-    hdf5_group: str | None = None
+    hdf5_group: str | None = None  # for every HDF5 dataset without its own entry in hdf5_groups
+    hdf5_groups: dict[str, str] = field(default_factory=dict)  # dataset name -> HDF5 group
     casts: dict[str, str] = field(default_factory=dict)
-    chunk_cache_bytes: int = 512 << 20
+    # False (several datasets served): the plain --hdf5-group / --cast skip non-HDF5 datasets
+    strict_reader_options: bool = True
+    chunk_cache_bytes: int = DEFAULT_CHUNK_CACHE  # per dataset (decoded HDF5/Parquet chunks)
     # S3 transfers: whole objects in sized reads of s3_part_size bytes, s3_parallel at a time
     s3_part_size: int = 64 << 20
     s3_parallel: int = 8
@@ -42,3 +47,27 @@ class StorageOptions:
     arrow_io: str = "mmap"
     # where the shard cache reports flightfeed_cache_* (pass the server's ServerMetrics)
     metrics: ServerMetrics | None = field(default=None, repr=False, compare=False)
+
+
+def reader_options(opts: StorageOptions, name: str, fmt: str, uri: str) -> dict[str, object]:
+    """The format reader's options for dataset ``name`` (of format ``fmt``): its HDF5 group (its own
+    ``--hdf5-group NAME=GROUP``, else the plain ``--hdf5-group GROUP``) and the casts."""
+    out: dict[str, object] = {}
+    if fmt != "hdf5":
+        if name in opts.hdf5_groups:
+            raise ConfigError(
+                f"--hdf5-group {name}={opts.hdf5_groups[name]}: dataset {name!r} ({uri}) is {fmt}, not HDF5; "
+                "--hdf5-group applies only to HDF5 datasets"
+            )
+        if opts.strict_reader_options:  # open_shard refuses them, naming the dataset's format
+            if opts.hdf5_group is not None:
+                out["group"] = opts.hdf5_group
+            if opts.casts:
+                out["casts"] = opts.casts
+        return out
+    group = opts.hdf5_groups.get(name, opts.hdf5_group)
+    if group is not None:
+        out["group"] = group
+    if opts.casts:
+        out["casts"] = opts.casts
+    return out

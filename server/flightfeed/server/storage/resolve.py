@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from flightfeed.server.data.catalog import Catalog, ChunkCache, Dataset
 from flightfeed.server.readers import ShardReader, format_of, open_shard
 from flightfeed.server.storage.local import list_local_shards
-from flightfeed.server.storage.options import StorageOptions
+from flightfeed.server.storage.options import StorageOptions, reader_options
+from flightfeed.wire.errors import ConfigError, DatasetError
 
-__all__ = ["StorageOptions", "open_dataset", "open_catalog"]
+__all__ = ["StorageOptions", "open_dataset", "open_catalog", "reader_options"]
 
 
 def open_dataset(name: str, uri: str, options: StorageOptions | None = None) -> Dataset:
@@ -20,14 +22,11 @@ def open_dataset(name: str, uri: str, options: StorageOptions | None = None) -> 
 
         shards = open_s3_shards(uri, opts, dataset=name)
     else:
-        reader_opts: dict[str, object] = {}
-        if opts.hdf5_group is not None:
-            reader_opts["group"] = opts.hdf5_group
-        if opts.casts:
-            reader_opts["casts"] = opts.casts
+        files = list_local_shards(uri)
+        reader_opts = reader_options(opts, name, format_of(files[0]), uri)
         shards = []
         try:
-            for path in list_local_shards(uri):
+            for path in files:
                 arrow = opts.arrow_io != "mmap" and format_of(path) == "arrow"
                 io: dict[str, object] = {"io": opts.arrow_io} if arrow else {}
                 shards.append(open_shard(path, None, **reader_opts, **io))
@@ -48,12 +47,36 @@ def open_dataset(name: str, uri: str, options: StorageOptions | None = None) -> 
 
 
 def open_catalog(datasets: Mapping[str, str], options: StorageOptions | None = None) -> Catalog:
-    """Open every ``name -> uri``; on any failure, close what was opened and re-raise."""
+    """Open every ``name -> uri``; on any failure, close what was opened and re-raise.
+
+    With several datasets, the plain ``--hdf5-group GROUP`` and ``--cast`` apply to the HDF5 ones
+    (others are served as they are); a dataset that has no rows is refused (nothing to serve)."""
+    opts = options or StorageOptions()
+    unknown = sorted(set(opts.hdf5_groups) - set(datasets))
+    if unknown:
+        raise ConfigError(
+            f"--hdf5-group {unknown[0]}={opts.hdf5_groups[unknown[0]]}: no dataset is named {unknown[0]!r} "
+            f"(datasets: {', '.join(datasets)})"
+        )
+    shared = opts.hdf5_group is not None or bool(opts.casts)
+    per = replace(opts, strict_reader_options=False) if len(datasets) > 1 else opts
     catalog = Catalog()
+    formats: set[str] = set()
     try:
         for name, uri in datasets.items():
-            catalog.add(open_dataset(name, uri, options))
+            ds = open_dataset(name, uri, per)
+            catalog.add(ds)
+            formats.add(ds.schema.metadata.get(b"flightfeed.source", b"").decode() if ds.schema.metadata else "")
+            if ds.num_rows == 0:
+                raise DatasetError(
+                    f"dataset {name!r} ({uri}) has no rows: every shard's columns are empty "
+                    f"({', '.join(s.uri for s in ds.shards[:3])}{', ...' if len(ds.shards) > 3 else ''}). "
+                    "Nothing to serve: fill it, or leave it out of the command line"
+                )
+        if shared and len(datasets) > 1 and "hdf5" not in formats:
+            raise ConfigError("--hdf5-group and --cast apply only to HDF5 datasets, and none of these is HDF5")
     except Exception:
         catalog.close()
         raise
     return catalog
+

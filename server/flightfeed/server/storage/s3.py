@@ -23,7 +23,7 @@ from flightfeed.server.readers import ShardReader, format_of
 from flightfeed.server.storage.cache import ShardCache, shared_cache
 from flightfeed.server.storage.local import SHARD_SUFFIXES
 from flightfeed.server.storage.manifest import MANIFEST_NAME, Manifest, ManifestShard
-from flightfeed.server.storage.options import StorageOptions
+from flightfeed.server.storage.options import StorageOptions, reader_options
 from flightfeed.server.storage.remote import RemoteShard
 from flightfeed.server.storage.s3_client import download, s3_filesystem, split_s3_uri, translate, with_retries
 from flightfeed.wire.errors import DatasetError, StorageError
@@ -59,11 +59,7 @@ def open_s3_shards(uri: str, opts: StorageOptions, *, dataset: str = "") -> list
     manifest = None if single_object else read_manifest(fs, uri, retries=opts.s3_retries)
     entries = _match_manifest(manifest, infos, root, uri)
     cache = _cache_for(opts)
-    reader_options: dict[str, object] = {}
-    if opts.hdf5_group is not None:
-        reader_options["group"] = opts.hdf5_group
-    if opts.casts:
-        reader_options["casts"] = opts.casts
+    shard_options = reader_options(opts, dataset, format_of(infos[0].path), uri)
 
     def make(info: pafs.FileInfo) -> RemoteShard:
         entry = entries.get(info.path)
@@ -74,7 +70,7 @@ def open_s3_shards(uri: str, opts: StorageOptions, *, dataset: str = "") -> list
             size=info.size,
             version=f"{info.size}:{info.mtime_ns}",
             dataset=dataset,
-            reader_options=reader_options,
+            reader_options=shard_options,
             manifest=(manifest.schema, entry) if manifest is not None and entry is not None else None,
         )
 

@@ -7,6 +7,7 @@ reads in 256 KiB requests; so objects are always fetched with sized reads of ``p
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import random
@@ -105,6 +106,8 @@ def with_retries(call: Callable[[], T], uri: str, *, retries: int = 4, backoff_s
         try:
             return call()
         except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise  # the local disk is full: not an S3 failure, and retrying does not make room
             permanent = translate(exc, uri)
             if permanent is not None:
                 raise permanent from None

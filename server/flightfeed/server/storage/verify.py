@@ -1,12 +1,16 @@
 """Local shards checked against their dataset's ``manifest.json`` (``--verify startup|lazy|off``).
 
-``flightfeed convert`` writes each shard's sha256 into the manifest. S3 shards are checked when the
-cache downloads them; local shards are checked here:
+``flightfeed convert`` writes each shard's sha256 and the checksums of its ~8 MiB blocks into the
+manifest (``readers.blocks``). S3 shards are checked when the cache downloads them (sha256) and
+block by block when read; local shards are checked here:
 
-* ``startup``: every shard is hashed before the server serves (a mismatch refuses to start);
-* ``lazy`` (default): each shard is hashed once, in a background thread, when it is first read,
-  so serving never waits for it (rows read before the hash finishes are served unverified);
-* ``off``: no hashing.
+* ``lazy`` (default): Arrow shards with block checksums are verified block by block the first time
+  a record batch in the block is read, before any of its rows leave the node (a mismatch fails
+  that read, naming the shard and block, and marks the dataset corrupt); shards without block
+  checksums (older manifests, HDF5/Parquet) are hashed whole once, in a background thread, when
+  first read (rows read before that hash ends are served unverified);
+* ``startup``: every shard is verified before the server serves (a mismatch refuses to start);
+* ``off``: no verification.
 
 A shard whose sizes differ from the manifest is refused at open (in ``startup`` and ``lazy``). A
 hash mismatch found while serving marks the dataset corrupt: its streams fail with a ShardError
@@ -23,9 +27,10 @@ from collections import deque
 
 from flightfeed.server.data.catalog import Dataset
 from flightfeed.server.observe.metrics import ServerMetrics
+from flightfeed.server.readers.blocks import BlockCheck
 from flightfeed.server.storage.cache_files import sha256_file
 from flightfeed.server.storage.manifest import MANIFEST_NAME, Manifest
-from flightfeed.wire.errors import ConfigError, DatasetError
+from flightfeed.wire.errors import ConfigError, DatasetError, ShardError
 
 __all__ = ["VERIFY_MODES", "attach_verifier", "local_manifest", "ShardVerifier"]
 
@@ -120,10 +125,15 @@ def attach_verifier(ds: Dataset, mode: str, metrics: ServerMetrics | None = None
         return None
     found = local_manifest(ds.uri)
     if found is None:
+        log.info(
+            "dataset %r has no %s: its bytes are not verified; write one with `flightfeed inspect %s "
+            "--write-manifest`", ds.name, MANIFEST_NAME, ds.uri,
+        )
         return None
     root, manifest = found
     entries = {os.path.normpath(os.path.join(root, e.name)): e for e in manifest.shards}
     expected: dict[int, tuple[str, str]] = {}
+    checks: list[BlockCheck] = []
     for s, shard in enumerate(ds.shards):
         path = os.path.normpath(getattr(shard, "path", shard.uri))
         entry = entries.get(path)
@@ -136,10 +146,33 @@ def attach_verifier(ds: Dataset, mode: str, metrics: ServerMetrics | None = None
                 f"dataset {ds.name!r}: shard {shard.uri} has {size} bytes, its manifest says {entry.bytes}; "
                 "restore the shard, re-run `flightfeed convert`, or serve with --verify off"
             )
-        expected[s] = (path, entry.sha256)
+        verify_blocks = getattr(shard, "verify_blocks", None)
+        if entry.blocks is not None and verify_blocks is not None:
+            checks.append(verify_blocks(entry.blocks))
+            if metrics is not None:
+                checks[-1].on_failure(lambda _reason: metrics.io.verify_failures.labels(ds.name).inc())
+        else:
+            expected[s] = (path, entry.sha256)
+    if expected and len(expected) == len(ds.shards) and mode == "lazy":
+        log.warning(
+            "dataset %r: %s has no block checksums, so rows are served before each shard's background hash "
+            "ends; re-write it with `flightfeed inspect %s --write-manifest`", ds.name, MANIFEST_NAME, ds.uri,
+        )
     verifier = ShardVerifier(ds, expected, metrics)
     if mode == "startup":
+        _verify_blocks_now(ds, checks, metrics)
         verifier.verify_now()
     else:
         ds.on_first_read(verifier.touched)
     return verifier
+
+
+def _verify_blocks_now(ds: Dataset, checks: list[BlockCheck], metrics: ServerMetrics | None) -> None:
+    for check in checks:
+        try:
+            check.ensure_all()
+        except ShardError as exc:
+            why = f"{exc}; restore the shard, re-run `flightfeed convert`, or serve with --verify off"
+            raise DatasetError(why) from None
+        if metrics is not None:
+            metrics.io.shards_verified.labels(ds.name).inc()

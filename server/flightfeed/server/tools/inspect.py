@@ -21,11 +21,12 @@ from flightfeed.server.storage.cli_options import (
     add_cache_arguments,
     add_reader_arguments,
     add_s3_arguments,
+    size_argument,
     storage_options_from_args,
 )
 from flightfeed.server.storage.options import StorageOptions
 from flightfeed.wire.classes import classes_of
-from flightfeed.wire.errors import FlightFeedError, StorageError, Unauthenticated
+from flightfeed.wire.errors import ConfigError, FlightFeedError, StorageError, Unauthenticated
 from flightfeed.wire.tokens import normalize_token, read_token_file
 
 __all__ = ["add_arguments", "run", "inspect_dataset", "inspect_server", "format_report"]
@@ -44,6 +45,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="hash every local shard (sha256) and check it against manifest.json when there is one",
     )
+    parser.add_argument(
+        "--write-manifest",
+        action="store_true",
+        help="write DIR/manifest.json with every shard's sha256 and block checksums (for a local dataset "
+        "without one, or with one from before block checksums), so `serve` verifies its bytes",
+    )
+    parser.add_argument(
+        "--block-size", type=size_argument, default="8MiB", help="checksum block size for --write-manifest"
+    )
     parser.add_argument("--auth-token-file", metavar="F", help="bearer token for a server started with one")
     add_reader_arguments(parser)
     add_s3_arguments(parser)
@@ -55,8 +65,18 @@ def run(args: argparse.Namespace) -> int:
         if args.target.split("://", 1)[0] in _SERVER_SCHEMES:
             token = read_token_file(args.auth_token_file) if args.auth_token_file else None
             report = inspect_server(args.target, token=token)
+        elif args.write_manifest:
+            from flightfeed.server.storage.write_manifest import write_manifest
+
+            options = storage_options_from_args(args, os.environ)
+            path = write_manifest(args.target, options, block_bytes=args.block_size)
+            print(f"wrote {path}")
+            report = inspect_dataset(args.target, options, verify=True)
         else:
-            report = inspect_dataset(args.target, storage_options_from_args(args, os.environ), verify=args.verify)
+            options = storage_options_from_args(args, os.environ)
+            if options.hdf5_groups:
+                raise ConfigError("inspect reads one dataset: give its group as --hdf5-group GROUP (no NAME=)")
+            report = inspect_dataset(args.target, options, verify=args.verify)
     except (FlightFeedError, OSError) as exc:
         print(f"flightfeed inspect: error: {exc}", file=sys.stderr)
         return 1
@@ -80,6 +100,7 @@ def inspect_dataset(uri: str, options: StorageOptions | None = None, *, verify: 
                 "bytes": shard.nbytes,
                 "chunks": len(shard.chunk_offsets) - 1,
                 "compression": compressions[i] if i < len(compressions) else compressions[0],
+                "notes": list(getattr(shard, "notes", [])),  # HDF5: links followed, datasets left out
             }
             for i, shard in enumerate(ds.shards)
         ]
@@ -232,6 +253,7 @@ def format_report(report: dict[str, Any]) -> str:
     marks = {True: "  ok (matches manifest)", False: "  MISMATCH (differs from manifest)", None: ""}
     for s in shown:
         lines.append(f"  {s['uri']}  rows: {s['rows']:,}  bytes: {_size(s['bytes'])}  chunks: {s['chunks']}")
+        lines.extend(f"    {note}" for note in s.get("notes") or [])
         if s.get("sha256"):
             lines.append(f"    sha256: {s['sha256']}{marks[s.get('verified')]}")
     if len(report["shard_list"]) > len(shown):

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Sequence
 from importlib.metadata import entry_points
 
+from flightfeed.server.transforms.deferred import DEFER_STEP
 from flightfeed.server.transforms.ops import BUILTINS
 from flightfeed.server.transforms.presets import PRESETS
 from flightfeed.server.transforms.registry import (
@@ -32,7 +33,7 @@ def default_registry() -> Registry:
     global _DEFAULT
     with _DEFAULT_LOCK:
         if _DEFAULT is None:
-            _DEFAULT = Registry(BUILTINS, PRESETS)
+            _DEFAULT = Registry((*BUILTINS, DEFER_STEP), PRESETS)
         return _DEFAULT
 
 

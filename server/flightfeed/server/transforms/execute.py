@@ -29,7 +29,9 @@ import pyarrow as pa
 
 from flightfeed.server.data.catalog import Dataset
 from flightfeed.server.request.gather import gather
+from flightfeed.server.transforms import native
 from flightfeed.server.transforms.defaults import default_registry
+from flightfeed.server.transforms.deferred import crop_name, flip_name, frame_params, params_arrays
 from flightfeed.server.transforms.frame import Frame
 from flightfeed.server.transforms.pipeline import ColumnPlan, Plan, Step, compile_plan, resolve_command
 from flightfeed.server.transforms.registry import Registry
@@ -38,14 +40,15 @@ from flightfeed.wire.errors import ShardError
 from flightfeed.wire.messages import SkipInfo
 from flightfeed.wire.transforms import SKIP_INFO_KEY
 
-__all__ = ["Transformer", "SKIP_KEY", "run_row", "read_ahead"]
+__all__ = ["Transformer", "SKIP_KEY", "run_row", "fill_row", "prepare_row", "read_ahead"]
 
 SKIP_KEY = SKIP_INFO_KEY  # schema-metadata key the service turns into app_metadata
 _I64 = npt.NDArray[np.int64]
 
 
-def run_row(x: Any, steps: Sequence[Step], key: DrawKey, row: int) -> Any:
-    """One stored row through the row steps; returns a numpy array."""
+def prepare_row(x: Any, steps: Sequence[Step], key: DrawKey, row: int) -> Any:
+    """One stored row through the row steps up to its pixels: a :class:`Frame` whose geometry is
+    settled (every draw made, nothing decoded yet) or a numpy array."""
     for st in steps:
         t = st.transform
         rng = row_generator(key, row, st.index) if t.random else None
@@ -54,7 +57,27 @@ def run_row(x: Any, steps: Sequence[Step], key: DrawKey, row: int) -> Any:
         elif t.takes == "array" and isinstance(x, Frame):
             x = x.pixels()
         x = t.fn(x, st.params, rng)
+    return x
+
+
+def run_row(x: Any, steps: Sequence[Step], key: DrawKey, row: int) -> Any:
+    """One stored row through the row steps; returns a numpy array."""
+    x = prepare_row(x, steps, key, row)
     return x.pixels() if isinstance(x, Frame) else x
+
+
+def fill_row(x: Any, steps: Sequence[Step], key: DrawKey, row: int, slot: npt.NDArray[Any]) -> None:
+    """One stored row through the row steps, written into ``slot`` (its place in the message):
+    a frame decodes and resamples straight into it."""
+    x = prepare_row(x, steps, key, row)
+    if isinstance(x, Frame):
+        if (x.height, x.width, x.channels) != slot.shape:
+            raise ValueError(f"a step made shape {(x.height, x.width, x.channels)}, the plan says {slot.shape}")
+        x.render(slot)
+        return
+    if x.shape != slot.shape:
+        raise ValueError(f"a step made shape {x.shape}, the plan says {slot.shape}")
+    slot[...] = x
 
 
 def read_ahead(items: Iterator[pa.RecordBatch], depth: int = 1) -> Iterator[pa.RecordBatch]:
@@ -123,6 +146,7 @@ class Transformer:
         self.registry = registry or default_registry()
         self.workers = max(1, int(workers))
         self.metrics = metrics
+        native.single_threaded()  # one image per pool thread; OpenCV's own threads would oversubscribe
         self._pool = (
             ThreadPoolExecutor(self.workers, thread_name_prefix="flightfeed-decode") if self.workers > 1 else None
         )
@@ -149,13 +173,22 @@ class Transformer:
         t0 = time.perf_counter()
         n = len(rows)
         schema = plan.schema(ds.project_schema(columns))
-        done = {c.column for c in plan.columns}
-        rest_names = [f.name for f in schema if f.name not in done]
+        made = {c.column for c in plan.columns if not c.deferred}
+        made |= {n for c in plan.columns if c.deferred for n in (crop_name(c.column), flip_name(c.column))}
+        rest_names = [f.name for f in schema if f.name not in made]
         rest = gather(ds, rows, rest_names) if rest_names else None
         arrays: dict[str, Any] = {}
         failed: dict[int, str] = {}
         busy = 0.0
         for cp in plan.columns:
+            if cp.deferred:
+                start = time.perf_counter()
+                crop, flip, errs = _deferred_params(ds, cp, rows, key, schema.field(crop_name(cp.column)))
+                arrays[crop_name(cp.column)], arrays[flip_name(cp.column)] = crop, flip
+                busy += time.perf_counter() - start
+                for i, msg in errs.items():
+                    failed.setdefault(i, msg)
+                continue
             arr, errs, b = self._column(ds, cp, rows, key)
             arrays[cp.column] = arr
             busy += b
@@ -200,10 +233,7 @@ class Transformer:
             start = time.perf_counter()
             for i in range(*lo_hi):
                 try:
-                    value = run_row(source(i), cp.row_steps, key, int(rows[i]))
-                    if value.shape != out.shape[1:]:
-                        raise ValueError(f"a step made shape {value.shape}, the plan says {out.shape[1:]}")
-                    out[i] = value
+                    fill_row(source(i), cp.row_steps, key, int(rows[i]), out[i])
                 except Exception as exc:  # any failure of a sample is reported with its row
                     errors[i] = f"{type(exc).__name__}: {exc}"
                     out[i] = 0
@@ -221,6 +251,25 @@ class Transformer:
             storage = pa.FixedSizeListArray.from_arrays(leaf, width)
             return pa.ExtensionArray.from_storage(out_t, storage), errors, busy
         return leaf, errors, busy
+
+
+def _deferred_params(
+    ds: Dataset, cp: ColumnPlan, rows: _I64, key: DrawKey, crop_field: pa.Field[Any]
+) -> tuple[Any, Any, dict[int, str]]:
+    """Crop boxes and flips of a deferred column (headers only: ~tens of us per row, one thread)."""
+    source = _source(ds, cp, rows)
+    n = len(rows)
+    crops = np.zeros((n, 4), dtype=np.int32)
+    flips = np.zeros(n, dtype=bool)
+    errors: dict[int, str] = {}
+    for i in range(n):
+        try:
+            frame = prepare_row(source(i), cp.row_steps, key, int(rows[i]))
+            (crops[i], flips[i]) = frame_params(frame)
+        except Exception as exc:  # a header that does not parse: reported with its row
+            errors[i] = f"{type(exc).__name__}: {exc}"
+    crop, flip = params_arrays(crops, flips, crop_field)
+    return crop, flip, errors
 
 
 def _source(ds: Dataset, cp: ColumnPlan, rows: _I64) -> Any:

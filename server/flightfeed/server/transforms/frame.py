@@ -1,10 +1,13 @@
 """An image on its way through a pipeline: a source image plus pending geometry.
 
 Geometric steps (resize, crops, flips) do not touch pixels; they narrow a box of the source and
-set the logical output size. :meth:`Frame.pixels` then decodes and resamples once: for a JPEG it
-asks the decoder for a DCT-domain downscale (Pillow ``draft``: 1/2, 1/4 or 1/8) as far as the box
-still covers the output size, and crops + resizes in one Pillow ``resize(box=...)`` pass. A
-sample's result depends only on its bytes and the step parameters, never on the thread or order.
+set the logical output size. Opening a JPEG reads only its header. :meth:`Frame.render` then
+decodes and resamples once, straight into the output slot: the native path (``native.py``:
+libjpeg-turbo at the smallest DCT scale that covers the box, one OpenCV resample, no GIL), or
+the Pillow path (PNG/WebP, CMYK JPEGs, ``lanczos``/``box`` resampling, ``backend="pillow"``, or
+without the native extras): Pillow ``draft`` (1/2, 1/4, 1/8) as far as the box still covers the
+output size, and crop + resize in one ``resize(box=...)`` pass. A sample's result depends only on
+its bytes and the step parameters, never on the thread or order.
 """
 
 from __future__ import annotations
@@ -18,7 +21,12 @@ import numpy as np
 import numpy.typing as npt
 from PIL import Image
 
-__all__ = ["Frame", "RESAMPLE"]
+from flightfeed.server.transforms import native
+
+__all__ = ["Frame", "RESAMPLE", "BACKENDS"]
+
+#: ``decode``'s ``backend`` choices: "native" (where installed and applicable, else Pillow), "pillow"
+BACKENDS = ("native", "pillow")
 
 RESAMPLE = {
     "nearest": Image.Resampling.NEAREST,
@@ -31,28 +39,50 @@ RESAMPLE = {
 
 @dataclass
 class Frame:
-    """``src`` (opened, maybe not yet decoded); ``box`` = region of ``src`` in source pixels
-    (x0, y0, x1, y1); ``size`` = logical (width, height); ``flip`` = mirrored left-right."""
+    """``source``: encoded bytes (a JPEG for the native path) or a decoded HxWxC array; ``full`` =
+    its (width, height); ``box`` = region of the source in source pixels (x0, y0, x1, y1);
+    ``size`` = logical (width, height); ``flip`` = mirrored left-right."""
 
-    src: Image.Image
+    source: Any
+    full: tuple[int, int]
     box: tuple[float, float, float, float]
     size: tuple[int, int]
     flip: bool = False
-    resample: Image.Resampling = Image.Resampling.BILINEAR
+    resample: str = "bilinear"
     mode: str = "RGB"
     draft: bool = True
+    native: bool = False  # source is a JPEG (or array) the native path renders
+    _image: Image.Image | None = None
 
     @classmethod
-    def open(cls, data: Any, mode: str, draft: bool = True) -> Frame:
+    def open(cls, data: Any, mode: str, draft: bool = True, backend: str = "native") -> Frame:
+        """Only the header is read here (the native path's JPEGs: ~1 us; else Pillow's open)."""
+        size = native.jpeg_size(data) if backend == "native" else None
+        if size is not None:
+            box = (0.0, 0.0, float(size[0]), float(size[1]))
+            return cls(data, size, box, size, mode=mode, draft=draft, native=True)
         img = Image.open(io.BytesIO(data))
         w, h = img.size
-        return cls(img, (0.0, 0.0, float(w), float(h)), (w, h), mode=mode, draft=draft)
+        return cls(data, (w, h), (0.0, 0.0, float(w), float(h)), (w, h), mode=mode, draft=draft, _image=img)
 
     @classmethod
     def from_array(cls, arr: npt.NDArray[np.uint8]) -> Frame:
-        img = Image.fromarray(arr[:, :, 0] if arr.ndim == 3 and arr.shape[2] == 1 else arr)
-        w, h = img.size
-        return cls(img, (0.0, 0.0, float(w), float(h)), (w, h), mode=img.mode, draft=False)
+        h, w = int(arr.shape[0]), int(arr.shape[1])
+        channels = arr.shape[2] if arr.ndim == 3 else 1
+        fast = native.AVAILABLE and channels in (1, 3) and arr.dtype == np.uint8
+        mode = "L" if channels == 1 else "RGB" if channels == 3 else "RGBA"
+        return cls(arr, (w, h), (0.0, 0.0, float(w), float(h)), (w, h), mode=mode, draft=False, native=fast)
+
+    @property
+    def src(self) -> Image.Image:
+        """The source as a Pillow image (opened on first use)."""
+        if self._image is None:
+            arr = self.source
+            if isinstance(arr, np.ndarray):
+                self._image = Image.fromarray(arr[:, :, 0] if arr.ndim == 3 and arr.shape[2] == 1 else arr)
+            else:
+                self._image = Image.open(io.BytesIO(arr))
+        return self._image
 
     @property
     def width(self) -> int:
@@ -62,7 +92,11 @@ class Frame:
     def height(self) -> int:
         return self.size[1]
 
-    def resize(self, width: int, height: int, resample: Image.Resampling) -> None:
+    @property
+    def channels(self) -> int:
+        return 1 if self.mode == "L" else 3 if self.mode == "RGB" else len(self.mode)
+
+    def resize(self, width: int, height: int, resample: str) -> None:
         self.size = (width, height)
         self.resample = resample
 
@@ -88,6 +122,28 @@ class Frame:
 
     def pixels(self) -> npt.NDArray[np.uint8]:
         """Decode and resample: uint8 (height, width, channels)."""
+        out = np.empty((self.size[1], self.size[0], self.channels), dtype=np.uint8)
+        self.render(out)
+        return out
+
+    def render(self, out: npt.NDArray[np.uint8]) -> None:
+        """Decode and resample into ``out`` (height, width, channels), e.g. a message's row slot."""
+        if self.native and self.resample in native.INTERPOLATION:
+            try:
+                native.render(
+                    self.source, self.full, self.box, out, flip=self.flip, interpolation=self.resample, draft=self.draft
+                )
+                return
+            except ValueError:
+                if isinstance(self.source, np.ndarray):
+                    raise
+                # libjpeg-turbo refused it: Pillow decides (and names the error if it fails too)
+        arr = self._pillow_pixels()
+        if arr.shape != out.shape:
+            raise ValueError(f"the image has {arr.shape[2]} channel(s) in mode {self.mode!r}; the plan: {out.shape}")
+        out[...] = arr
+
+    def _pillow_pixels(self) -> npt.NDArray[np.uint8]:
         img = self.src
         x0, y0, x1, y1 = self.box
         ow, oh = self.size
@@ -112,7 +168,7 @@ class Frame:
         if (x0, y0, x1, y1) == (0, 0, img.size[0], img.size[1]) and (ow, oh) == img.size:
             out = img
         else:
-            out = img.resize((ow, oh), self.resample, box=(x0, y0, x1, y1))
+            out = img.resize((ow, oh), RESAMPLE[self.resample], box=(x0, y0, x1, y1))
         if self.flip:
             out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         arr = np.asarray(out)

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from flightfeed.server.transforms.frame import RESAMPLE, Frame
+from flightfeed.server.transforms.frame import BACKENDS, RESAMPLE, Frame
 from flightfeed.server.transforms.registry import Param, Transform
 from flightfeed.server.transforms.spec import ColumnSpec
 from flightfeed.wire.errors import InvalidRequest
@@ -35,7 +35,7 @@ def _decode_out(spec: ColumnSpec, p: _P) -> ColumnSpec:
 
 
 def _decode(data: Any, p: _P, rng: Any) -> Frame:
-    return Frame.open(data, p["mode"], draft=p["draft"])
+    return Frame.open(data, p["mode"], draft=p["draft"], backend=p["backend"])
 
 
 # -- resize ---------------------------------------------------------------------------------
@@ -55,7 +55,7 @@ def _resize_out(spec: ColumnSpec, p: _P) -> ColumnSpec:
 
 
 def _resize(f: Frame, p: _P, rng: Any) -> Frame:
-    f.resize(*resized_shorter(f.width, f.height, p["size"]), RESAMPLE[p["interpolation"]])
+    f.resize(*resized_shorter(f.width, f.height, p["size"]), p["interpolation"])
     return f
 
 
@@ -120,7 +120,7 @@ def _rrc_out(spec: ColumnSpec, p: _P) -> ColumnSpec:
 def _rrc(f: Frame, p: _P, rng: np.random.Generator) -> Frame:
     left, top, w, h = rrc_params(f.width, f.height, p["scale"], p["ratio"], rng)
     f.crop(left, top, w, h)
-    f.resize(p["size"], p["size"], RESAMPLE[p["interpolation"]])
+    f.resize(p["size"], p["size"], p["interpolation"])
     return f
 
 
@@ -162,10 +162,15 @@ BUILTINS = (
     Transform(
         "decode",
         _decode,
-        (Param("mode", str, "RGB", choices=("RGB", "L")), Param("draft", bool, True)),
+        (
+            Param("mode", str, "RGB", choices=("RGB", "L")),
+            Param("draft", bool, True),
+            Param("backend", str, "native", choices=BACKENDS),
+        ),
         _decode_out,
         takes="bytes",
-        doc="JPEG/PNG/WebP bytes -> uint8 HWC (RGB or L); draft: DCT-domain downscale where exact enough",
+        doc="JPEG/PNG/WebP bytes -> uint8 HWC (RGB or L); draft: DCT-domain downscale where the box allows; "
+        "backend: 'native' (libjpeg-turbo + OpenCV, no GIL; Pillow where it does not apply) or 'pillow'",
     ),
     Transform("resize", _resize, (_SIZE, _INTERP), _resize_out, takes="frame", doc="shorter side -> size"),
     Transform("center_crop", _center_crop, (_SIZE,), _square_out("center_crop"), takes="frame"),

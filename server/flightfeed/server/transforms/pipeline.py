@@ -15,6 +15,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from flightfeed.server.transforms.deferred import DEFER, crop_name, flip_name, params_fields
 from flightfeed.server.transforms.registry import Registry, Transform
 from flightfeed.server.transforms.spec import ColumnSpec, arrow_type, spec_of_field
 from flightfeed.wire.errors import InvalidRequest
@@ -39,10 +40,17 @@ class ColumnPlan:
     output: ColumnSpec
     row_steps: tuple[Step, ...]
     message_steps: tuple[Step, ...]
+    deferred: bool = False  # ends with defer_decode: bytes + crop + flip go out, the trainer decodes
 
     @property
     def arrow_type(self) -> pa.DataType:
         return arrow_type(self.output)
+
+    def fields(self, stored: pa.Field[Any]) -> list[pa.Field[Any]]:
+        """The output field(s) in place of the stored one."""
+        if self.deferred:
+            return [stored, *params_fields(self.column, self.output)]
+        return [pa.field(stored.name, self.arrow_type, nullable=False)]
 
 
 @dataclass(frozen=True)
@@ -53,9 +61,7 @@ class Plan:
     def schema(self, base: pa.Schema) -> pa.Schema:
         """``base`` (the projected stored schema) with each transformed column's new type."""
         by_name = {c.column: c for c in self.columns}
-        fields = [
-            pa.field(f.name, by_name[f.name].arrow_type, nullable=False) if f.name in by_name else f for f in base
-        ]
+        fields = [g for f in base for g in (by_name[f.name].fields(f) if f.name in by_name else [f])]
         meta: Any = base.metadata
         return pa.schema(fields, metadata=meta)
 
@@ -63,6 +69,9 @@ class Plan:
         """Bytes per output row: ``base_row_bytes`` minus stored transformed columns plus outputs."""
         size = base_row_bytes
         for c in self.columns:
+            if c.deferred:  # the stored bytes stay; crop (4 x int32) and flip (a bit) follow
+                size += 17
+                continue
             out = arrow_type(c.output)
             width = out.byte_width if not isinstance(out, pa.FixedShapeTensorType) else (
                 out.value_type.byte_width * _prod(c.output.shape)
@@ -79,13 +88,17 @@ def _prod(shape: Sequence[int | None]) -> int:
 
 
 def resolve_command(read: Any, registry: Registry) -> None:
-    """In place: replace preset names by their steps (tickets carry explicit steps)."""
+    """In place: replace preset names by their steps (tickets carry explicit steps). The presets'
+    steps come first, then the request's own (e.g. a trailing ``defer_decode``), so a preset's
+    step indices, and hence its draws, are the same with or without trailing steps."""
     if not read.transforms:
         return
     steps: list[Any] = []
     for name in read.transforms:
         steps.extend(steps_from_dicts(registry.preset(name)))
+    steps.extend(read.transform)
     del read.transforms[:]
+    del read.transform[:]
     read.transform.extend(steps)
 
 
@@ -129,7 +142,16 @@ def compile_plan(schema: pa.Schema, read: Any, registry: Registry) -> Plan | Non
         by_column.setdefault(column, []).append(Step(t, params, k))
     plans = []
     for column, steps in by_column.items():
-        plans.append(_column_plan(column, spec_of_field(schema.field(column)), steps))
+        plan = _column_plan(column, spec_of_field(schema.field(column)), steps)
+        if plan.deferred:
+            taken = [n for n in (crop_name(column), flip_name(column)) if n in schema.names]
+            if taken:
+                raise InvalidRequest(
+                    f"transform {DEFER!r} on column {column!r} adds column(s) {taken}, which the dataset already "
+                    "has; defer another column or read without defer_decode",
+                    field=f"transform.{DEFER}",
+                )
+        plans.append(plan)
     return Plan(tuple(plans), "skip" if read.on_decode_error == "skip" else "raise")
 
 
@@ -144,8 +166,19 @@ def _column_plan(column: str, source: ColumnSpec, steps: list[Step]) -> ColumnPl
     spec = source
     row: list[Step] = []
     message: list[Step] = []
-    for step in steps:
+    deferred = steps[-1].transform.name == DEFER
+    for k, step in enumerate(steps):
         t = step.transform
+        if deferred and (t.takes not in ("bytes", "frame") or (t.name == DEFER and k != len(steps) - 1)):
+            raise InvalidRequest(
+                f"transform {t.name!r} on column {column!r} cannot come with {DEFER!r}: the trainer applies only "
+                f"decode, resize, crops and flips, and {DEFER!r} must be the last step",
+                field=f"transform.{DEFER}",
+            )
+        if t.name == DEFER and not deferred:
+            raise InvalidRequest(
+                f"transform {DEFER!r} on column {column!r} must be the column's last step", field=f"transform.{DEFER}"
+            )
         if t.per == "row" and message:
             raise InvalidRequest(
                 f"transform {t.name!r} (per row) comes after per-message transform {message[-1].transform.name!r}"
@@ -166,4 +199,4 @@ def _column_plan(column: str, source: ColumnSpec, steps: list[Step]) -> ColumnPl
             "sample; end the pipeline with a fixed size (e.g. center_crop or random_resized_crop)",
             field="transform",
         )
-    return ColumnPlan(column, source, spec, tuple(row), tuple(message))
+    return ColumnPlan(column, source, spec, tuple(row[:-1] if deferred else row), tuple(message), deferred)

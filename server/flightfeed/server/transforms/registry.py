@@ -24,7 +24,8 @@ operator adds custom transforms in one of two ways:
   ``(rows, *shape)`` and the message's :class:`DrawKey`; it must come after every per-row step.
   ``output(spec, params) -> spec`` says what the step makes of its input (default: the same).
 
-Built-in steps (``ops.py``): decode, resize, center_crop, random_resized_crop, hflip, to_chw, cast.
+Built-in steps (``ops.py``): decode, resize, center_crop, random_resized_crop, hflip, to_chw, cast;
+and ``defer_decode`` (``deferred.py``: the trainer decodes).
 """
 
 from __future__ import annotations

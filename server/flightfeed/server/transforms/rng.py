@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -26,7 +27,7 @@ class DrawKey:
     seed: int
     epoch: int
 
-    @property
+    @cached_property
     def fingerprint_word(self) -> int:
         digest = hashlib.blake2b(self.fingerprint.encode(), digest_size=8).digest()
         return int.from_bytes(digest, "little")

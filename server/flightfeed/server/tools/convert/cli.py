@@ -14,11 +14,12 @@ from flightfeed.server.storage.cli_options import (
     add_reader_arguments,
     add_s3_arguments,
     parse_casts,
+    parse_hdf5_groups,
     size_argument,
     storage_options_from_args,
 )
 from flightfeed.server.tools.convert.pipeline import ConvertSettings, convert
-from flightfeed.wire.errors import FlightFeedError
+from flightfeed.wire.errors import ConfigError, FlightFeedError
 
 __all__ = ["add_arguments", "run"]
 
@@ -44,6 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dst", metavar="DST", help="output directory or s3://bucket/prefix")
     parser.add_argument("--shard-size", type=size_argument, default="512MB", help="bytes per shard (default 512MB)")
     parser.add_argument(
+        "--block-size", type=size_argument, default="8MiB",
+        help="bytes per checksum block in the manifest (default 8MiB): the server verifies each block "
+        "before any of its rows leave the node",
+    )
+    parser.add_argument(
         "--compression",
         choices=("lz4", "zstd", "none"),
         default="none",
@@ -59,6 +65,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--decode", action="store_true", help="images: store decoded uint8 HxWx3 tensors")
     parser.add_argument("--resize", type=_resize, metavar="WxH", help="images: resize to WxH (with --decode)")
+    parser.add_argument(
+        "--max-side", type=int, metavar="N",
+        help="images: re-encode those whose longer side exceeds N to N (JPEG quality 90; aspect ratio kept)",
+    )
+    parser.add_argument(
+        "--on-bad-image", choices=("error", "skip"), default="error",
+        help="images: a file that does not decode stops the conversion naming it (error, default) or is left "
+        "out and counted (skip)",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace a dataset already converted into DST")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_reader_arguments(parser)
@@ -67,15 +82,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        group, per_dataset = parse_hdf5_groups(args.hdf5_group)
+        if per_dataset:
+            raise ConfigError("convert reads one source: give its group as --hdf5-group GROUP (no NAME=)")
         settings = ConvertSettings(
             shard_bytes=args.shard_size,
+            block_bytes=args.block_size,
             compression=args.compression,
             rows_per_batch=args.rows_per_batch,
             kind=args.kind,
-            hdf5_group=args.hdf5_group,
+            hdf5_group=group,
             casts=parse_casts(args.cast),
             decode=args.decode,
             resize=args.resize,
+            max_side=args.max_side,
+            on_bad_image=args.on_bad_image,
             overwrite=args.overwrite,
             progress=not args.no_progress,
             storage=storage_options_from_args(args, os.environ),
@@ -88,4 +109,9 @@ def run(args: argparse.Namespace) -> int:
         f"wrote {manifest.rows} rows in {len(manifest.shards)} shard(s), {manifest.nbytes / 1e6:.1f} MB, "
         f"to {args.dst} (manifest.json)"
     )
+    skipped = manifest.extra.get("skipped_images") or {}
+    if skipped:
+        shown = "; ".join(f"{path} ({why})" for path, why in list(skipped.items())[:5])
+        more = f" and {len(skipped) - 5} more (all in manifest.json)" if len(skipped) > 5 else ""
+        print(f"skipped {len(skipped)} image(s) that do not decode: {shown}{more}", file=sys.stderr)
     return 0

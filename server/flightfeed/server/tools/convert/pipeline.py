@@ -9,12 +9,13 @@ from typing import Literal
 
 from tqdm import tqdm
 
+from flightfeed.server.readers import HDF5_SUFFIXES
+from flightfeed.server.readers.blocks import BLOCK_BYTES
 from flightfeed.server.storage.manifest import Manifest
 from flightfeed.server.storage.options import StorageOptions
 from flightfeed.server.tools.convert.destination import open_destination
 from flightfeed.server.tools.convert.images import ImageFolderSource, looks_like_image_folder
 from flightfeed.server.tools.convert.sources import (
-    HDF5_SUFFIXES,
     Hdf5Source,
     NumpySource,
     ParquetSource,
@@ -36,6 +37,7 @@ _PROBE_ROWS = 64
 @dataclass
 class ConvertSettings:
     shard_bytes: int = 512 * 10**6
+    block_bytes: int = BLOCK_BYTES  # checksum blocks recorded in the manifest
     compression: Compression = "none"
     rows_per_batch: int | None = None
     kind: SourceKind = "auto"
@@ -43,6 +45,8 @@ class ConvertSettings:
     casts: dict[str, str] = field(default_factory=dict)
     decode: bool = False
     resize: tuple[int, int] | None = None
+    max_side: int | None = None
+    on_bad_image: str = "error"
     overwrite: bool = False
     progress: bool = True
     storage: StorageOptions = field(default_factory=StorageOptions)
@@ -54,14 +58,23 @@ def open_source(src: str, settings: ConvertSettings) -> Source:
     if kind == "auto":
         kind = _detect(src)
     if kind == "hdf5":
-        return Hdf5Source(require(find_files(src, HDF5_SUFFIXES), src, "HDF5"), settings.hdf5_group, settings.casts)
-    if settings.casts or settings.hdf5_group:
-        raise ConfigError("--cast and --hdf5-group apply to HDF5 sources only")
+        files = require(find_files(src, HDF5_SUFFIXES), src, "HDF5/netCDF-4", HDF5_SUFFIXES)
+        return Hdf5Source(files, settings.hdf5_group, settings.casts)
+    given = [flag for flag, on in (("--hdf5-group", settings.hdf5_group), ("--cast", settings.casts)) if on]
+    if given:
+        verb = "applies" if len(given) == 1 else "apply"
+        raise ConfigError(f"{' and '.join(given)} {verb} only to HDF5 sources; {src} is {kind}: drop the option")
     if kind == "parquet":
-        return ParquetSource(require(find_files(src, (".parquet",)), src, "Parquet"))
+        return ParquetSource(require(find_files(src, (".parquet",)), src, "Parquet", (".parquet",)))
     if kind == "numpy":
-        return NumpySource(require(find_files(src, (".npy", ".npz")), src, "NumPy (.npy/.npz)"))
-    return ImageFolderSource(src, decode=settings.decode, size=settings.resize)
+        return NumpySource(require(find_files(src, (".npy", ".npz")), src, "NumPy", (".npy", ".npz")))
+    return ImageFolderSource(
+        src,
+        decode=settings.decode,
+        size=settings.resize,
+        max_side=settings.max_side,
+        on_bad_image=settings.on_bad_image,
+    )
 
 
 def _detect(src: str) -> SourceKind:
@@ -73,8 +86,8 @@ def _detect(src: str) -> SourceKind:
     if not os.path.exists(src) and not any(ch in src for ch in "*?["):
         raise ConfigError(f"{src}: no such file or directory")
     raise ConfigError(
-        f"{src}: found nothing to convert (HDF5 .h5, Parquet, NumPy .npy/.npz, or CLASS/ subfolders of "
-        "JPEG/PNG images); name the kind with --from"
+        f"{src}: found nothing to convert (HDF5 .h5/.hdf5, netCDF-4 .nc/.nc4, Parquet, NumPy .npy/.npz, or "
+        "CLASS/ subfolders of JPEG/PNG images); name the kind with --from"
     )
 
 
@@ -83,6 +96,8 @@ def convert(src: str, dst: str, settings: ConvertSettings | None = None) -> Mani
     settings = settings or ConvertSettings()
     if settings.shard_bytes <= 0:
         raise ConfigError("--shard-size must be positive")
+    if settings.block_bytes < 4096:
+        raise ConfigError(f"--block-size {settings.block_bytes}: must be at least 4096 bytes (default 8MiB)")
     source = open_source(src, settings)
     try:
         if source.num_rows == 0:
@@ -98,6 +113,7 @@ def convert(src: str, dst: str, settings: ConvertSettings | None = None) -> Mani
                 shard_bytes=settings.shard_bytes,
                 compression=settings.compression,
                 on_shard=dest.publish,
+                block_bytes=settings.block_bytes,
             )
             bar = tqdm(
                 total=source.num_rows,
@@ -124,7 +140,7 @@ def convert(src: str, dst: str, settings: ConvertSettings | None = None) -> Mani
                 shards,
                 compression=settings.compression,
                 source=src,
-                extra={"rows_per_batch": rows, "source_kind": source.description},
+                extra={"rows_per_batch": rows, "source_kind": source.description, **_image_extra(source, settings)},
             )
             dest.finish(manifest)
             return manifest
@@ -142,3 +158,14 @@ def _auto_rows(source: Source, shard_bytes: int) -> int:
         return 1024
     row_bytes = max(1, probe.get_total_buffer_size() // probe.num_rows)
     return max(1, min(1 << 20, min(TARGET_BATCH_BYTES, shard_bytes // 4) // row_bytes))
+
+
+def _image_extra(source: Source, settings: ConvertSettings) -> dict[str, object]:
+    """What the manifest records of an image folder's checks: skipped files, --max-side."""
+    skipped = getattr(source, "skipped", None)
+    extra: dict[str, object] = {}
+    if skipped is not None:
+        extra["skipped_images"] = dict(skipped)
+    if settings.max_side is not None:
+        extra["max_side"] = settings.max_side
+    return extra

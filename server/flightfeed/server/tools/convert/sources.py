@@ -17,18 +17,19 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from flightfeed.server.readers import HDF5_SUFFIXES
 from flightfeed.server.readers.ndarray import arrow_type_for, column_from_ndarray, unsupported_dtype_reason
 from flightfeed.wire.errors import ConfigError, DatasetError
 
 __all__ = ["Source", "HDF5_SUFFIXES", "find_files", "Hdf5Source", "ParquetSource", "NumpySource"]
 
-HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf")
-
 
 class Source(Protocol):
     description: str
     schema: pa.Schema
-    num_rows: int
+
+    @property
+    def num_rows(self) -> int: ...  # final once batches() is exhausted (image folders may skip files)
 
     def batches(self, rows: int) -> Iterator[pa.RecordBatch]: ...
 
@@ -153,7 +154,7 @@ class NumpySource:
         self._arrays = {}
 
 
-def require(files: list[str], src: str, what: str) -> list[str]:
+def require(files: list[str], src: str, what: str, suffixes: tuple[str, ...]) -> list[str]:
     if not files:
-        raise ConfigError(f"{src}: no {what} files found")
+        raise ConfigError(f"{src}: no {what} files found (looked for {', '.join(suffixes)})")
     return files

@@ -1,5 +1,6 @@
 """Sharded ``.arrow`` output: record batches of a fixed row count, shards of about
-``shard_bytes``, each re-read and checked after it is closed, then handed to ``on_shard``.
+``shard_bytes``, each re-read and checked after it is closed, hashed (sha256 and the checksums of
+its ``block_bytes`` blocks, for the manifest), then handed to ``on_shard``.
 
 Shards are Arrow IPC *file* format (random access, memory-mappable) named ``part-00000.arrow``;
 a shard is written as ``NAME.tmp`` and renamed when complete.
@@ -14,7 +15,7 @@ from typing import Literal
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from flightfeed.server.storage.cache_files import sha256_file
+from flightfeed.server.readers.blocks import BLOCK_BYTES, digest_file
 from flightfeed.server.storage.manifest import ManifestShard
 from flightfeed.wire.errors import ShardError
 
@@ -63,7 +64,9 @@ class ShardWriter:
         shard_bytes: int,
         compression: Compression = "none",
         on_shard: Callable[[str, ManifestShard], None] | None = None,
+        block_bytes: int = BLOCK_BYTES,
     ) -> None:
+        self.block_bytes = block_bytes
         self.directory = directory
         self.schema = schema
         self.shard_bytes = shard_bytes
@@ -121,12 +124,14 @@ class ShardWriter:
         rows = sum(self._batch_rows)
         _verify(tmp, final, self.schema, self._batch_rows)
         os.replace(tmp, final)
+        sha256, blocks = digest_file(final, self.block_bytes)  # one pass, the file is in page cache
         entry = ManifestShard(
             name=os.path.basename(final),
             rows=rows,
             bytes=os.path.getsize(final),
-            sha256=sha256_file(final),
+            sha256=sha256,
             batch_rows=tuple(self._batch_rows),
+            blocks=blocks,
         )
         self.shards.append(entry)
         if self._on_shard is not None:

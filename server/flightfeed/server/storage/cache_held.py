@@ -1,0 +1,62 @@
+"""What an evicted shard still holds on disk: files deleted from the cache while still mapped.
+
+Evicting a cached shard unlinks its file, but the disk space comes back only once no mapping of
+the file is left (a memory-mapped Arrow shard's record batches are views of the map: a message
+being gathered or sent keeps it alive). The cache counts those bytes against ``--cache-size``
+until then, so files plus deleted-but-held bytes stay within it.
+
+A reader of a cached file registers its mapping (``track``: keyed by the cache entry's
+generation); the mapping's owner calls the returned function once the mapping is gone (a
+``weakref.finalize``, from whichever thread drops the last Arrow buffer). That call only appends
+to a deque (no lock: it may run while the cache's lock is held by the same thread, in a garbage
+collection); the cache folds it in under its lock (``drain``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+
+__all__ = ["HeldMappings"]
+
+
+class HeldMappings:
+    """Live mappings of cache entries, by generation (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._maps: dict[int, list[int]] = {}  # generation -> [bytes, live mappings]
+        self._released: deque[int] = deque()
+
+    def track(self, generation: int, size: int) -> Callable[[], None]:
+        """Count one live mapping of entry ``generation`` (caller holds the cache's lock); returns
+        the function to call once that mapping is gone (idempotent, lock-free)."""
+        entry = self._maps.setdefault(generation, [size, 0])
+        entry[1] += 1
+        done = [False]
+
+        def released() -> None:
+            if not done[0]:
+                done[0] = True
+                self._released.append(generation)
+
+        return released
+
+    def drain(self) -> None:
+        """Fold in the mappings that went (caller holds the cache's lock)."""
+        while self._released:
+            generation = self._released.popleft()
+            entry = self._maps.get(generation)
+            if entry is not None:
+                entry[1] -= 1
+                if entry[1] <= 0:
+                    del self._maps[generation]
+
+    def held(self, live: Iterable[int]) -> tuple[int, int]:
+        """(files, bytes) still mapped whose entries are gone from the cache (``live``: the
+        generations still cached): deleted, yet holding their space (caller holds the lock)."""
+        alive = set(live)
+        gone = [size for g, (size, _) in self._maps.items() if g not in alive]
+        return len(gone), sum(gone)
+
+    def mapped(self, generation: int) -> bool:
+        return generation in self._maps
