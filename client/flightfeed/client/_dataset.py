@@ -215,7 +215,11 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
     def stats(self) -> dict[str, float]:
         """Consumer-side figures: rows, bytes, wait_s, elapsed_s, stall_ratio, rows_per_s, bytes_per_s,
         rows_skipped (rows the server could not decode, with ``on_decode_error="skip"``), retries
-        (stream retries after a failure) and failovers (retries that moved to another location)."""
+        (stream retries after a failure), failovers (retries that moved to another location), moved
+        (messages another data node delivered than the one the plan put them on: work moved off a
+        slower node), hedged (messages requested again elsewhere because they lagged), duplicates
+        (copies dropped: the second copy of a hedged message) and nodes (data nodes the last
+        iteration's streams started on)."""
         return self.meter.figures()
 
     # -- iteration ------------------------------------------------------------------------
@@ -262,6 +266,7 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         self._state = start.pinned(readers[0].ticket if readers else None, topo.rank, topo.world_size)
         skip = skip_delivered(readers, start.worker_rows) if topo.num_workers > 1 else 0
         lanes = Lanes(readers, prefetch=self.options.prefetch, settings=self._lane_settings, count=self.meter.count)
+        self.meter.set("nodes", lanes.nodes)
         running = (stop, lanes.lanes)
         self._running.append(running)
         lanes.start()

@@ -95,6 +95,8 @@ class Lanes:
             count=count or (lambda event, n: None),
         )
         self.lanes = [Lane(self, slot, r, grid, step) for slot, r in enumerate(self.readers)]
+        #: data nodes (locations) the lanes start on: what the client reports (the server's scaling rule)
+        self.nodes = len({r.locations[0] for r in self.readers})
 
     def start(self) -> None:
         for lane in self.lanes:

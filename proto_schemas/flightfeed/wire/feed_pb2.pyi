@@ -111,7 +111,7 @@ class StreamTicket(_message.Message):
     def __init__(self, version: _Optional[int] = ..., read: _Optional[_Union[ReadCommand, _Mapping]] = ..., fingerprint: _Optional[str] = ..., num_rows: _Optional[int] = ..., start_row: _Optional[int] = ..., end_row: _Optional[int] = ..., message_rows: _Optional[int] = ..., first_message: _Optional[int] = ..., message_step: _Optional[int] = ..., expected_rows: _Optional[int] = ..., stream_index: _Optional[int] = ..., stored_order: _Optional[bool] = ..., message_count: _Optional[int] = ...) -> None: ...
 
 class ClientReport(_message.Message):
-    __slots__ = ("client_id", "dataset", "rank", "world_size", "stall_ratio", "rows_per_s", "bytes_per_s", "rows_total", "bytes_total", "wait_s", "elapsed_s", "device")
+    __slots__ = ("client_id", "dataset", "rank", "world_size", "stall_ratio", "rows_per_s", "bytes_per_s", "rows_total", "bytes_total", "wait_s", "elapsed_s", "device", "nodes")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -124,6 +124,7 @@ class ClientReport(_message.Message):
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
     ELAPSED_S_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     dataset: str
     rank: int
@@ -136,4 +137,5 @@ class ClientReport(_message.Message):
     wait_s: float
     elapsed_s: float
     device: str
-    def __init__(self, client_id: _Optional[str] = ..., dataset: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., stall_ratio: _Optional[float] = ..., rows_per_s: _Optional[float] = ..., bytes_per_s: _Optional[float] = ..., rows_total: _Optional[int] = ..., bytes_total: _Optional[int] = ..., wait_s: _Optional[float] = ..., elapsed_s: _Optional[float] = ..., device: _Optional[str] = ...) -> None: ...
+    nodes: int
+    def __init__(self, client_id: _Optional[str] = ..., dataset: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., stall_ratio: _Optional[float] = ..., rows_per_s: _Optional[float] = ..., bytes_per_s: _Optional[float] = ..., rows_total: _Optional[int] = ..., bytes_total: _Optional[int] = ..., wait_s: _Optional[float] = ..., elapsed_s: _Optional[float] = ..., device: _Optional[str] = ..., nodes: _Optional[int] = ...) -> None: ...

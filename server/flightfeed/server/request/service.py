@@ -111,6 +111,7 @@ class FlightFeedServer(flight.FlightServerBase):
             self.cluster.checks.append(functools.partial(getattr, cache, "problem"))
         self.metrics.sections["cluster"] = self.cluster.describe
         self.metrics.registry.register(self.cluster.collector())
+        self.metrics.nodes_live = lambda: len(self.cluster.nodes())  # for flightfeed_nodes_wanted
 
     def _fingerprints(self) -> dict[str, str]:
         return {d.name: d.fingerprint for d in self.catalog.datasets()}
