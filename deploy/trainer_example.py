@@ -2,9 +2,13 @@
 data tier as ``world_size`` data-parallel ranks (one thread each, as separate processes would) and
 checks that every row of every epoch arrives exactly once across the ranks.
 
-    python deploy/trainer_example.py --location grpc://flightfeed-1:8815 --dataset demo \
-        --token-file /run/flightfeed/token --world-size 2 --epochs 2
+    python deploy/trainer_example.py \
+        --location grpc://flightfeed-1:8815,grpc://flightfeed-2:8815,grpc://flightfeed-3:8815 \
+        --dataset demo --token-file /run/flightfeed/token --world-size 2 --epochs 2
 
+``--location`` names every node (comma-separated): the client asks the next one when a node is
+down, so the trainer survives the loss of any one node, the first one included. ``--step-seconds``
+stands in for a training step per batch (the deploy check uses it to kill a node mid-epoch).
 The dataset needs an integer ``index`` column holding each row's global index (the compose seed
 job writes one). Exit code 0 when every epoch was exact, 1 otherwise.
 """
@@ -19,10 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
-from flightfeed.client import ConnectOptions, FlightDataset
+from flightfeed.client import ConnectOptions, FlightDataset, ReadOptions
 
 
-def read_rank(args: argparse.Namespace, token: str | None, rank: int, epoch: int, out: dict[int, np.ndarray]) -> None:
+def read_rank(
+    args: argparse.Namespace, token: str | None, rank: int, epoch: int, out: dict[int, np.ndarray],
+    failovers: dict[int, float],
+) -> None:
     ds = FlightDataset(
         args.location,
         args.dataset,
@@ -33,16 +40,22 @@ def read_rank(args: argparse.Namespace, token: str | None, rank: int, epoch: int
         rank=rank,
         world_size=args.world_size,
         connect=ConnectOptions(token=token),
+        options=ReadOptions(streams=args.streams, message_rows=args.message_rows),
     )
     ds.set_epoch(epoch)
-    seen = [batch["index"].numpy().copy() for batch in ds]
+    seen = []
+    for batch in ds:
+        seen.append(batch["index"].numpy().copy())
+        if args.step_seconds > 0:
+            time.sleep(args.step_seconds)  # the training step
     out[rank] = np.concatenate(seen) if seen else np.empty(0, dtype=np.int64)
+    failovers[rank] = ds.stats()["failovers"]
     ds.close()
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--location", default="grpc://127.0.0.1:8815")
+    p.add_argument("--location", default="grpc://127.0.0.1:8815", help="a node, or every node comma-separated")
     p.add_argument("--dataset", default="demo")
     p.add_argument("--column", default="label", help="a second column to read (default label)")
     p.add_argument("--token-file", type=Path, default=None)
@@ -50,14 +63,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--streams", type=int, default=4, help="parallel streams per rank (default 4)")
+    p.add_argument("--message-rows", type=int, default=0, help="rows per Flight message (0: the server's choice)")
+    p.add_argument("--expect-rows", type=int, default=0, help="rows per epoch (the dataset's; 0: not checked)")
+    p.add_argument("--step-seconds", type=float, default=0.0, help="a stand-in training step per batch")
     args = p.parse_args(argv)
     token = args.token_file.read_text().strip() if args.token_file else None
     ok = True
     for epoch in range(args.epochs):
         out: dict[int, np.ndarray] = {}
+        failovers: dict[int, float] = {}
+        print(f"epoch {epoch}: started", flush=True)
         t0 = time.perf_counter()
         threads = [
-            threading.Thread(target=read_rank, args=(args, token, r, epoch, out)) for r in range(args.world_size)
+            threading.Thread(target=read_rank, args=(args, token, r, epoch, out, failovers))
+            for r in range(args.world_size)
         ]
         for t in threads:
             t.start()
@@ -69,11 +89,13 @@ def main(argv: list[str] | None = None) -> int:
         rows = np.concatenate(list(out.values()))
         unique = np.unique(rows)
         exact = len(rows) == len(unique) and (len(unique) == 0 or (unique[0] == 0 and unique[-1] == len(unique) - 1))
+        exact = exact and (args.expect_rows == 0 or len(unique) == args.expect_rows)
         ok = ok and exact
         elapsed = time.perf_counter() - t0
         per_rank = ", ".join(f"rank {r}: {len(out[r]):,}" for r in sorted(out))
         print(
             f"epoch {epoch}: {len(rows):,} rows ({per_rank}) in {elapsed:.2f} s, "
+            f"{int(sum(failovers.values()))} failover(s), "
             f"{'every row exactly once' if exact else 'ROWS LOST OR REPEATED'}",
             flush=True,
         )

@@ -35,7 +35,8 @@ def test_the_signature_is_the_designed_one() -> None:
     assert read == {
         "streams": 4, "prefetch": 1, "message_rows": 0, "block_rows": 0, "buffer_rows": 0, "compression": None,
         "on_decode_error": "raise", "report_interval": 5.0,
-        "normalize": None, "decode_on": "server",  # issue 17: this wave's new knobs live in ReadOptions
+        # issues 17 and 21: this wave's new knobs live in ReadOptions
+        "normalize": None, "decode_on": "server", "as_tuple": False,
         "window_bytes": None, "hedge": True,  # issue 19: how far streams fetch ahead, hedging
     }
     conn = {n: f.default for n, f in ConnectOptions.__dataclass_fields__.items()}
@@ -88,6 +89,8 @@ def test_several_moved_keywords_are_named_together() -> None:
         (lambda: ReadOptions(report_interval=-1.0), r"report_interval is -1.0; it must be a number of seconds"),
         (lambda: ReadOptions(window_bytes=-1), r"window_bytes is -1; it must be an integer >= 0"),
         (lambda: ReadOptions(hedge="yes"), r"hedge is 'yes'; it must be True or False"),  # type: ignore[arg-type]
+        (lambda: ReadOptions(as_tuple="yes"), r"as_tuple is 'yes'; it must be True or False"),  # type: ignore[arg-type]
+        (lambda: FlightDataset(LOCATION, "d", options=ReadOptions(as_tuple=True)), r"as_tuple=True\) yields the col"),
         (lambda: ConnectOptions(token="  "), r"token="),
         (lambda: ConnectOptions(tls_root_certs="PEM"), r"tls_root_certs is a str; pass the CA's PEM as bytes"),  # type: ignore[arg-type]
         (lambda: ConnectOptions(timeout=0), r"timeout is 0; it must be a number of seconds > 0 or None"),

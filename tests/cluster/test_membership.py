@@ -16,10 +16,11 @@ from flightfeed.server.observe.snapshot import metrics_snapshot
 from flightfeed.server.request.service import FlightFeedServer
 from flightfeed.server.storage import open_catalog
 from flightfeed.server.testing import RunningServer
-from flightfeed.wire.errors import StreamError
+from flightfeed.wire.errors import ConfigError, StreamError
 from flightfeed.wire.messages import WIRE_VERSION, ReadCommand
 from tests.cluster.conftest import BLOB_ROWS, free_port
 from tests.datasets import write_dataset
+from tests.ports import dead_location
 
 
 @contextmanager
@@ -128,7 +129,7 @@ def test_a_dead_location_that_never_comes_back_is_named(blobs_dir: Path) -> None
 
 
 def test_a_client_names_several_entries_and_skips_a_dead_one(blobs_dir: Path) -> None:
-    dead = f"grpc://127.0.0.1:{free_port()}"
+    dead = dead_location()  # never answered in this process: a wrong address, not an outage
     with node(blobs_dir, "grpc://127.0.0.1:0") as a:
         ds = FlightDataset(
             f"{dead}, {a.location}",
@@ -139,7 +140,8 @@ def test_a_client_names_several_entries_and_skips_a_dead_one(blobs_dir: Path) ->
         )
         assert sorted(i for batch in ds for i in batch["index"].tolist()) == list(range(BLOB_ROWS))
         assert ds.stats()["failovers"] >= 1  # get_flight_info moved on from the dead entry
-    with pytest.raises(StreamError, match=r"get_flight_info for dataset 'blobs': gave up .* locations tried: "):
+    # a location that never answered in this process is a configuration error, raised at once
+    with pytest.raises(ConfigError, match=r"get_flight_info for dataset 'blobs': no flightfeed server answered at "):
         next(iter(FlightDataset(
             dead,
             "blobs",

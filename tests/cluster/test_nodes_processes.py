@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow.flight as flight
 
 from flightfeed.client import FlightDataset, ReadOptions
+from flightfeed.server.cluster.spread import first_slot, spread
 from tests.cluster.conftest import BLOB_ROWS, action, eventually, free_port, gone
 from tests.processes import start_serve
 
@@ -54,8 +55,9 @@ def test_epoch_over_two_ranks_survives_a_killed_node_and_a_joining_node(blobs_di
     ports = [free_port() for _ in range(4)]
     locs = [f"grpc://127.0.0.1:{p}" for p in ports]
     peers = ",".join(locs[:3])
-    # rank 0 reads one 48 MB stream, served first by the first node in order: the victim
-    victim = sorted(locs[:3])[0]
+    # rank 0 reads one 48 MB stream; the node its slot lands on first is the victim
+    slot = first_slot("blobs", seed=3, epoch=0, rank=0, world_size=2, streams=1)
+    victim = spread([[loc] for loc in sorted(locs[:3])], slot)[0]
     entry, other = (loc for loc in locs[:3] if loc != victim)
     with nodes() as procs:
         for port in ports[:3]:

@@ -95,15 +95,39 @@ def test_compose_sidecar_prometheus_and_trainer_use_the_token() -> None:
     assert str(credentials.parent) in _token_mounts(services["prometheus"])
 
     trainer = services["trainer"]
-    assert trainer["build"]["target"] == "trainer"
-    assert re.search(r"^FROM \S+ AS trainer$", (DEPLOY / "Dockerfile").read_text(), re.M)
+    dockerfile = (DEPLOY.parent / trainer["build"]["dockerfile"]).read_text()
+    assert re.search(rf"^FROM \S+ AS {trainer['build']['target']}$", dockerfile, re.M)
     command = list(trainer["command"])
     token = Path(command[command.index("--token-file") + 1])
     assert str(token.parent) in _token_mounts(trainer)
-    location = command[command.index("--location") + 1]
-    assert urlparse(location).hostname in NODES
+    # every node named: the trainer survives the loss of any one, the first one included
+    locations = command[command.index("--location") + 1].split(",")
+    assert {urlparse(loc).hostname for loc in locations} == set(NODES)
     for node in NODES:
         assert trainer["depends_on"][node]["condition"] == "service_healthy"
+
+
+def test_compose_builds_from_a_base_image_argument_and_needs_compose_v2() -> None:
+    text = (DEPLOY / "compose.yaml").read_text()
+    assert not re.search(r"^name:", text, re.M), "a top-level name: is refused by Compose v1; use -p"
+    assert "Compose v2" in text and "Compose v2" in (DEPLOY / "README.md").read_text()
+    services = _compose()
+    for name, service in services.items():
+        if "build" in service:
+            assert service["build"]["args"]["PYTHON_IMAGE"] == "${PYTHON_IMAGE:-python:3.11-slim}", name
+    assert services["trainer"]["build"]["args"]["TORCH_INDEX_URL"].startswith("${TORCH_INDEX_URL-https://")
+
+
+def test_only_the_trainer_image_has_torch_and_it_is_the_cpu_wheel() -> None:
+    node = (DEPLOY / "Dockerfile").read_text()
+    trainer = (DEPLOY / "trainer.Dockerfile").read_text()
+    code = [line for line in node.splitlines() if not line.lstrip().startswith("#")]
+    assert not [line for line in code if "torch" in line], "the node image must not install torch"
+    assert re.search(r"^ARG PYTHON_IMAGE=python:3\.11-slim$", node, re.M)
+    assert all(f == "${PYTHON_IMAGE}" for f in re.findall(r"^FROM (\S+)", node + trainer, re.M))
+    assert '"torch==${TORCH_VERSION}+cpu"' in trainer  # never PyPI's CUDA build by accident
+    assert "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in trainer
+    assert "GPU trainer brings its own CUDA image" in trainer
 
 
 def test_trainer_example_accepts_its_compose_command() -> None:
@@ -150,6 +174,8 @@ def test_k8s_data_nodes_find_each_other_through_the_headless_service() -> None:
     for c in (server, sidecar):
         assert c["readinessProbe"]["httpGet"]["path"] == "/readyz"
         assert c["readinessProbe"]["httpGet"]["port"] in (side.port, "http")
+        # /readyz walks the request path within the sidecar's --timeout: the probe waits longer
+        assert c["readinessProbe"]["timeoutSeconds"] > side.timeout
         assert c["resources"]["requests"]["cpu"] and c["resources"]["requests"]["memory"]
 
 

@@ -74,9 +74,10 @@ def test_remote_source_refuses_a_server_that_is_not_flightfeed(
 ) -> None:
     location = echo_server(b"<html>not json</html>")
     handle = sidecar(RemoteSource(location))
-    assert httpx.get(handle.url + "/readyz").status_code == 200  # it answers health...
+    ready = httpx.get(handle.url + "/readyz")  # it answers health, but serves no datasets
+    assert ready.status_code == 503 and "did not answer list_flights" in ready.json()["reason"]
     response = httpx.get(handle.url + "/stats")
-    assert response.status_code == 503  # ...but its stats are not flightfeed's
+    assert response.status_code == 503  # and its stats are not flightfeed's
     assert "not JSON" in response.json()["error"]
 
 

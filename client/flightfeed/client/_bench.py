@@ -23,6 +23,7 @@ import torch
 
 from flightfeed.client._dataset import FlightDataset
 from flightfeed.client._options import ConnectOptions, ReadOptions
+from flightfeed.wire.errors import Unauthenticated
 from flightfeed.wire.tokens import read_token_file
 
 __all__ = ["add_arguments", "run", "measure_epoch", "summarize"]
@@ -113,6 +114,12 @@ def run(args: argparse.Namespace) -> int:
     )
     try:
         epochs = [measure_epoch(ds, e, step_s=args.step_ms / 1e3) for e in range(args.epochs)]
+    except Unauthenticated:
+        given = "a token that the server refused" if token else "no token"
+        raise Unauthenticated(
+            f"{args.location} wants a bearer token and this call had {given}: pass the server's token file "
+            "with --auth-token-file"
+        ) from None
     finally:
         ds.close()
     result = {

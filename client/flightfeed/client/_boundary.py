@@ -7,15 +7,15 @@ becomes :class:`StreamError` (transient: retryable) or passes through unchanged.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from flightfeed.wire.errors import FlightFeedError, StorageError, StreamError, error_from_message
+from flightfeed.wire.errors import FlightFeedError, InvalidRequest, StorageError, StreamError, error_from_message
 
-__all__ = ["translate", "flight_call", "retryable"]
-
+__all__ = ["translate", "flight_call", "retryable", "reached_server", "user_words"]
 
 
 def retryable(err: BaseException) -> bool:
@@ -25,11 +25,42 @@ def retryable(err: BaseException) -> bool:
     return not isinstance(err, FlightFeedError) or isinstance(err, StreamError | StorageError)
 
 
+def reached_server(exc: BaseException) -> bool:
+    """Whether a failure came from a server that answered (an error it sent, a stream it broke off),
+    not from failing to reach one (connection refused, unknown host, a timeout): gRPC reports those
+    as ``FlightUnavailableError``/``FlightTimedOutError``, kept as the ``__cause__`` of translated errors."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            break
+        if isinstance(seen, flight.FlightUnavailableError | flight.FlightTimedOutError):
+            return False
+        seen = seen.__cause__
+    return True
+
+
+# wire field names -> the names a FlightDataset user passed
+_USER_WORDS = [
+    (re.compile(r"\bticket\.read\.batch_rows\b|\bbatch_rows\b"), "batch_size"),
+    (re.compile(r"\bticket\.message_rows\b"), "message_rows"),
+    (re.compile(r"\bshuffle\.(block_rows|buffer_rows)\b"), r"\1"),
+]
+
+
+def user_words(text: str) -> str:
+    """A server message in the words of the client's API (``batch_size``, not the wire's ``batch_rows``)."""
+    for pattern, word in _USER_WORDS:
+        text = pattern.sub(word, text)
+    return text
+
+
 def translate(exc: BaseException) -> BaseException:
     if isinstance(exc, FlightFeedError):
         return exc
     if isinstance(exc, flight.FlightError | pa.ArrowException):
         tagged = error_from_message(str(exc))
+        if isinstance(tagged, InvalidRequest):
+            return type(tagged)(user_words(str(tagged)))
         if tagged is not None:
             return tagged
         return StreamError(f"Flight call failed: {exc}")

@@ -24,13 +24,13 @@ from flightfeed.client._device import DeviceStage
 from flightfeed.client._images import check_decode_on, image_stage
 from flightfeed.client._info import dataset_info
 from flightfeed.client._lanes import Lane, Lanes, LaneSettings
+from flightfeed.client._members import Members
 from flightfeed.client._node import FlightNode
 from flightfeed.client._normalize import normalize_option
-from flightfeed.client._options import ConnectOptions, ReadOptions, refuse_moved
+from flightfeed.client._options import ConnectOptions, ReadOptions, checked_settings, refuse_moved
 from flightfeed.client._pool import ConnectionPool
-from flightfeed.client._report import Reporter, _default_client_id
+from flightfeed.client._report import _default_client_id, start_reporter
 from flightfeed.client._request import ReadJob, columns_arg, open_readers, read_command
-from flightfeed.client._retry import split_locations
 from flightfeed.client._skips import positions_of
 from flightfeed.client._state import ReadState
 from flightfeed.client._stats import StallMeter
@@ -52,8 +52,10 @@ from flightfeed.wire.transforms import TransformSpec, set_transform
 __all__ = ["FlightDataset"]
 
 
-class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
-    """Batches (``dict[str, torch.Tensor]``) of dataset ``name`` served at ``location``.
+class FlightDataset(torch.utils.data.IterableDataset[Any]):
+    """Batches (``dict[str, torch.Tensor]``; a tuple in the order of ``columns`` with
+    ``ReadOptions(as_tuple=True)``) of dataset ``name`` served at ``location``. ``len(ds)``: the
+    batches this rank yields in the current epoch.
 
     Use directly (``for batch in ds``), with ``DataLoader(ds, batch_size=None, num_workers=N)``
     (workers split the streams; no duplicates), as ``ds.as_node()`` or ``ds.as_datapipe()``.
@@ -102,22 +104,13 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         options: ReadOptions | None = None,
     ) -> None:
         super().__init__()
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ConfigError(f"batch_size is {batch_size!r}; it must be an integer >= 1")
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ConfigError(f"seed is {seed!r}; it must be an integer >= 0")
-        if connect is not None and not isinstance(connect, ConnectOptions):
-            raise ConfigError(f"connect is a {type(connect).__name__}; pass connect=ConnectOptions(...)")
-        if options is not None and not isinstance(options, ReadOptions):
-            raise ConfigError(f"options is a {type(options).__name__}; pass options=ReadOptions(...)")
         self.location, self.name = location, name
-        split_locations(location)  # one or several comma-separated entries; a clear error if none
+        self._members = Members(location)  # checks every comma-separated entry; learns the tier's others
         self.columns = columns_arg(columns)
+        self.connect, self.options = checked_settings(batch_size, seed, self.columns, connect, options)
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.rank, self.world_size, self.drop_last = rank, world_size, drop_last
         self.device = torch.device(device) if device is not None else None
-        self.connect = connect if connect is not None else ConnectOptions()
-        self.options = options if options is not None else ReadOptions()
         # server-side transforms (see the class doc); checked here for shape, on the server in full
         self.transform = transform
         set_transform(ReadCommand(), transform, self.options.on_decode_error)
@@ -203,7 +196,7 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         """What the server says about the dataset: ``name``, ``rows``, ``columns`` (name -> Arrow
         type), ``classes`` (class names of a converted image folder, else None) and ``schema``."""
         if self._info is None:
-            self._info = dataset_info(self._get_pool(), self.connect, self.name, self.columns)
+            self._info = dataset_info(self._get_pool(), self._members, self.connect, self.name, self.columns)
         return self._info
 
     @property
@@ -225,7 +218,7 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
     # -- iteration ------------------------------------------------------------------------
     def _get_pool(self) -> ConnectionPool:
         if self._pool is None:
-            self._pool = ConnectionPool(split_locations(self.location)[0], self.connect)
+            self._pool = ConnectionPool(self._members.given[0], self.connect)
         return self._pool
 
     def open_streams(
@@ -234,7 +227,7 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         """One started-later StreamReader per endpoint of this reader's request (``_request``)."""
         cmd = read_command(self.job(), topo, start, self.epoch if epoch is None else epoch)
         return open_readers(
-            self._get_pool(), cmd, stop, locations=split_locations(self.location), connect=self.connect,
+            self._get_pool(), cmd, stop, members=self._members, connect=self.connect,
             prefetch=self.options.prefetch, on_retry=self._retried,
         )
 
@@ -243,10 +236,28 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         if next_location != failed:
             self.meter.count("failovers")
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __len__(self) -> int:
+        """The number of batches this rank yields in the current epoch (``set_epoch``), exactly.
+
+        It follows ``batch_size``, ``drop_last`` and rank/world size, and counts the *whole* epoch,
+        also after ``load_state_dict`` mid-epoch (what ``len(loader)`` means to an LR scheduler or a
+        progress bar; after a resume at another world size: the batches before the re-partition plus
+        this rank's share of the rest). With DataLoader workers it is the rank's total, which the
+        workers share. The one exception: with ``ReadOptions(on_decode_error="skip")`` a batch whose
+        every row failed to decode is not yielded, so fewer batches may come. Asks the server for the
+        row count once (``info()``) unless an iteration already learned it."""
+        topo = resolve_topology(self.rank, self.world_size)
+        epoch = self.epoch
+        state = self._resume if self._resume is not None else self._state
+        if state.epoch != epoch:
+            state = ReadState.fresh(self._settings(), epoch=epoch)
+        num_rows = state.num_rows or int(self.info()["rows"])
+        return state.epoch_batches(num_rows, topo.rank, topo.world_size)
+
+    def __iter__(self) -> Iterator[Any]:
         return self._iterate()
 
-    def _iterate(self) -> Iterator[dict[str, Any]]:
+    def _iterate(self) -> Iterator[Any]:
         topo = resolve_topology(self.rank, self.world_size)
         epoch = self.epoch  # read when the iteration starts: set_epoch reaches persistent workers
         start = self._resume if self._resume is not None else ReadState.fresh(self._settings(), epoch=epoch)
@@ -272,11 +283,18 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
         lanes.start()
         batches = split_batches(drop_rows(lanes.messages(), skip), self.batch_size)
         stage = _device_stage(self.device, self.meter)
+        as_tuple = self.options.as_tuple
         post = image_stage(
             self.device, normalize_option(self.options.normalize), self.options.decode_on, self._image_decoder
         )
         self.meter.start()
-        reporter = self._reporter(topo)
+        reporter = start_reporter(  # to the member that answered this iteration's get_flight_info
+            self._members.order()[0], self.meter.figures, interval=self.options.report_interval,
+            static={"dataset": self.name, "rank": topo.rank, "world_size": topo.world_size,
+                    "device": str(self.device or "cpu")},
+            client_id=self._client_id + (f"/worker{topo.worker}" if topo.num_workers > 1 else ""),
+            connect=self.connect,
+        )
         try:
             while True:
                 t0 = time.perf_counter()
@@ -300,7 +318,7 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
                     self.meter.spent("images", time.perf_counter() - t2)
                 self.meter.waited(time.perf_counter() - t0, rb.num_rows, rb.nbytes)
                 self._state = self._state.advanced(positions)
-                yield out
+                yield tuple(out[c] for c in self.columns) if as_tuple else out
         finally:
             self.meter.stop()
             if reporter is not None:
@@ -313,27 +331,6 @@ class FlightDataset(torch.utils.data.IterableDataset[dict[str, Any]]):
             stage.close()
             if running in self._running:
                 self._running.remove(running)
-
-    def _reporter(self, topo: Topology) -> Reporter | None:
-        """Send this reader's stall/throughput to the server every ``report_interval`` seconds."""
-        interval = self.options.report_interval
-        if not interval:
-            return None
-        static = {
-            "dataset": self.name,
-            "rank": topo.rank,
-            "world_size": topo.world_size,
-            "device": str(self.device or "cpu"),
-        }
-        return Reporter(
-            split_locations(self.location)[0],
-            self.meter.figures,
-            interval=interval,
-            static=static,
-            client_id=self._client_id + (f"/worker{topo.worker}" if topo.num_workers > 1 else ""),
-            token=self.connect.token,
-            tls_root_certs=self.connect.tls_root_certs,
-        )
 
     # -- adapters -------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:

@@ -13,16 +13,32 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from flightfeed.client._boundary import flight_call
+from flightfeed.client._dial import first_answer
+from flightfeed.client._members import Members
 from flightfeed.client._options import ConnectOptions
 from flightfeed.client._pool import ConnectionPool
 from flightfeed.wire.classes import classes_of
 
 __all__ = ["dataset_info"]
 
-def dataset_info(pool: ConnectionPool, connect: ConnectOptions, name: str, columns: Sequence[str]) -> dict[str, Any]:
-    """``name``, ``rows``, ``columns`` (name -> Arrow type as text), ``classes`` and ``schema``."""
-    with flight_call(f"get_flight_info for dataset {name!r} at {pool.location}"):
-        info = pool.client(0).get_flight_info(flight.FlightDescriptor.for_path(name), connect.call_options())
+
+def dataset_info(
+    pool: ConnectionPool, members: Members, connect: ConnectOptions, name: str, columns: Sequence[str]
+) -> dict[str, Any]:
+    """``name``, ``rows``, ``columns`` (name -> Arrow type as text), ``classes`` and ``schema``; asked
+    of the first member of the tier that answers (:mod:`._dial`)."""
+    what = f"get_flight_info for dataset {name!r}"
+    descriptor = flight.FlightDescriptor.for_path(name)
+
+    def get_info(entry: str) -> Any:
+        try:
+            with flight_call(f"{what} at {entry}"):
+                return pool.client(0, entry).get_flight_info(descriptor, connect.call_options())
+        except Exception:
+            pool.discard(0, entry)
+            raise
+
+    info = first_answer(get_info, members, connect.policy(), what=what)
     schema: pa.Schema = info.schema
     if columns:
         schema = pa.schema([schema.field(c) for c in columns if c in schema.names], metadata=schema.metadata)  # type: ignore[arg-type]

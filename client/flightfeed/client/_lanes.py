@@ -29,7 +29,8 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from flightfeed.client._board import Board, Run
-from flightfeed.client._boundary import retryable, translate
+from flightfeed.client._boundary import reached_server, retryable, translate
+from flightfeed.client._members import Members
 from flightfeed.client._pool import ConnectionPool
 from flightfeed.client._retry import Outage, RetryPolicy
 from flightfeed.client._skips import received
@@ -120,6 +121,7 @@ class Lane(threading.Thread):
         self.policy: RetryPolicy = reader.policy
         self.stop: threading.Event = reader.stop
         self.on_retry: Callable[[str, str], None] | None = reader.on_retry
+        self.members: Members | None = reader.members
         self.delivered = 0  # messages this lane delivered (a retry that adds some ends the outage)
         self._active: flight.FlightStreamReader | None = None
         self._lock = threading.Lock()
@@ -142,6 +144,7 @@ class Lane(threading.Thread):
             try:
                 self._fetch(run, location)
                 if self.delivered > before:
+                    self._recovered(outage, location)
                     outage = None
             except Exception as exc:
                 self.board.release(run)
@@ -149,10 +152,15 @@ class Lane(threading.Thread):
                     return
                 err = translate(exc)
                 if self.delivered > before:
+                    self._recovered(outage, location)
                     outage = None  # the last try made progress: this is a new outage
+                if self.members is not None and reached_server(exc):
+                    self.members.heard(location)
                 if not retryable(err):
                     self.board.fail(_final(err, exc, self.slot))
                     return
+                if self.members is not None:
+                    self.members.failed(location)  # the next get_flight_info tries it last
                 outage = outage or Outage(self.policy, len(self.locations))
                 pause = outage.failed(location, err)
                 if pause is None:
@@ -161,14 +169,22 @@ class Lane(threading.Thread):
                 self.pool.discard(self.slot, location)
                 at = (at + 1) % len(self.locations)
                 self.board.moved_to(self.slot, self.locations[at])
-                log.warning(
-                    "stream %d failed at %s (%s); retry %d of this outage on %s",
-                    self.slot, location, err, outage.attempts, self.locations[at],
-                )
+                # one line when an outage begins (a long wait is never silent); the rest at debug level
+                log.log(
+                    logging.WARNING if outage.attempts == 1 else logging.DEBUG,
+                    "stream %d failed at %s (%s); retry %d of this outage on %s (up to %gs: retry_timeout)",
+                    self.slot, location, _first_line(err), outage.attempts, self.locations[at],
+                    self.policy.timeout_s,
+                )  # fmt: skip
                 if self.on_retry is not None:
                     self.on_retry(location, self.locations[at])
                 if pause and self.stop.wait(pause):
                     return
+
+    def _recovered(self, outage: Outage | None, location: str) -> None:
+        if outage is not None:
+            log.warning("stream %d continues on %s after %d retries in %.1fs", self.slot, location,
+                        outage.attempts, outage.elapsed())
 
     def _ticket(self, run: Run) -> Any:
         ticket = StreamTicket()
@@ -188,6 +204,7 @@ class Lane(threading.Thread):
         with self._lock:
             self._active = reader
         rows = self.board.rows
+        told = False
         try:
             pending: list[pa.RecordBatch] = []
             have = 0
@@ -198,6 +215,9 @@ class Lane(threading.Thread):
                     break
                 if chunk.data is None:  # a metadata-only message
                     continue
+                if not told and self.members is not None:
+                    self.members.answered(location)  # this request's first message arrived
+                    told = True
                 if self.stop.is_set():
                     return
                 batch, skipped = received(chunk.data, chunk.app_metadata)
@@ -270,3 +290,8 @@ def _final(err: BaseException, exc: BaseException, slot: int, outage: Outage | N
     if not isinstance(err, FlightFeedError):
         return StreamError(f"stream {slot}: {exc}")
     return err
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__

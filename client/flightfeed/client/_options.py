@@ -27,7 +27,7 @@ from flightfeed.wire.tokens import normalize_token
 #: ``ReadOptions.decode_on``: who decodes the images of a decoding transform
 DECODE_ON = ("server", "trainer")
 
-__all__ = ["ConnectOptions", "ReadOptions", "MOVED", "DECODE_ON", "refuse_moved"]
+__all__ = ["ConnectOptions", "ReadOptions", "MOVED", "DECODE_ON", "refuse_moved", "checked_settings"]
 
 _COMPRESSIONS = (None, "lz4", "zstd")
 
@@ -54,8 +54,11 @@ class ConnectOptions:
     ``token``: bearer token (the server's ``--auth-token-file``; surrounding whitespace is stripped,
     an empty one refused). ``tls_root_certs``: PEM of the CA for ``grpc+tls://`` locations.
     ``timeout``: per-call timeout in seconds (None: no limit). ``retry_timeout``: seconds one
-    *outage* may last (from a failure until a retry delivers data again; 0: never retry).
-    ``retries``: an optional cap on the retries of one outage (None: time only).
+    *outage* may last (from a failure until a retry delivers data again; 0: never retry) — the
+    budget that counts. ``retries``: an optional cap on the retries of one outage that never ends an
+    outage shorter than 5 s (``COUNT_FLOOR_S``; a restarted node is back in about 1 s), or than
+    ``retry_timeout`` if that is shorter (None: time only). Only servers that answered before get
+    retries: a location that never answered in this process fails at once with a ConfigError.
     """
 
     token: str | None = None
@@ -100,8 +103,9 @@ class ReadOptions:
 
     ``streams``: parallel Flight streams, each on its own connection and thread. ``prefetch``:
     messages buffered per stream. ``message_rows``: rows per Flight message (0: the server's
-    choice, about 8 MiB; messages are what streams and data nodes share out, so fewer, larger
-    messages spread a small epoch over fewer streams and nodes). ``block_rows`` / ``buffer_rows``:
+    choice, whole batches filling about its ``--message-size``, 16 MiB); messages are what streams
+    and data nodes share out, so fewer, larger messages spread a small epoch over fewer streams and
+    nodes. ``block_rows`` / ``buffer_rows``:
     the shuffle's block and window sizes (0: the server's defaults). ``compression``: ``"lz4"``,
     ``"zstd"`` or None (IPC compression; slower on fast networks). ``on_decode_error``: ``"raise"``
     or ``"skip"`` (rows whose bytes do not decode are dropped). ``report_interval``: seconds between
@@ -109,12 +113,14 @@ class ReadOptions:
     sent), True (torchvision's ImageNet mean/std) or ``(mean, std)``: the image column becomes
     float32 ``(B, C, H, W)`` on the dataset's device, after the copy. ``decode_on``: ``"server"``
     (the data node decodes) or ``"trainer"`` (the node sends JPEG bytes + seeded crop/flip; the
-    trainer decodes with nvJPEG through torchvision). ``window_bytes``: how far the streams may
-    fetch ahead of the consumer, in bytes of received messages (None: ``streams x (prefetch + 1)``
-    messages of 16 MiB; never fewer than ``streams x (prefetch + 1)`` messages; 0: exactly that
-    many messages). Streams pull runs of messages inside this window, so a slow data node gets
-    less work. ``hedge``: a message that lags on a slow node is requested again elsewhere, the
-    first copy wins (``stats()`` counts ``moved``, ``hedged`` and ``duplicates``).
+    trainer decodes with nvJPEG through torchvision). ``as_tuple``: yield each batch
+    as a tuple of tensors in the order of the dataset's ``columns=[...]`` (``for images, target in
+    loader``) instead of a dict. ``window_bytes``: how far the streams may fetch ahead of the
+    consumer, in bytes of received messages (None: ``streams x (prefetch + 1)`` messages of 16 MiB;
+    never fewer than ``streams x (prefetch + 1)`` messages; 0: exactly that many messages).
+    Streams pull runs of messages inside this window, so a slow data node gets less work.
+    ``hedge``: a message that lags on a slow node is requested again elsewhere, the first copy
+    wins (``stats()`` counts ``moved``, ``hedged`` and ``duplicates``).
     """
 
     streams: int = 4
@@ -127,6 +133,7 @@ class ReadOptions:
     report_interval: float | None = 5.0
     normalize: NormalizeSpec = None
     decode_on: str = "server"
+    as_tuple: bool = False
     window_bytes: int | None = None
     hedge: bool = True
 
@@ -149,6 +156,27 @@ class ReadOptions:
             raise ConfigError(
                 f"decode_on is {self.decode_on!r}; allowed: 'server' (the data node decodes) or 'trainer'"
             )
+        if not isinstance(self.as_tuple, bool):
+            raise ConfigError(f"as_tuple is {self.as_tuple!r}; it must be True or False")
+
+
+def checked_settings(
+    batch_size: object, seed: object, columns: list[str], connect: object, options: object
+) -> tuple[ConnectOptions, ReadOptions]:
+    """Check a FlightDataset's per-job numbers and option groups; the groups, defaults filled in."""
+    _count("batch_size", batch_size, 1)
+    _count("seed", seed, 0)
+    if connect is not None and not isinstance(connect, ConnectOptions):
+        raise ConfigError(f"connect is a {type(connect).__name__}; pass connect=ConnectOptions(...)")
+    if options is not None and not isinstance(options, ReadOptions):
+        raise ConfigError(f"options is a {type(options).__name__}; pass options=ReadOptions(...)")
+    read = options if options is not None else ReadOptions()
+    if read.as_tuple and not columns:
+        raise ConfigError(
+            "ReadOptions(as_tuple=True) yields the columns in the order of columns=[...]: name them, "
+            "e.g. FlightDataset(..., columns=['image', 'label'], options=ReadOptions(as_tuple=True))"
+        )
+    return (connect if connect is not None else ConnectOptions()), read
 
 
 # the constructor's former flat keywords -> where they live now

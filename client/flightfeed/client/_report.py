@@ -24,7 +24,7 @@ from flightfeed.client._options import ConnectOptions
 from flightfeed.client._pool import ConnectionPool
 from flightfeed.wire.messages import ClientReport
 
-__all__ = ["Reporter", "report_message"]
+__all__ = ["Reporter", "report_message", "start_reporter"]
 
 log = logging.getLogger("flightfeed.client.report")
 
@@ -140,3 +140,21 @@ class Reporter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def start_reporter(
+    location: str,
+    figures: Callable[[], Mapping[str, Any]],
+    *,
+    interval: float | None,
+    static: Mapping[str, Any],
+    client_id: str,
+    connect: ConnectOptions,
+) -> Reporter | None:
+    """A started Reporter of one iteration (None when ``interval`` is None or 0: no reports)."""
+    if not interval:
+        return None
+    return Reporter(
+        location, figures, interval=interval, static=static, client_id=client_id,
+        token=connect.token, tls_root_certs=connect.tls_root_certs,
+    )

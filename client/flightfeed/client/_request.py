@@ -3,9 +3,10 @@ readers of the FlightInfo that answers it.
 
 ``read_command`` turns a :class:`ReadJob` (the dataset's settings), the topology (rank,
 DataLoader worker) and the position to start from into a ReadCommand; ``open_readers`` sends it
-to the first of the locations that answers (retried under the outage budget of ``connect``) and
-makes one :class:`StreamReader` per endpoint. An endpoint without locations is served by the node
-that answered, then by the other locations.
+to the first member of the tier that answers (:mod:`._dial`: a location that never answered is a
+configuration error, an outage is retried under the budget of ``connect``), remembers the members
+the endpoints name, and makes one :class:`StreamReader` per endpoint. An endpoint without
+locations is served by the node that answered, then by the other members.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from typing import Any
 import pyarrow.flight as flight
 
 from flightfeed.client._boundary import flight_call
+from flightfeed.client._dial import first_answer
+from flightfeed.client._members import Members
 from flightfeed.client._options import ConnectOptions, ReadOptions
 from flightfeed.client._pool import ConnectionPool
-from flightfeed.client._retry import retrying
 from flightfeed.client._state import ReadState
 from flightfeed.client._streams import StreamReader
 from flightfeed.client._topology import Topology
@@ -94,13 +96,13 @@ def open_readers(
     cmd: Any,
     stop: threading.Event,
     *,
-    locations: Sequence[str],
+    members: Members,
     connect: ConnectOptions,
     prefetch: int,
     on_retry: Callable[[str, str], None] | None = None,
 ) -> list[StreamReader]:
-    """get_flight_info for ``cmd`` at the first of ``locations`` that answers -> one (not yet
-    started) StreamReader per endpoint."""
+    """get_flight_info for ``cmd`` at the first member that answers -> one (not yet started)
+    StreamReader per endpoint."""
     descriptor = flight.FlightDescriptor.for_command(cmd.SerializeToString())
     options = connect.call_options()
     policy = connect.policy()
@@ -108,19 +110,30 @@ def open_readers(
     what = f"get_flight_info for dataset {cmd.dataset!r}"
 
     def get_info(entry: str) -> Any:
-        with flight_call(f"{what} at {entry}"):
-            info = pool.client(0, entry).get_flight_info(descriptor, options)
+        try:
+            with flight_call(f"{what} at {entry}"):
+                info = pool.client(0, entry).get_flight_info(descriptor, options)
+        except Exception:
+            pool.discard(0, entry)  # reconnect next time (a restarted node, a name that resolves again)
+            raise
         answered.append(entry)
         return info
 
-    entries = list(locations)
-    info = retrying(get_info, entries, policy, what=what, on_retry=on_retry)
-    home = [answered[-1], *(e for e in entries if e != answered[-1])]
+    info = first_answer(get_info, members, policy, what=what, on_retry=on_retry)
+    endpoints = [[_uri(loc) for loc in ep.locations] for ep in info.endpoints]
+    members.learn(loc for locs in endpoints for loc in locs)
+    home = [answered[-1], *(m for m in members.order() if m != answered[-1])]
     readers = []
-    for k, ep in enumerate(info.endpoints):
+    for k, (ep, found) in enumerate(zip(info.endpoints, endpoints, strict=True)):
         ticket = StreamTicket.FromString(ep.ticket.ticket)
-        found = [loc.uri.decode() if isinstance(loc.uri, bytes) else str(loc.uri) for loc in ep.locations]
         readers.append(
-            StreamReader(pool, k, ticket, found or home, depth=prefetch, policy=policy, stop=stop, on_retry=on_retry)
+            StreamReader(
+                pool, k, ticket, found or home,
+                depth=prefetch, policy=policy, stop=stop, on_retry=on_retry, members=members,
+            )
         )
     return readers
+
+
+def _uri(location: Any) -> str:
+    return location.uri.decode() if isinstance(location.uri, bytes) else str(location.uri)

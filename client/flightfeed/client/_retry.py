@@ -3,33 +3,25 @@
 An *outage* starts at a stream's first failure and ends when a retry delivers a message again.
 Within one outage the stream tries its endpoint's locations in turn (the next location at once,
 a pause only after every location failed once: ``backoff_s`` doubling up to ``backoff_cap_s``),
-and gives up when the outage has lasted ``timeout_s`` seconds (or, if ``max_attempts`` is set,
-after that many retries). A stream that survives many short outages in one epoch therefore never
-runs out of budget; one location that never comes back ends in a :class:`StreamError` naming
-every location tried.
+and gives up when the outage has lasted ``timeout_s`` seconds. ``max_attempts`` (the user's
+``retries``) is a cap that respects a floor: it ends an outage after that many retries only once the
+outage has lasted ``floor_s`` (5 s, or ``timeout_s`` if shorter) — a count alone, with pauses
+starting at 0.05 s, would give up in 0.35 s on ``retries=3``, before a restarted node (about 1 s)
+is back. A stream that survives many short outages in one epoch never runs out of budget; one
+location that never comes back ends in a :class:`StreamError` naming every location tried.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
 
-from flightfeed.client._boundary import retryable, translate
-from flightfeed.wire.errors import ConfigError, StreamError
+from flightfeed.wire.errors import ConfigError
 
-__all__ = ["RetryPolicy", "Outage", "retrying", "split_locations"]
+__all__ = ["RetryPolicy", "Outage", "COUNT_FLOOR_S"]
 
-T = TypeVar("T")
-
-
-def split_locations(location: str) -> list[str]:
-    """``"grpc://a:8815,grpc://b:8815"`` -> its entries (a client may name several data nodes)."""
-    out = [part.strip() for part in location.split(",") if part.strip()]
-    if not out:
-        raise ConfigError(f"location {location!r}: expected grpc://HOST:PORT (or several, comma-separated)")
-    return out
+COUNT_FLOOR_S = 5.0  # a retry count never ends an outage shorter than this (a node restarts in ~1 s)
 
 
 @dataclass(frozen=True)
@@ -38,6 +30,7 @@ class RetryPolicy:
     max_attempts: int | None = None  # an extra cap on retries per outage (None: time only)
     backoff_s: float = 0.05  # first pause after all locations failed once
     backoff_cap_s: float = 1.0  # longest pause between rounds
+    floor_s: float = COUNT_FLOOR_S  # max_attempts ends no outage shorter than min(floor_s, timeout_s)
 
     def __post_init__(self) -> None:
         if not self.timeout_s >= 0:
@@ -69,14 +62,20 @@ class Outage:
         if location not in self.tried:
             self.tried.append(location)
         self.errors.append(f"{location}: {_first_line(error)}")
-        left = self.policy.timeout_s - self.elapsed()
-        if left <= 0 or (self.policy.max_attempts is not None and self.attempts >= self.policy.max_attempts):
+        elapsed = self.elapsed()
+        left = self.policy.timeout_s - elapsed
+        if left <= 0 or self._counted_out(elapsed):
             return None
         self.attempts += 1
         if self.attempts % max(1, self.locations):
             return 0.0  # another location is untried in this round: go at once
         rounds = self.attempts // max(1, self.locations)
         return float(min(self.policy.backoff_cap_s, self.policy.backoff_s * 2.0 ** (rounds - 1), left))
+
+    def _counted_out(self, elapsed: float) -> bool:
+        cap = self.policy.max_attempts
+        floor = min(self.policy.floor_s, self.policy.timeout_s)
+        return cap is not None and self.attempts >= cap and elapsed >= floor
 
     def summary(self) -> str:
         last = self.errors[-1] if self.errors else "no error"
@@ -90,35 +89,3 @@ class Outage:
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return text[0] if text else type(error).__name__
-
-
-def retrying(
-    call: Callable[[str], T],
-    locations: Sequence[str],
-    policy: RetryPolicy,
-    *,
-    what: str,
-    on_retry: Callable[[str, str], None] | None = None,
-) -> T:
-    """``call(location)`` over ``locations`` in turn within one outage's budget (for calls that
-    are not streams, e.g. ``get_flight_info``); errors that are not worth retrying pass through."""
-    outage: Outage | None = None
-    at = 0
-    while True:
-        location = locations[at]
-        try:
-            return call(location)
-        except Exception as exc:
-            err = translate(exc)
-            if not retryable(err):
-                if err is exc:
-                    raise
-                raise err from exc
-            outage = outage or Outage(policy, len(locations))
-            pause = outage.failed(location, err)
-            if pause is None:
-                raise StreamError(f"{what}: {outage.summary()}") from exc
-            at = (at + 1) % len(locations)
-            if on_retry is not None:
-                on_retry(location, locations[at])
-            time.sleep(pause)

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from flightfeed.wire.errors import ConfigError, StaleState
-from flightfeed.wire.plan import Partition
+from flightfeed.wire.plan import Partition, ceil_div
 
 __all__ = ["ReadState", "STATE_VERSION"]
 
@@ -39,6 +39,8 @@ class ReadState:
     num_workers: int = 1
     worker_rows: int = 0
     message_rows: int = 0
+    # batches each rank had delivered before a re-partition at another world size (``len``)
+    prior_batches: int = 0
 
     @classmethod
     def fresh(cls, settings: dict[str, Any], epoch: int = 0) -> ReadState:
@@ -125,4 +127,12 @@ class ReadState:
             world_size=world_size,
             global_start=part.consumed_positions(self.rows_consumed),
             rows_consumed=0,
+            prior_batches=self.prior_batches + ceil_div(self.rows_consumed, batch),
         )
+
+    def epoch_batches(self, num_rows: int, rank: int, world_size: int) -> int:
+        """Batches ``rank`` of ``world_size`` yields in this state's whole epoch (the ones before a
+        re-partition included), for a dataset of ``num_rows`` rows."""
+        batch = int(self.settings["batch_size"])
+        part = Partition(num_rows, batch, rank, world_size, bool(self.settings["drop_last"]), self.global_start)
+        return self.prior_batches + part.rank_batches

@@ -4,7 +4,8 @@ An iteration makes one :class:`StreamReader` per endpoint (``_request``); the la
 ``_lanes`` then fetch the endpoint's share of the work through it: the ticket is the template of
 every run requested on its behalf, the locations are where its lane goes (the first, then the
 next after a failure), the slot picks its own connection in the pool, and the retry policy, stop
-event and retry callback are the iteration's. The reading itself lives in ``_lanes``: messages
+event, retry callback and members (the tier's locations, told which served and which failed) are
+the iteration's. The reading itself lives in ``_lanes``: messages
 move between endpoints, so no endpoint owns a fixed stripe of them any more.
 """
 
@@ -14,6 +15,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from flightfeed.client._members import Members
 from flightfeed.client._pool import ConnectionPool
 from flightfeed.client._retry import RetryPolicy
 
@@ -34,8 +36,10 @@ class StreamReader:
         policy: RetryPolicy,
         stop: threading.Event,
         on_retry: Callable[[str, str], None] | None = None,
+        members: Members | None = None,
     ) -> None:
         self.pool, self.slot, self.ticket = pool, slot, ticket
         self.locations = list(locations) or [pool.location]
         self.depth = max(1, depth)  # messages buffered per stream (the window counts them)
         self.policy, self.stop, self.on_retry = policy, stop, on_retry
+        self.members = members  # told which locations served and which failed (the next epoch's order)

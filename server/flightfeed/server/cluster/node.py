@@ -92,7 +92,8 @@ class Cluster:
         return nodes
 
     def endpoint_locations(self, k: int) -> list[str]:
-        """Locations of endpoint ``k`` ([]: this server alone, the client's own location)."""
+        """Locations of the endpoint in spread slot ``k`` (``spread.first_slot`` + its index;
+        []: this server alone, the client's own location)."""
         nodes = self.nodes()
         if len(nodes) == 1 and len(nodes[0]) == 1 and nodes[0][0] == self.entry():
             return []

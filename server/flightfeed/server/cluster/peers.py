@@ -212,7 +212,9 @@ class Membership:
 
     def _apply(self, location: str, result: dict[str, Any] | Exception) -> None:
         now = time.time()
-        mine = self._datasets()
+        # asked before taking the lock: ``me`` may call back into this membership (a wildcard
+        # bind's entry is one of ``self_addresses``), and the lock is not reentrant
+        mine, my_id = self._datasets(), me_id(self._me())
         learned: list[str] = []
         with self._lock:
             peer = self._peers.get(location)
@@ -225,7 +227,7 @@ class Membership:
                 return
             peer.id, peer.status, peer.error = str(result["id"]), str(result["status"]), None
             peer.last_ok = now
-            if peer.id == me_id(self._me()):
+            if peer.id == my_id:
                 peer.state, peer.processes = "self", []
                 return
             host = host_of(location)

@@ -6,14 +6,22 @@ location first, then its ``--workers`` processes). Endpoint ``k`` is served firs
 rotate over its processes too); its alternate locations are the entry locations of the other live
 nodes in rotation order, then its own node's entry location when the first choice is a worker.
 A client that loses a location continues on the next one.
+
+``k`` is a *slot*, not a stream index: :func:`first_slot` numbers every stream of a job (all
+ranks, DataLoader workers and epochs) one after another, from a stable hash of the dataset and
+seed, so R ranks x K streams land on R*K consecutive nodes (every node gets work when R*K >= the
+node count; the first stream of every rank does not pile onto one node) and each epoch continues
+the rotation where the last one ended. Every node computes the same slots (the sorted live node
+list and the request fields are all it uses), so ranks asking different nodes still spread.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from urllib.parse import urlparse, urlunparse
 
-__all__ = ["spread", "with_host", "is_wildcard", "host_of"]
+__all__ = ["spread", "first_slot", "with_host", "is_wildcard", "host_of"]
 
 _WILDCARDS = ("0.0.0.0", "::", "[::]", "")
 
@@ -32,6 +40,25 @@ def spread(nodes: Sequence[Sequence[str]], k: int) -> list[str]:
     if first != own[0]:
         out.append(own[0])
     return out
+
+
+def first_slot(
+    dataset: str,
+    *,
+    seed: int = 0,
+    epoch: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
+    worker: int = 0,
+    num_workers: int = 1,
+    streams: int = 1,
+) -> int:
+    """The slot of stream 0 of one request (stream ``k`` takes slot ``first_slot(...) + k``): the
+    job's streams numbered rank-major over ``world_size * num_workers * streams`` per epoch, after
+    a stable (process-independent) hash of ``dataset`` and ``seed``."""
+    per_epoch = max(1, world_size) * max(1, num_workers) * max(1, streams)
+    base = zlib.crc32(f"{dataset}\0{seed}".encode())
+    return base + epoch * per_epoch + (rank * max(1, num_workers) + worker) * max(1, streams)
 
 
 def is_wildcard(location: str) -> bool:

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from flightfeed.server.cluster import Cluster
+from flightfeed.server.cluster.spread import first_slot
 from flightfeed.server.data.catalog import Catalog, Dataset
 from flightfeed.server.data.readahead import ReadAhead
 from flightfeed.server.guards.auth import TokenAuthFactory
@@ -123,10 +124,15 @@ class FlightFeedServer(flight.FlightServerBase):
         plan = transform_plan(ds, read, self.transformer)
         return plan.schema(schema) if plan is not None else schema
 
-    def _info(self, ds: Dataset, descriptor: flight.FlightDescriptor, tickets: list[Any], schema: pa.Schema) -> Any:
+    def _info(
+        self, ds: Dataset, descriptor: flight.FlightDescriptor, tickets: list[Any], schema: pa.Schema, first: int
+    ) -> Any:
+        """``first``: the spread slot of endpoint 0 (``cluster.spread.first_slot``)."""
         endpoints = []
         for k, t in enumerate(tickets):
-            locs: list[str | flight.Location] = [flight.Location(u) for u in self.cluster.endpoint_locations(k)]
+            locs: list[str | flight.Location] = [
+                flight.Location(u) for u in self.cluster.endpoint_locations(first + k)
+            ]
             endpoints.append(flight.FlightEndpoint(t.SerializeToString(), locs))
         rows = sum(int(t.expected_rows) for t in tickets)
         return flight.FlightInfo(schema, descriptor, endpoints, total_records=rows, total_bytes=-1, ordered=True)
@@ -146,13 +152,17 @@ class FlightFeedServer(flight.FlightServerBase):
     def get_flight_info(self, context: Any, descriptor: flight.FlightDescriptor) -> Any:
         if descriptor.descriptor_type == flight.DescriptorType.PATH:
             ds = self._path_dataset(descriptor)
-            return self._info(ds, descriptor, stored_order_tickets(ds, self.settings), ds.schema)
+            return self._info(ds, descriptor, stored_order_tickets(ds, self.settings), ds.schema, first_slot(ds.name))
         cmd = decode_command(descriptor.command or b"")
         ds = self.catalog.get(cmd.dataset)
         check_columns(ds, list(cmd.columns))
         check_read(ds, cmd, self.limits, self._row_bytes(ds, cmd))
         tickets = make_tickets(ds, cmd, self.settings, self.transformer, nodes=len(self.cluster.nodes()))
-        return self._info(ds, descriptor, tickets, self._schema(ds, cmd))
+        first = first_slot(
+            ds.name, seed=cmd.seed, epoch=cmd.epoch, rank=cmd.rank, world_size=cmd.world_size,
+            worker=cmd.worker, num_workers=cmd.num_workers, streams=cmd.streams,
+        )
+        return self._info(ds, descriptor, tickets, self._schema(ds, cmd), first)
 
     def _row_bytes(self, ds: Dataset, read: Any) -> int:
         """Bytes of one row as sent (after the request's transforms): what message sizes count."""

@@ -8,7 +8,8 @@
   ``prometheus_text``), so ``/metrics`` is the same in both modes, and adds one metric of its
   own, ``flightfeed_sidecar_flight_up`` (1 while the Flight server answers, else 0).
 
-Both are ready while the Flight server answers a ``health`` action.
+Both are ready while the Flight server answers a trainer's request path (``health``,
+``list_flights``, ``get_flight_info``) within the probe's timeout: see :mod:`.readiness`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.observe.probe import FlightProbe
 from flightfeed.server.observe.snapshot import metrics_snapshot
+from flightfeed.server.sidecar.readiness import ServingProbe
 from flightfeed.wire.errors import FlightFeedError
 
 __all__ = ["StatsSource", "LocalSource", "RemoteSource", "FlightProbe", "SIDECAR_METRICS", "not_ready_reason"]
@@ -47,9 +49,9 @@ class StatsSource(Protocol):
 
 def not_ready_reason(source: StatsSource) -> str:
     """Why ``source`` is not ready, as its probe last saw it."""
-    probe = getattr(source, "_probe", None)
+    probe = getattr(source, "_probe", None) or getattr(getattr(source, "local", None), "_probe", None)
     reason = getattr(probe, "last_error", None)
-    return str(reason) if reason else "the Flight server does not answer a 'health' action"
+    return str(reason) if reason else "the Flight server does not answer a trainer's request path"
 
 
 class _Describes(Protocol):
@@ -62,20 +64,21 @@ class _Catalog(Protocol):
 
 class LocalSource:
     """In-process figures (``flightfeed serve``). ``flight_location``: the server to probe for
-    readiness (None: ready while the process lives); ``token``: its bearer token, if any. The
-    probe trusts the server's TLS certificate without checking it: it is this very process."""
+    readiness (None: ready while the process lives); ``token``: its bearer token, if any;
+    ``timeout_s``: the readiness probe's deadline. The probe trusts the server's TLS certificate
+    without checking it: it is this very process."""
 
     def __init__(
         self, metrics: ServerMetrics, catalog: _Catalog | None = None, flight_location: str | None = None,
-        *, token: str | None = None, tls_root_certs: bytes | None = None,
+        *, token: str | None = None, tls_root_certs: bytes | None = None, timeout_s: float = 2.0,
     ) -> None:
         self.metrics = metrics
         self.catalog = catalog
         self.flight_location = flight_location
         self._probe = None
         if flight_location:
-            self._probe = FlightProbe(
-                flight_location, token=token, tls_root_certs=tls_root_certs, verify_tls=False
+            self._probe = ServingProbe(
+                flight_location, timeout_s=timeout_s, token=token, tls_root_certs=tls_root_certs, verify_tls=False
             )
 
     def prometheus_text(self) -> bytes:
@@ -88,7 +91,7 @@ class LocalSource:
         return snap
 
     def ready(self) -> bool:
-        return self._probe.healthy() if self._probe is not None else True
+        return self._probe.serving() if self._probe is not None else True
 
     def close(self) -> None:
         if self._probe is not None:
@@ -103,7 +106,7 @@ class RemoteSource:
         tls_root_certs: bytes | None = None,
     ) -> None:
         self.flight_location = flight_location
-        self._probe = FlightProbe(
+        self._probe = ServingProbe(
             flight_location, timeout_s=timeout_s, token=token, tls_root_certs=tls_root_certs
         )
 
@@ -136,7 +139,7 @@ class RemoteSource:
         return snap
 
     def ready(self) -> bool:
-        return self._probe.healthy()
+        return self._probe.serving()
 
     def close(self) -> None:
         self._probe.close()

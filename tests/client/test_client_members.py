@@ -1,0 +1,61 @@
+"""The members a reader knows (issue 25), as a pure object: given first, learned after, failed last until
+they answer again; and the retry count's floor (issue 22)."""
+
+from __future__ import annotations
+
+import pickle
+
+from flightfeed.client._members import Members
+from flightfeed.client._retry import COUNT_FLOOR_S, Outage, RetryPolicy
+from flightfeed.wire.errors import StreamError
+
+A, B, C, D = (f"grpc://10.0.0.{i}:8815" for i in range(1, 5))
+
+
+def test_given_first_then_learned_then_failed() -> None:
+    m = Members(f"{A}, {B},{A}")  # duplicates collapse
+    assert m.given == [A, B] and m.order() == [A, B]
+    m.learn([C, B, "not a location", A, D])
+    assert m.order() == [A, B, C, D]
+    m.failed(A)
+    m.failed(C)
+    assert m.order() == [B, D, A, C]  # failed ones last, longest-failed first
+    m.answered(A)  # e.g. it served a stream again
+    assert m.order() == [A, B, D, C]
+
+
+def test_answered_is_remembered_per_reader_and_per_process() -> None:
+    m = Members(D)
+    lone = "grpc://10.9.9.9:1"
+    assert not m.ever_answered(lone)
+    m.heard(lone)  # it answered with an error: a server is there
+    assert m.ever_answered(lone) and Members(lone).ever_answered(lone)  # per process too
+
+
+def test_a_pickled_copy_keeps_members_and_answers_but_not_failure_times() -> None:
+    m = Members(A)
+    m.learn([B])
+    m.answered(B)
+    m.failed(A)
+    copy = pickle.loads(pickle.dumps(m))
+    assert copy.known() == [A, B] and copy.ever_answered(B)
+    assert copy.order() == [A, B]  # failure times belong to the process that saw them
+    copy.failed(A)
+    assert copy.order() == [B, A]
+
+
+def test_a_retry_count_never_ends_an_outage_shorter_than_the_floor() -> None:
+    now = [0.0]
+    outage = Outage(RetryPolicy(timeout_s=30.0, max_attempts=3), locations=1, clock=lambda: now[0])
+    err = StreamError("connection refused")
+    pauses = []
+    while now[0] < COUNT_FLOOR_S:
+        pause = outage.failed("grpc://a:1", err)
+        assert pause is not None, f"gave up after {now[0]:.2f}s"
+        pauses.append(pause)
+        now[0] += pause
+    assert len(pauses) > 3  # more retries than the count, until the floor
+    assert outage.failed("grpc://a:1", err) is None  # then the count ends it
+    short = Outage(RetryPolicy(timeout_s=1.0, max_attempts=3), locations=1, clock=lambda: now[0])
+    now[0] += 1.0
+    assert short.failed("grpc://a:1", err) is None  # retry_timeout bounds the floor
