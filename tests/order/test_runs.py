@@ -5,7 +5,15 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flightfeed.wire.plan import MESSAGES_PER_STREAM, ceil_div, split_streams, spread_message_rows, stream_messages
+from flightfeed.wire.plan import (
+    MESSAGES_PER_STREAM,
+    MIN_MESSAGES_PER_STREAM,
+    MIN_SPREAD_MESSAGE_BYTES,
+    ceil_div,
+    split_streams,
+    spread_message_rows,
+    stream_messages,
+)
 
 
 @given(
@@ -45,15 +53,20 @@ def test_runs_of_any_lengths_carry_a_workers_messages_exactly(
     rows=st.integers(0, 10**6),
     streams=st.integers(1, 32),
     nodes=st.integers(1, 16),
+    row_bytes=st.sampled_from([0, 8, 1000, 12288, 1 << 20]),
 )
 def test_message_sizes_give_every_stream_and_node_several_messages(
-    batch: int, batches_per_message: int, rows: int, streams: int, nodes: int
+    batch: int, batches_per_message: int, rows: int, streams: int, nodes: int, row_bytes: int
 ) -> None:
     wanted = batch * batches_per_message
-    got = spread_message_rows(wanted, batch, rows, streams, nodes)
+    got = spread_message_rows(wanted, batch, rows, streams, nodes, row_bytes)
     assert got % batch == 0 and batch <= got <= wanted
-    parts = max(streams, nodes) * MESSAGES_PER_STREAM
-    if rows >= batch * parts:
-        assert ceil_div(rows, got) >= parts  # enough messages for every stream and node
-    if got < wanted:  # capped only when the rows would otherwise make too few (down to one batch)
-        assert rows // got >= parts or got == batch
+    k = max(streams, nodes)
+    spread = rows // (batch * k * MESSAGES_PER_STREAM)  # about 32 messages per stream (or node) ...
+    floor = ceil_div(MIN_SPREAD_MESSAGE_BYTES, batch * row_bytes) if row_bytes else 0  # ... of >= 1 MiB ...
+    least = rows // (batch * k * MIN_MESSAGES_PER_STREAM)  # ... and at least 4 each
+    assert got == min(wanted, batch * max(1, min(max(spread, floor), least)))
+    if rows >= batch * k * MIN_MESSAGES_PER_STREAM:
+        assert ceil_div(rows, got) >= k * MIN_MESSAGES_PER_STREAM  # every stream and node gets work
+    if got >= batch * spread and spread:
+        assert ceil_div(rows, got) <= ceil_div(rows, batch * spread)

@@ -70,18 +70,35 @@ def report(t: NodesWanted, clock: Clock, at: float, elapsed: float, wait: float,
 
 def test_the_tracker_uses_the_figures_between_two_reports() -> None:
     clock = Clock()
-    t = NodesWanted(ScalingPolicy(stale_s=30.0), clock=clock)
+    t = NodesWanted(ScalingPolicy(stale_s=30.0, window_s=10.0, min_span_s=3.0), clock=clock)
     report(t, clock, 0.0, 100.0, 0.0, 0.0)  # a long unstalled history: only what follows counts
     assert t.decision(1).reason.startswith("no recent client reports")
     report(t, clock, 5.0, 105.0, 2.5, 500 * MB)  # 5 s, half of it waiting, 100 MB/s
     d = t.decision(1)
     assert d.wanted == 2 and d.stall == pytest.approx(0.5) and d.bytes_per_s == pytest.approx(100 * MB)
-    # two nodes and no stall any more: the saturation measured at one node lets the tier hold at 2
+    # the client reads from two nodes now: judged on its reports since (none yet: hold)
     report(t, clock, 10.0, 110.0, 2.5, 1500 * MB, nodes=2, live=2)
+    assert t.decision(2).reason.startswith("no recent client reports")
+    # no stall any more: the saturation measured at one node lets the tier hold at 2
+    report(t, clock, 15.0, 115.0, 2.5, 2500 * MB, nodes=2, live=2)
     d = t.decision(2)
     assert d.wanted == 2 and d.stall == 0.0 and d.node_bytes_per_s == pytest.approx(100 * MB)
     clock.now = 50.0  # the client went quiet: its figures age out
     assert t.decision(2).reason.startswith("no recent client reports")
+
+
+def test_one_short_burst_does_not_decide() -> None:
+    """Figures over less than ``min_span_s`` of reading (an epoch's first second) are not used;
+    over a longer window a burst averages out."""
+    clock = Clock()
+    t = NodesWanted(ScalingPolicy(window_s=10.0, min_span_s=3.0), clock=clock)
+    report(t, clock, 0.0, 0.0, 0.0, 0.0)
+    report(t, clock, 1.0, 1.0, 0.95, 20 * MB)  # the first second: mostly waiting
+    assert t.decision(1).reason.startswith("no recent client reports")
+    for k in range(2, 13):  # then 100 MB/s without waiting
+        report(t, clock, float(k), float(k), 0.95, 20 * MB + (k - 1) * 100 * MB)
+    d = t.decision(1)
+    assert d.stall < 0.05 and d.wanted == 1  # the burst left the 10 s window
 
 
 def test_the_gauge_and_stats_carry_the_decision(tmp_path: Path) -> None:
@@ -98,7 +115,7 @@ def test_the_gauge_and_stats_carry_the_decision(tmp_path: Path) -> None:
 def test_reports_over_flight_reach_the_rule(small_dir: Path) -> None:
     with running_server({"small": str(small_dir)}) as srv:
         client = flight.FlightClient(srv.location)
-        for elapsed, wait, nbytes in ((1.0, 0.0, 0), (3.0, 1.0, 20_000_000)):  # 2 s, 50% stall
+        for elapsed, wait, nbytes in ((1.0, 0.0, 0), (7.0, 3.0, 60_000_000)):  # 6 s, 50% stall
             body = report_message({"client_id": "trainer-0", "dataset": "small", "world_size": 1,
                                    "elapsed_s": elapsed, "wait_s": wait, "bytes_total": nbytes, "nodes": 1})
             list(client.do_action(flight.Action("report", body.SerializeToString())))

@@ -31,6 +31,8 @@ __all__ = [
     "default_message_rows",
     "spread_message_rows",
     "MESSAGES_PER_STREAM",
+    "MIN_SPREAD_MESSAGE_BYTES",
+    "MIN_MESSAGES_PER_STREAM",
     "ceil_div",
 ]
 
@@ -209,15 +211,28 @@ def default_message_rows(batch_rows: int, row_bytes: int, num_workers: int, targ
     return batch_rows * max(1, target_bytes // per_batch)
 
 
-#: a reader's rows make at least this many messages per stream (or node): streams that pull work
-#: (the client's lanes) need several messages each to divide an epoch by the nodes' speeds
-MESSAGES_PER_STREAM = 8
+#: a reader's rows make about this many messages per stream (or node): streams that pull work (the
+#: client's lanes) need several messages each to divide an epoch by the nodes' speeds, and an epoch's
+#: start (every stream receiving its first message at once) costs one message per stream ...
+MESSAGES_PER_STREAM = 32
+#: ... unless that would make messages smaller than this (each message has a fixed cost on both
+#: sides; a run of messages costs one request) ...
+MIN_SPREAD_MESSAGE_BYTES = 1 << 20
+#: ... and never fewer than this many per stream
+MIN_MESSAGES_PER_STREAM = 4
 
 
-def spread_message_rows(message_rows: int, batch_rows: int, rows: int, streams: int, nodes: int = 1) -> int:
-    """``message_rows`` (whole batches) capped so that ``rows`` make at least
-    ``max(streams, nodes) x MESSAGES_PER_STREAM`` messages where they can (one batch at least):
-    with small rows a whole epoch would otherwise fit in a few messages and one node serve it all."""
-    parts = max(1, streams, nodes) * MESSAGES_PER_STREAM
-    cap = batch_rows * max(1, rows // (batch_rows * parts))
-    return max(batch_rows, min(message_rows, cap))
+def spread_message_rows(
+    message_rows: int, batch_rows: int, rows: int, streams: int, nodes: int = 1, row_bytes: int = 0
+) -> int:
+    """``message_rows`` (whole batches) capped so that ``rows`` make ``MESSAGES_PER_STREAM``
+    messages per stream (or node, when there are more nodes) where messages stay at least
+    ``MIN_SPREAD_MESSAGE_BYTES`` of ``row_bytes`` rows, and ``MIN_MESSAGES_PER_STREAM`` whatever
+    their size (one batch at least): with small rows a whole epoch would otherwise fit in a few
+    messages and one node serve it all."""
+    per = batch_rows * max(1, streams, nodes)
+    batches = rows // (per * MESSAGES_PER_STREAM)
+    if row_bytes > 0:
+        batches = max(batches, ceil_div(MIN_SPREAD_MESSAGE_BYTES, batch_rows * row_bytes))
+    batches = max(1, min(batches, rows // (per * MIN_MESSAGES_PER_STREAM)))
+    return max(batch_rows, min(message_rows, batch_rows * batches))

@@ -1,7 +1,7 @@
 """How many data nodes the trainers need: ``flightfeed_nodes_wanted``, from their stall reports.
 
 Inputs: every client's ``report`` (cumulative ``wait_s``, ``elapsed_s``, ``bytes_total``; the
-figures between two reports of a client are its *recent* stall and throughput; ``nodes``: how
+figures over its reports of the last 15 s are its *recent* stall and throughput; ``nodes``: how
 many data nodes its streams read from) and the number of live nodes of the tier. The rule
 (:func:`decide`), per scaling decision, with ``n`` the nodes the clients read from:
 
@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,7 +49,9 @@ class ScalingPolicy:
     stall_target: float = 0.05  # bring the trainers' stall under this
     add_gain: float = 0.07  # Cachew: add while a node raises throughput by more than this
     remove_loss: float = 0.03  # Cachew: remove while the predicted loss stays under this
-    stale_s: float = 30.0  # a client's figures older than this are not counted
+    stale_s: float = 30.0  # a client silent for longer than this is not counted
+    window_s: float = 15.0  # a client's recent figures span its reports of about this long
+    min_span_s: float = 5.0  # ... and at least this much of its reading time
 
     def __post_init__(self) -> None:
         for name in ("stall_target", "add_gain", "remove_loss"):
@@ -133,45 +136,48 @@ def decide(
     )  # fmt: skip
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Seen:
+    """One report's cumulative figures."""
+
+    at: float
     elapsed_s: float
     wait_s: float
     bytes_total: float
-    at: float
     nodes: int  # data nodes the client reads from (0: not said)
-    recent: tuple[float, float, int] | None = None  # bytes/s, stall and nodes since the report before
 
 
 @dataclass
 class NodesWanted:
-    """Clients' recent figures (from consecutive reports) and the decision at the tier's size."""
+    """Clients' recent figures and the decision at the tier's size.
+
+    A client's recent figures are its totals over its reports of the last ``policy.window_s``
+    seconds that name the node count of its newest one (a client that started reading from more
+    nodes is judged on those only), once they cover ``policy.min_span_s`` seconds of its reading:
+    one report interval alone is too noisy (an epoch's first messages, a burst from the read-ahead
+    window). An orchestrator should still act on a stable value (the HPA's stabilization window)."""
 
     policy: ScalingPolicy = field(default_factory=ScalingPolicy)
     clock: Callable[[], float] = time.monotonic
-    _clients: dict[str, _Seen] = field(default_factory=dict, init=False)
+    _clients: dict[str, deque[_Seen]] = field(default_factory=dict, init=False)
     _saturated: dict[int, float] = field(default_factory=dict, init=False)  # node count -> bytes/s
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def report(self, fig: Mapping[str, Any], nodes: int) -> None:
         """A validated client report arrived while ``nodes`` nodes were live."""
         now = self.clock()
-        client = str(fig["client_id"])
-        used = int(fig.get("nodes") or 0)
-        seen = _Seen(float(fig["elapsed_s"]), float(fig["wait_s"]), float(fig["bytes_total"]), now, used)
+        seen = _Seen(now, float(fig["elapsed_s"]), float(fig["wait_s"]), float(fig["bytes_total"]),
+                     int(fig.get("nodes") or 0))
         with self._lock:
-            prev = self._clients.get(client)
-            if prev is not None:
-                span = seen.elapsed_s - prev.elapsed_s
-                if span > 0 and seen.bytes_total >= prev.bytes_total:
-                    waited = min(span, max(0.0, seen.wait_s - prev.wait_s))
-                    seen.recent = ((seen.bytes_total - prev.bytes_total) / span, waited / span, used)
-                elif span == 0:
-                    seen.recent = prev.recent  # idle between reports (no iteration ran)
-            self._clients[client] = seen
+            history = self._clients.setdefault(str(fig["client_id"]), deque())
+            if history and (seen.elapsed_s < history[-1].elapsed_s or seen.bytes_total < history[-1].bytes_total):
+                history.clear()  # a new reader under the same id: its counters started again
+            history.append(seen)
+            while len(history) > 2 and now - history[1].at >= self.policy.window_s:
+                history.popleft()  # keep one report at or before the window's start
             decision = self._decide(nodes, now)
             if decision.stall >= self.policy.stall_target and decision.bytes_per_s > 0:
-                counts = {r[2] or max(1, nodes) for c in self._clients.values() if (r := c.recent) is not None}
+                counts = {r[2] or max(1, nodes) for h in self._clients.values() if (r := self._recent(h)) is not None}
                 if len(counts) == 1:  # every client read from the same number of nodes
                     self._saturated[counts.pop()] = decision.bytes_per_s
 
@@ -179,10 +185,21 @@ class NodesWanted:
         with self._lock:
             return self._decide(nodes, self.clock())
 
+    def _recent(self, history: deque[_Seen]) -> tuple[float, float, int] | None:
+        """``(bytes/s, stall, nodes)`` of a client over its window (totals: single report intervals
+        are lumpy, a batch or two each)."""
+        last = history[-1]
+        base = next(h for h in history if h.nodes == last.nodes)
+        span = last.elapsed_s - base.elapsed_s
+        if span < self.policy.min_span_s:
+            return None
+        waited = min(span, max(0.0, last.wait_s - base.wait_s))
+        return (last.bytes_total - base.bytes_total) / span, waited / span, last.nodes
+
     def _decide(self, nodes: int, now: float) -> Decision:
-        for client in [c for c, s in self._clients.items() if now - s.at > self.policy.stale_s]:
+        for client in [c for c, h in self._clients.items() if now - h[-1].at > self.policy.stale_s]:
             del self._clients[client]
-        recent = [s.recent for s in self._clients.values() if s.recent is not None]
+        recent = [r for h in self._clients.values() if (r := self._recent(h)) is not None]
         return decide(nodes, recent, self._saturated, self.policy)
 
 

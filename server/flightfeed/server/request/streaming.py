@@ -117,6 +117,7 @@ def make_tickets(
         part.rows - int(cmd.start_row),
         int(resolved.streams),
         nodes,
+        row_bytes,
     )
     if resolved.shuffle.enabled and not resolved.message_rows:  # HDF5: a message within one window
         message_rows = message_rows_cap(ds, message_rows, int(resolved.batch_rows), int(resolved.shuffle.buffer_rows))
