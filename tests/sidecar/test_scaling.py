@@ -115,7 +115,7 @@ def test_the_gauge_and_stats_carry_the_decision(tmp_path: Path) -> None:
 def test_reports_over_flight_reach_the_rule(small_dir: Path) -> None:
     with running_server({"small": str(small_dir)}) as srv:
         client = flight.FlightClient(srv.location)
-        for elapsed, wait, nbytes in ((1.0, 0.0, 0), (7.0, 3.0, 60_000_000)):  # 6 s, 50% stall
+        for elapsed, wait, nbytes in ((1.0, 0.0, 0), (13.0, 6.0, 120_000_000)):  # 12 s, 50% stall
             body = report_message({"client_id": "trainer-0", "dataset": "small", "world_size": 1,
                                    "elapsed_s": elapsed, "wait_s": wait, "bytes_total": nbytes, "nodes": 1})
             list(client.do_action(flight.Action("report", body.SerializeToString())))

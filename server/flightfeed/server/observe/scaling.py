@@ -1,7 +1,7 @@
 """How many data nodes the trainers need: ``flightfeed_nodes_wanted``, from their stall reports.
 
 Inputs: every client's ``report`` (cumulative ``wait_s``, ``elapsed_s``, ``bytes_total``; the
-figures over its reports of the last 15 s are its *recent* stall and throughput; ``nodes``: how
+figures over its reports of the last 20 s are its *recent* stall and throughput; ``nodes``: how
 many data nodes its streams read from) and the number of live nodes of the tier. The rule
 (:func:`decide`), per scaling decision, with ``n`` the nodes the clients read from:
 
@@ -50,8 +50,9 @@ class ScalingPolicy:
     add_gain: float = 0.07  # Cachew: add while a node raises throughput by more than this
     remove_loss: float = 0.03  # Cachew: remove while the predicted loss stays under this
     stale_s: float = 30.0  # a client silent for longer than this is not counted
-    window_s: float = 15.0  # a client's recent figures span its reports of about this long
-    min_span_s: float = 5.0  # ... and at least this much of its reading time
+    window_s: float = 20.0  # a client's recent figures span its reports of about this long
+    min_span_s: float = 10.0  # ... and at least this much of its reading (an epoch's first second
+    # -- every stream waiting for its first message -- lowers the rate it measures)
 
     def __post_init__(self) -> None:
         for name in ("stall_target", "add_gain", "remove_loss"):
