@@ -1,21 +1,27 @@
 """The work board of one iteration: which lane fetches which message, and the reorder buffer.
 
-A reader's messages have one canonical order (``flightfeed.wire.plan``). Instead of each stream
-owning a fixed stripe of them, *lanes* (one per endpoint, ``_lanes``) pull work from this board:
+A reader's messages have one canonical order (``flightfeed.wire.plan``): stream ``k`` of ``K``
+is planned to carry every ``K``-th of them. *Lanes* (one per endpoint, ``_lanes``) fetch runs of
+messages, each run with one request (messages ``j, j + s, j + 2s, ...``: a ticket with a step and
+a count), and the work moves between them:
 
-* **claim**: a lane takes a run of the next unclaimed messages inside a window of ``window``
-  messages ahead of the consumer (the memory bound: nothing past ``head + window`` is fetched).
-  A run is as long as about ``run_seconds`` of the lane's measured speed, and never more than
-  the lane's share of the free window. A lane slower than the fastest one claims ahead by
-  ``(its message time - the fastest's) x the consumer's pace`` messages, so its messages are
-  due when they arrive. Fast lanes take more runs: the work divides itself in proportion to
-  each node's speed.
-* **help**: a lane that finds nothing to claim looks at the messages other lanes hold and the
-  consumer will need before they arrive (``owner's ETA > when the consumer reaches it``). It
-  *steals* a run's messages that have not started when it would deliver them sooner (the owner
-  stops after its current message), or *hedges* a message being received, when it would deliver
-  it in well under the owner's remaining time: the message is requested again and the first
-  copy to arrive wins; the loser is dropped (``duplicates``) and its lane moves on.
+* **claim**: a lane asks for its own planned messages that nobody else holds, all of them, in one
+  run -- as one long stream, like a stream that owns a stripe. Then it claims leftovers (messages
+  released by a failure or a steal, or skipped by a slow lane), a run of about ``run_seconds`` of
+  its measured speed, inside the window. A lane slower than the fastest one leaves its planned
+  messages of the next ``(its message time - the fastest's) / the consumer's pace`` positions to
+  the others, so what it fetches is due when it arrives.
+* **gate** (:meth:`Board.admit`): a lane reads a run's next message only once it lies inside
+  ``window`` messages ahead of the consumer: the memory bound (nothing else is read; the server
+  waits under gRPC's flow control). A lane waiting at the gate while others hold messages the
+  consumer will wait for, or while the window has leftovers, gives up the rest of its run to help.
+* **help**: a lane looks at the messages other lanes hold that the consumer will need before they
+  arrive (``holder's ETA > when the consumer reaches it``). It *steals* a run's messages that have
+  not started when it would deliver them well sooner (the holder stops after its current message),
+  or *hedges* a message being received when it would deliver it in well under the holder's
+  remaining time: the message is requested again and the first copy to arrive wins; the loser is
+  dropped (``duplicates``) and its lane moves on. Fast lanes so take over a slow node's share: the
+  epoch divides itself by the nodes' speeds.
 * **deliver**: finished messages wait in a reorder buffer; the consumer takes them in canonical
   order (:meth:`Board.messages`).
 
@@ -39,6 +45,10 @@ __all__ = ["Board", "Run"]
 
 _ALPHA = 0.3  # weight of the newest sample in the speed and pace averages
 _HEDGE_MARGIN = 1.5  # hedge only when the helper would be this much faster than the holder
+_STEAL_MARGIN = 1.5  # steal only from a lane this much slower, when the helper would deliver this much sooner
+_MIN_GAIN_S = 0.05  # ... and at least this much sooner (a request costs milliseconds; threads stall for tens)
+_COLD_S = 1.0  # a lane that has delivered nothing yet is not taken for slow before this
+_LEFTOVER_RUN = 4  # messages in a leftover run of a lane whose speed is not measured yet
 _WAIT_S = 0.05  # an idle lane re-checks the board this often (speeds change)
 
 
@@ -54,6 +64,8 @@ class Run:
     received: int = 0  # rows of indices[pos] received so far
     since: float = 0.0  # when indices[pos] began (the request or the previous message)
     closed: bool = False  # released or finished: the board holds nothing of it any more
+    gated: bool = False  # the current message waited at the window (its time is no speed sample)
+    at_gate: bool = False  # its lane waits at the window now: the current message has not started
 
     def __post_init__(self) -> None:
         self.stop = self.stop or len(self.indices)
@@ -69,7 +81,9 @@ class Run:
 @dataclass
 class _Lane:
     location: str = ""  # where the lane fetches now
-    first: int | None = None  # its first message in the plan (each lane's first run starts there)
+    planned: list[int] = field(default_factory=list)  # its messages in the plan, in order
+    next_planned: int = 0  # planned[:next_planned] are done or held
+    started: bool = False  # asked for work once: its planned messages are leftovers for others only then
     rate: float = 0.0  # rows per second while receiving (0: not measured yet)
     run: Run | None = None  # the run it fetches now (a lane runs one request at a time)
     gone: bool = False
@@ -108,8 +122,8 @@ class Board:
         self.done = bytearray(n)
         self.low_free = 0  # no message below it is free
         self.state = [_Lane(location=home) for home in self.homes]
-        for j in reversed(range(n)):
-            self.state[self.plan[j]].first = j
+        for j in range(n):
+            self.state[self.plan[j]].planned.append(j)
         self.pace = 0.0  # seconds between the consumer's takes (average)
         self._last_take: float | None = None
         self._waiting_since: float | None = None  # the consumer waits for message ``head`` since
@@ -149,63 +163,106 @@ class Board:
             return len(self.slots)
 
     # -- lanes: getting work ----------------------------------------------------------------------
-    def next_run(self, lane: int, location: str, stop: threading.Event) -> Run | None:
-        """The lane's next run (blocks until there is one); None when the iteration is over."""
+    def next_run(self, lane: int, location: str, stop: threading.Event, *, others_first: bool = False) -> Run | None:
+        """The lane's next run (blocks until there is one); None when the iteration is over.
+        ``others_first``: the lane gave up its run to help, so leftovers and help come before its
+        own planned messages."""
         with self.cond:
-            me = self.state[lane]
-            me.location = location
+            self.state[lane].location = location
+            self.state[lane].started = True
             while not (self.finished() or stop.is_set()):
-                run = self._claim(lane) or self._help(lane)
+                if others_first:
+                    run = self._leftover(lane) or self._help(lane) or self._own(lane)
+                else:
+                    run = self._own(lane) or self._leftover(lane) or self._help(lane)
                 if run is not None:
                     run.since = self.clock()
                     return run
                 self.cond.wait(_WAIT_S)
             return None
 
-    def _claim(self, lane: int) -> Run | None:
-        n = len(self.rows)
-        hi = min(n, self.head + self.window)
-        while self.low_free < n and (self.done[self.low_free] or self.holder[self.low_free] is not None):
-            self.low_free += 1
-        me = self.state[lane]
-        if not self.moving:  # the plan fixed: this lane's next planned message, when in the window
-            mine = (i for i in range(max(self.low_free, self.head), hi) if self._free(i) and self.plan[i] == lane)
-            planned_next = next(mine, None)
-            if planned_next is None:
-                return None
-            fixed = Run(lane, [planned_next])
-            self.holder[planned_next] = me.run = fixed
-            return fixed
-        planned = me.first
-        if me.rate == 0.0 and planned is not None and planned < hi and self._free(planned):
-            j: int | None = planned  # a lane's first run: its planned first message (the plan's spread)
-        else:
-            first = max(self.low_free, self.head + self._lead(lane))
-            j = next((i for i in range(first, hi) if self._free(i) and not self._reserved(i, lane)), None)
-            if self._neglected():
-                j = self.head  # the consumer waits for a message no faster lane took: take it
-        if j is None:
-            return None
-        me.first = None
-        free_ahead = sum(1 for i in range(j, hi) if self._free(i))
-        share = max(1, free_ahead // max(1, self._active_lanes()))
-        length = min(share, self._run_length(lane, j))
-        indices = [j]
-        while len(indices) < length and indices[-1] + 1 < hi:
-            nxt = indices[-1] + 1
-            if not self._free(nxt) or self._reserved(nxt, lane):
-                break
-            indices.append(nxt)
-        run = Run(lane, indices)
+    def admit(self, run: Run, stop: threading.Event) -> bool:
+        """Wait until the run's next message lies inside the window; False: stop this run (it was
+        cut short, another copy of the message won, or the lane should help elsewhere: then
+        :meth:`release` it and ask :meth:`next_run` with ``others_first``)."""
+        with self.cond:
+            try:
+                while not (stop.is_set() or self.finished() or run.closed or run.pos >= run.stop):
+                    if self.done[run.current]:
+                        return False
+                    if run.current < self.head + self.window:
+                        if run.at_gate:
+                            run.since, run.gated = self.clock(), True
+                        return True
+                    run.at_gate = True
+                    lane = run.lane
+                    if self.moving and (self._leftover_start(lane) is not None or self._help_target(lane) is not None):
+                        return False
+                    self.cond.wait(_WAIT_S)
+                return False
+            finally:
+                run.at_gate = False
+
+    def _hold(self, lane: int, indices: list[int], hedge: bool = False) -> Run:
+        run = Run(lane, indices, hedge=hedge)
         for i in indices:
-            self.holder[i] = run
-        me.run = run
+            if hedge:
+                self.hedger[i] = run
+            else:
+                self.holder[i] = run
+        self.state[lane].run = run
         return run
 
-    def _reserved(self, i: int, lane: int) -> bool:
-        """Message ``i`` is the planned first of another lane that has not started yet."""
+    def _own(self, lane: int) -> Run | None:
+        """The lane's planned messages nobody holds, from its first one the consumer will need
+        when it can deliver it, as one evenly spaced run (the fixed plan: all of them, in order)."""
+        me = self.state[lane]
+        while me.next_planned < len(me.planned) and not self._free(me.planned[me.next_planned]):
+            me.next_planned += 1
+        start = self.head + (self._lead(lane) if self.moving else 0)
+        free = [j for j in me.planned[me.next_planned :] if j >= start and self._free(j)]
+        if not free:
+            return None
+        indices = [free[0]]
+        for j in free[1:]:
+            if len(indices) > 1 and j - indices[-1] != indices[1] - indices[0]:
+                break
+            indices.append(j)
+        return self._hold(lane, indices)
+
+    def _leftover_start(self, lane: int) -> int | None:
+        """The first free message inside the window that is not this lane's own (released,
+        skipped by a slow lane, planned on a lane that gave up)."""
+        if not self.moving:
+            return None
+        n = len(self.rows)
+        hi = min(n, self.head + self.window)
+        while self.low_free < n and not self._free(self.low_free):
+            self.low_free += 1
+        first = max(self.low_free, self.head + self._lead(lane))
+        j = next((i for i in range(first, hi) if self._free(i) and self._others(i, lane)), None)
+        if j is None and self._neglected():
+            j = self.head  # the consumer waits for a free message nobody took: take it
+        return j
+
+    def _leftover(self, lane: int) -> Run | None:
+        """A run of leftovers (``_leftover_start``): about ``run_seconds`` of this lane's work."""
+        j = self._leftover_start(lane)
+        if j is None:
+            return None
+        hi = min(len(self.rows), self.head + self.window)
+        stride = max(1, self.lanes)
+        length = self._run_length(lane, j)
+        indices = [j]
+        while len(indices) < length and indices[-1] + stride < hi and self._free(indices[-1] + stride):
+            indices.append(indices[-1] + stride)
+        return self._hold(lane, indices)
+
+    def _others(self, i: int, lane: int) -> bool:
+        """Message ``i`` is planned on another lane that has asked for work (a lane whose thread has
+        not run yet keeps its planned messages: every stream, and so every node, gets work)."""
         owner = self.plan[i]
-        return owner != lane and self.state[owner].first == i
+        return owner != lane and (self.state[owner].started or self.state[owner].gone)
 
     def _neglected(self) -> bool:
         """The consumer has waited for a free message ``head`` longer than the fastest lane's message time."""
@@ -214,9 +271,9 @@ class Board:
         best = self._best_time()
         return self.clock() - self._waiting_since > (best if best is not None else 0.0)
 
-    def _help(self, lane: int) -> Run | None:
-        """Steal or hedge the earliest message the consumer would wait for (module doc)."""
-        me = self.state[lane]
+    def _help_target(self, lane: int) -> tuple[Run, int, bool] | None:
+        """``(holder's run, message, hedge?)``: the earliest message the consumer would wait for
+        that this lane would deliver well sooner (module doc)."""
         mine = self._message_time(lane)
         if mine is None or not self.moving:
             return None
@@ -226,33 +283,39 @@ class Board:
             if self.done[i] or run is None or run.lane == lane:
                 continue
             due = self._due(i)
-            if i != run.current:  # not started: steal it and what follows it in that run
+            if i != run.current or run.at_gate:  # not started: steal it and what follows it, from a slower lane
+                theirs = self._message_time(run.lane)
+                if theirs is None:  # not measured yet: slow once its current message took that long
+                    theirs = self._remaining(run, now)
+                slower = theirs > mine * _STEAL_MARGIN
                 eta = self._remaining(run, now) + self._ahead(run, i)
-                if eta > due and mine < eta:
-                    return self._steal(lane, run, i)
+                if slower and eta > due and eta > max(mine * _STEAL_MARGIN, mine + _MIN_GAIN_S):
+                    return run, i, False
             elif self.hedging and self.hedger[i] is None:
                 left = self._remaining(run, now)
-                if left > due and mine * _HEDGE_MARGIN < left:
-                    hedge = Run(lane, [i], hedge=True)
-                    self.hedger[i] = hedge
-                    me.run = hedge
-                    self._bump("hedged")
-                    return hedge
+                if left > due and left > max(mine * _HEDGE_MARGIN, mine + _MIN_GAIN_S):
+                    return run, i, True
         return None
+
+    def _help(self, lane: int) -> Run | None:
+        target = self._help_target(lane)
+        if target is None:
+            return None
+        victim, i, hedge = target
+        if hedge:
+            self._bump("hedged")
+            return self._hold(lane, [i], hedge=True)
+        return self._steal(lane, victim, i)
 
     def _steal(self, lane: int, victim: Run, i: int) -> Run:
         k = victim.indices.index(i, victim.pos)
         taken = victim.indices[k : victim.stop]
         victim.stop = k
         length = max(1, min(len(taken), self._run_length(lane, i)))
-        run = Run(lane, taken[:length])
         for j in taken:
             self.holder[j] = None
-        for j in run.indices:
-            self.holder[j] = run
         self.low_free = min(self.low_free, taken[0])
-        self.state[lane].run = run
-        return run
+        return self._hold(lane, taken[:length])
 
     # -- lanes: reporting -------------------------------------------------------------------------
     def progress(self, run: Run, rows: int) -> bool:
@@ -271,9 +334,10 @@ class Board:
             j = run.current
             now = self.clock()
             lane = self.state[run.lane]
-            elapsed = max(now - run.since, 1e-6)
-            sample = self.rows[j] / elapsed
-            lane.rate = sample if not lane.rate else (1 - _ALPHA) * lane.rate + _ALPHA * sample
+            if not run.gated:  # a message that waited at the window may have arrived meanwhile
+                sample = self.rows[j] / max(now - run.since, 1e-6)
+                lane.rate = sample if not lane.rate else (1 - _ALPHA) * lane.rate + _ALPHA * sample
+            run.gated = False
             if self.done[j]:
                 self._bump("duplicates")
             else:
@@ -345,34 +409,44 @@ class Board:
         return min(times) if times else None
 
     def _lead(self, lane: int) -> int:
-        """How far ahead of the consumer a slow lane claims (0 for the fastest lanes)."""
+        """How far ahead of the consumer a slow lane claims (0 unless it is clearly slower than the fastest)."""
         mine, best = self._message_time(lane), self._best_time()
-        if mine is None or best is None or not self.pace:
-            return 0
+        if mine is None or best is None or not self.pace or mine <= best * _STEAL_MARGIN:
+            return 0  # not clearly slower (speeds measured on one machine vary by tens of percent)
         return max(0, math.ceil((mine - best) / self.pace - 1e-6))
 
     def _run_length(self, lane: int, j: int) -> int:
         t = self._message_time(lane)
         if t is None:
-            return 1
+            return _LEFTOVER_RUN
         return max(1, round(self.run_seconds / max(t, 1e-6)))
 
     def _remaining(self, run: Run, now: float) -> float:
         """The holder's time left for its current message: its measured speed, or, once it took
-        longer than that (or was never measured), as long again as it has taken so far."""
+        longer than that (or was never measured, after ``_COLD_S``), as long again as it has taken
+        so far (a lane waiting at the window has not started it: a whole message at its speed)."""
+        if run.at_gate:
+            t = self._message_time(run.lane)
+            return t if t is not None else 0.0
         elapsed = now - run.since
         rate = self.state[run.lane].rate
         if rate:
             expected = (self.rows[run.current] - run.received) / rate
             if elapsed < self.rows[run.current] / rate:
                 return expected
+        elif elapsed < _COLD_S:
+            return 0.0  # never measured: a new connection, a node just started; judged after _COLD_S
         return elapsed
 
     def _ahead(self, run: Run, i: int) -> float:
-        """Time the holder needs for its messages between its current one and ``i`` (inclusive)."""
+        """Time the holder needs for its messages between its current one and ``i`` (inclusive);
+        a holder not measured yet counts as fast as the fastest (its current message's time tells
+        when it is stuck)."""
         t = self._message_time(run.lane)
+        if t is None:
+            t = self._best_time() or 0.0
         k = run.indices.index(i, run.pos)
-        return (t if t is not None else math.inf) * (k - run.pos)
+        return t * (k - run.pos)
 
     def _due(self, i: int) -> float:
         """Seconds until the consumer reaches message ``i`` (0 when it waits for it now)."""
@@ -380,9 +454,6 @@ class Board:
 
     def _free(self, i: int) -> bool:
         return not self.done[i] and self.holder[i] is None
-
-    def _active_lanes(self) -> int:
-        return sum(1 for s in self.state if not s.gone)
 
     def _drop(self, run: Run) -> None:
         run.closed = True

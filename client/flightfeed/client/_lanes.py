@@ -1,11 +1,13 @@
 """Lanes: an iteration's streams pull runs of messages from a shared :class:`~._board.Board`.
 
 One lane per FlightInfo endpoint, each with its own connection (``ConnectionPool`` slot) to the
-endpoint's first location. A lane asks the board for a run of messages, fetches it with one
-``do_get`` (a ticket with ``first_message``, ``message_step`` and ``message_count``: tickets are
-pure functions of the request, so any node serves any run) and hands each complete message to
-the board. Fast lanes come back for more, so the work divides itself by each node's speed; an
-idle lane steals or hedges what a slow one holds (see ``_board``).
+endpoint's first location. A lane asks the board for a run of messages -- first all the messages
+the plan put on its endpoint --, fetches it with one ``do_get`` (a ticket with ``first_message``,
+``message_step`` and ``message_count``: tickets are pure functions of the request, so any node
+serves any run), reads each message once the board's window admits it (the server waits under
+gRPC's flow control meanwhile) and hands it to the board. A lane whose node is slow loses the
+rest of its run to faster lanes, which steal or hedge it (see ``_board``), so the work divides
+itself by each node's speed. While a run's last message arrives, the lane requests its next run.
 
 Failures: a lane whose request fails returns its undelivered messages to the board at once
 (other lanes may take them) and retries on its endpoint's next location within the per-outage
@@ -124,6 +126,7 @@ class Lane(threading.Thread):
         self.members: Members | None = reader.members
         self.delivered = 0  # messages this lane delivered (a retry that adds some ends the outage)
         self._active: flight.FlightStreamReader | None = None
+        self._help_next = False  # the last run was given up to help: leftovers and help come first
         self._lock = threading.Lock()
 
     def cancel(self) -> None:
@@ -137,7 +140,8 @@ class Lane(threading.Thread):
         outage: Outage | None = None
         while not self.stop.is_set():
             location = self.locations[at]
-            run = self.board.next_run(self.slot, location, self.stop)
+            run = self.board.next_run(self.slot, location, self.stop, others_first=self._help_next)
+            self._help_next = False
             if run is None:
                 return
             before = self.delivered
@@ -190,7 +194,8 @@ class Lane(threading.Thread):
         ticket = StreamTicket()
         ticket.CopyFrom(self.template)
         ticket.first_message = self.grid[run.indices[0]]
-        ticket.message_step = self.step
+        stride = run.indices[1] - run.indices[0] if len(run.indices) > 1 else 1
+        ticket.message_step = self.step * stride
         ticket.message_count = len(run.indices)
         ticket.expected_rows = sum(self.board.rows[j] for j in run.indices)
         ticket.stream_index = self.slot
@@ -209,6 +214,10 @@ class Lane(threading.Thread):
             pending: list[pa.RecordBatch] = []
             have = 0
             while True:
+                if not have and not self.board.admit(run, self.stop):  # the window, or help elsewhere
+                    self._help_next = not self.stop.is_set()
+                    self._drop(reader, run)
+                    return
                 try:
                     chunk = reader.read_chunk()
                 except StopIteration:
