@@ -47,6 +47,7 @@ _ALPHA = 0.3  # weight of the newest sample in the speed and pace averages
 _HEDGE_MARGIN = 1.5  # hedge only when the helper would be this much faster than the holder
 _STEAL_MARGIN = 1.5  # steal only from a lane this much slower, when the helper would deliver this much sooner
 _MIN_GAIN_S = 0.05  # ... and at least this much sooner (a request costs milliseconds; threads stall for tens)
+_SLOW_FACTOR = 2.0  # a lane this much slower than the fastest is a straggler (its runs shrink, it claims ahead)
 _COLD_S = 1.0  # a lane that has delivered nothing yet is not taken for slow before this
 _LEFTOVER_RUN = 4  # messages in a leftover run of a lane whose speed is not measured yet
 _WAIT_S = 0.05  # an idle lane re-checks the board this often (speeds change)
@@ -171,9 +172,10 @@ class Board:
             self.state[lane].location = location
             self.state[lane].started = True
             while not (self.finished() or stop.is_set()):
-                if others_first:
+                own, left = self._own_start(lane), self._leftover_start(lane)
+                if others_first or (left is not None and (own is None or left < own)):
                     run = self._leftover(lane) or self._help(lane) or self._own(lane)
-                else:
+                else:  # the earlier of its own planned messages and the leftovers
                     run = self._own(lane) or self._leftover(lane) or self._help(lane)
                 if run is not None:
                     run.since = self.clock()
@@ -213,22 +215,55 @@ class Board:
         self.state[lane].run = run
         return run
 
-    def _own(self, lane: int) -> Run | None:
+    def _own_free(self, lane: int) -> list[int]:
         """The lane's planned messages nobody holds, from its first one the consumer will need
-        when it can deliver it, as one evenly spaced run (the fixed plan: all of them, in order)."""
+        when it can deliver it."""
         me = self.state[lane]
         while me.next_planned < len(me.planned) and not self._free(me.planned[me.next_planned]):
             me.next_planned += 1
         start = self.head + (self._lead(lane) if self.moving else 0)
-        free = [j for j in me.planned[me.next_planned :] if j >= start and self._free(j)]
+        return [j for j in me.planned[me.next_planned :] if j >= start and self._free(j)]
+
+    def _own_start(self, lane: int) -> int | None:
+        me = self.state[lane]
+        start = self.head + (self._lead(lane) if self.moving else 0)
+        return next((j for j in me.planned[me.next_planned :] if j >= start and self._free(j)), None)
+
+    def _own(self, lane: int) -> Run | None:
+        """The lane's free planned messages as one evenly spaced run: all of them (the fixed
+        plan, a healthy tier: as a stream owning its stripe), or, while some lane is clearly slower
+        than the fastest, about ``run_seconds`` of this lane's work (so a slow node holds little and
+        nobody has to cut a long stream)."""
+        free = self._own_free(lane)
         if not free:
             return None
+        most = self._run_length(lane, free[0]) if self.moving and self._straggling() else len(free)
         indices = [free[0]]
         for j in free[1:]:
-            if len(indices) > 1 and j - indices[-1] != indices[1] - indices[0]:
+            if len(indices) >= most or (len(indices) > 1 and j - indices[-1] != indices[1] - indices[0]):
                 break
             indices.append(j)
         return self._hold(lane, indices)
+
+    def _clearly_slower(self, lane: int) -> bool:
+        mine, best = self._message_time(lane), self._best_time()
+        return mine is not None and best is not None and mine > best * _SLOW_FACTOR
+
+    def _shorten(self, run: Run, stop: int) -> None:
+        """Cut ``run`` at ``stop``: its later messages are free for any lane."""
+        for j in run.indices[stop : run.stop]:
+            if self.holder[j] is run:
+                self.holder[j] = None
+                self.low_free = min(self.low_free, j)
+        run.stop = min(run.stop, stop)
+
+    def _straggling(self) -> bool:
+        """Some lane is clearly slower than the fastest (speeds measured)."""
+        best = self._best_time()
+        if best is None:
+            return False
+        times = [t for k in range(self.lanes) if not self.state[k].gone and (t := self._message_time(k)) is not None]
+        return max(times) > best * _SLOW_FACTOR
 
     def _leftover_start(self, lane: int) -> int | None:
         """The first free message inside the window that is not this lane's own (released,
@@ -334,7 +369,8 @@ class Board:
             j = run.current
             now = self.clock()
             lane = self.state[run.lane]
-            if not run.gated:  # a message that waited at the window may have arrived meanwhile
+            first = run.pos == 0 and lane.rate > 0  # a run's first message also waited for the request
+            if not run.gated and not first:  # a message that waited at the window may have arrived meanwhile
                 sample = self.rows[j] / max(now - run.since, 1e-6)
                 lane.rate = sample if not lane.rate else (1 - _ALPHA) * lane.rate + _ALPHA * sample
             run.gated = False
@@ -353,6 +389,8 @@ class Board:
             run.pos += 1
             run.received = 0
             run.since = now
+            if self.moving and not run.hedge and run.stop - run.pos > 1 and self._clearly_slower(run.lane):
+                self._shorten(run, run.pos + 1)  # a slow lane keeps one more message; the rest moves
             more = run.pos < run.stop
             if not more:
                 self._drop(run)
@@ -411,7 +449,7 @@ class Board:
     def _lead(self, lane: int) -> int:
         """How far ahead of the consumer a slow lane claims (0 unless it is clearly slower than the fastest)."""
         mine, best = self._message_time(lane), self._best_time()
-        if mine is None or best is None or not self.pace or mine <= best * _STEAL_MARGIN:
+        if mine is None or best is None or not self.pace or mine <= best * _SLOW_FACTOR:
             return 0  # not clearly slower (speeds measured on one machine vary by tens of percent)
         return max(0, math.ceil((mine - best) / self.pace - 1e-6))
 
