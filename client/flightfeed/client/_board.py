@@ -8,9 +8,11 @@ a count), and the work moves between them:
 * **claim**: a lane asks for its own planned messages that nobody else holds, all of them, in one
   run -- as one long stream, like a stream that owns a stripe. Then it claims leftovers (messages
   released by a failure or a steal, or skipped by a slow lane), a run of about ``run_seconds`` of
-  its measured speed, inside the window. A lane slower than the fastest one leaves its planned
-  messages of the next ``(its message time - the fastest's) / the consumer's pace`` positions to
-  the others, so what it fetches is due when it arrives.
+  its measured speed, inside the window. While some lane is a straggler (half the fastest's speed
+  or less), runs of planned messages shrink to ``run_seconds`` too, the straggler's long run is cut
+  after its next message, and it leaves its planned messages of the next ``(its message time - the
+  fastest's) / the consumer's pace`` positions to the others, so what it fetches is due when it
+  arrives.
 * **gate** (:meth:`Board.admit`): a lane reads a run's next message only once it lies inside
   ``window`` messages ahead of the consumer: the memory bound (nothing else is read; the server
   waits under gRPC's flow control). A lane waiting at the gate while others hold messages the
@@ -247,7 +249,14 @@ class Board:
 
     def _clearly_slower(self, lane: int) -> bool:
         mine, best = self._message_time(lane), self._best_time()
-        return mine is not None and best is not None and mine > best * _SLOW_FACTOR
+        return mine is not None and best is not None and self._slow(mine, best)
+
+    @staticmethod
+    def _slow(mine: float, best: float) -> bool:
+        """A message time of ``mine`` against the fastest's ``best`` makes a straggler: half the
+        speed or less, and slower by more than ``_MIN_GAIN_S`` a message (on a fast local link,
+        speeds measured on a busy machine differ by 2x and nothing is gained by moving work)."""
+        return mine > best * _SLOW_FACTOR and mine - best > _MIN_GAIN_S
 
     def _shorten(self, run: Run, stop: int) -> None:
         """Cut ``run`` at ``stop``: its later messages are free for any lane."""
@@ -263,7 +272,7 @@ class Board:
         if best is None:
             return False
         times = [t for k in range(self.lanes) if not self.state[k].gone and (t := self._message_time(k)) is not None]
-        return max(times) > best * _SLOW_FACTOR
+        return self._slow(max(times), best)
 
     def _leftover_start(self, lane: int) -> int | None:
         """The first free message inside the window that is not this lane's own (released,
@@ -449,7 +458,7 @@ class Board:
     def _lead(self, lane: int) -> int:
         """How far ahead of the consumer a slow lane claims (0 unless it is clearly slower than the fastest)."""
         mine, best = self._message_time(lane), self._best_time()
-        if mine is None or best is None or not self.pace or mine <= best * _SLOW_FACTOR:
+        if mine is None or best is None or not self.pace or not self._slow(mine, best):
             return 0  # not clearly slower (speeds measured on one machine vary by tens of percent)
         return max(0, math.ceil((mine - best) / self.pace - 1e-6))
 
