@@ -108,6 +108,11 @@ def scaling(data: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
     return out
 
 
+def _streams_active(location: str) -> int:
+    body = b"".join(r.body.to_pybytes() for r in flight.FlightClient(location).do_action(flight.Action("stats", b"")))
+    return int(json.loads(body)["streams_active"])
+
+
 def _timed(retried: Any, times: list[float]) -> Any:
     """The dataset's retry hook, also noting when each retry happened."""
 
@@ -123,10 +128,7 @@ def failover(data: Path, args: argparse.Namespace) -> dict[str, Any]:
     results = []
     for _ in range(args.kills):
         with cluster(data, 2) as nodes:
-            first = sorted(n.location for n in nodes)[0]  # endpoint 0's first location
-            victim = next(n for n in nodes if n.location == first)
-            entry = next(n for n in nodes if n is not victim).location  # ask the survivor
-            ds = dataset(entry, args, streams=1)
+            ds = dataset(nodes[0].location, args, streams=1)
             retried: list[float] = []
             ds._retried = _timed(ds._retried, retried)  # type: ignore[method-assign]
             arrivals: list[float] = []
@@ -134,6 +136,7 @@ def failover(data: Path, args: argparse.Namespace) -> dict[str, Any]:
             for _ in range(10):
                 next(it)
                 arrivals.append(time.perf_counter())
+            victim = next(n for n in nodes if _streams_active(n.location))  # the node serving the stream
             t_kill = time.perf_counter()
             victim.proc.send_signal(signal.SIGKILL)
             for _ in it:

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -90,12 +90,17 @@ def image_dataset(
 class ServerProcess:
     """A server subprocess that printed ``flight: grpc://...`` when ready."""
 
-    def __init__(self, cmd: list[str], *, timeout: float = 120.0) -> None:
+    def __init__(
+        self, cmd: list[str], *, timeout: float = 120.0, preexec: Callable[[], None] | None = None
+    ) -> None:
         self.cmd = cmd
         # stderr to a file: a pipe nobody reads could fill up and block the server
         self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115  (closed in stop())
+        #: stdout lines printed before the ready line
+        self.lines: list[str] = []
         self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=self._stderr, text=True, cwd=ROOT, env=_child_env()
+            cmd, stdout=subprocess.PIPE, stderr=self._stderr, text=True, cwd=ROOT, env=_child_env(),
+            preexec_fn=preexec,
         )
         self.location = self._wait_ready(timeout)
 
@@ -120,6 +125,7 @@ class ServerProcess:
             if line is None:
                 break
             seen.append(line)
+            self.lines.append(line)
             if line.startswith(READY):
                 return line[len(READY) :].strip()
         self.stop()
@@ -150,11 +156,17 @@ def _child_env() -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def flightfeed_server(datasets: dict[str, Path], *extra: str) -> Iterator[ServerProcess]:
-    """``python -m flightfeed.server serve NAME=DIR --port 0 --no-sidecar`` in a subprocess."""
+def flightfeed_server(
+    datasets: dict[str, Path] | dict[str, str],
+    *extra: str,
+    preexec: Callable[[], None] | None = None,
+    timeout: float = 120.0,
+) -> Iterator[ServerProcess]:
+    """``python -m flightfeed.server serve NAME=DIR --port 0 --no-sidecar`` in a subprocess
+    (``preexec`` runs in the child before it starts, e.g. to set resource limits)."""
     args = [f"{name}={path}" for name, path in datasets.items()]
     cmd = [sys.executable, "-m", "flightfeed.server", "serve", *args, "--port", "0", "--no-sidecar", *extra]
-    server = ServerProcess(cmd)
+    server = ServerProcess(cmd, preexec=preexec, timeout=timeout)
     try:
         yield server
     finally:

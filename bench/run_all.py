@@ -31,6 +31,8 @@ SCRIPTS = {
     "bench_stragglers": "stragglers.json",
     "bench_hdf5": "hdf5.json",
     "bench_verify": "verify.json",
+    "bench_shared": "shared.json",
+    "bench_catalog": "catalog.json",
 }
 
 

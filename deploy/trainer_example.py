@@ -26,11 +26,10 @@ import numpy as np
 from flightfeed.client import ConnectOptions, FlightDataset, ReadOptions
 
 
-def read_rank(
-    args: argparse.Namespace, token: str | None, rank: int, epoch: int, out: dict[int, np.ndarray],
-    failovers: dict[int, float],
-) -> None:
-    ds = FlightDataset(
+def make_rank(args: argparse.Namespace, token: str | None, rank: int) -> FlightDataset:
+    """One rank's dataset, made once and kept across epochs (as a training loop does): it
+    remembers the tier's members, so a dead node is not asked first at every epoch."""
+    return FlightDataset(
         args.location,
         args.dataset,
         columns=["index", args.column],
@@ -42,6 +41,13 @@ def read_rank(
         connect=ConnectOptions(token=token),
         options=ReadOptions(streams=args.streams, message_rows=args.message_rows),
     )
+
+
+def read_rank(
+    args: argparse.Namespace, ds: FlightDataset, rank: int, epoch: int, out: dict[int, np.ndarray],
+    failovers: dict[int, float],
+) -> None:
+    before = ds.stats()["failovers"]
     ds.set_epoch(epoch)
     seen = []
     for batch in ds:
@@ -49,8 +55,7 @@ def read_rank(
         if args.step_seconds > 0:
             time.sleep(args.step_seconds)  # the training step
     out[rank] = np.concatenate(seen) if seen else np.empty(0, dtype=np.int64)
-    failovers[rank] = ds.stats()["failovers"]
-    ds.close()
+    failovers[rank] = ds.stats()["failovers"] - before
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,13 +75,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     token = args.token_file.read_text().strip() if args.token_file else None
     ok = True
+    datasets = [make_rank(args, token, r) for r in range(args.world_size)]
     for epoch in range(args.epochs):
         out: dict[int, np.ndarray] = {}
         failovers: dict[int, float] = {}
         print(f"epoch {epoch}: started", flush=True)
         t0 = time.perf_counter()
         threads = [
-            threading.Thread(target=read_rank, args=(args, token, r, epoch, out, failovers))
+            threading.Thread(target=read_rank, args=(args, datasets[r], r, epoch, out, failovers))
             for r in range(args.world_size)
         ]
         for t in threads:
@@ -85,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
             t.join()
         if len(out) != args.world_size:
             print(f"epoch {epoch}: a rank failed (see the error above)", file=sys.stderr)
+            for ds in datasets:
+                ds.close()
             return 1
         rows = np.concatenate(list(out.values()))
         unique = np.unique(rows)
@@ -99,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{'every row exactly once' if exact else 'ROWS LOST OR REPEATED'}",
             flush=True,
         )
+    for ds in datasets:
+        ds.close()
     return 0 if ok else 1
 
 

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 
 
-def start_serve(*args: str, port: int = 0) -> tuple[subprocess.Popen[str], str]:
+def start_serve(
+    *args: str, port: int = 0, preexec: Callable[[], None] | None = None
+) -> tuple[subprocess.Popen[str], str]:
     """Start ``flightfeed serve ARGS --port PORT --no-sidecar``; return the process and its location
-    once it prints ``flight: LOCATION``."""
+    once it prints ``flight: LOCATION``. ``preexec`` runs in the child first (e.g. resource limits)."""
     cmd = [sys.executable, "-m", "flightfeed.server", "serve", *args, "--port", str(port), "--no-sidecar"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=preexec)
     assert proc.stdout is not None
     for line in proc.stdout:
         if line.startswith("flight: "):

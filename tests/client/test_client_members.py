@@ -24,6 +24,23 @@ def test_given_first_then_learned_then_failed() -> None:
     assert m.order() == [A, B, D, C]
 
 
+def test_an_endpoints_locations_put_the_members_that_failed_last() -> None:
+    m = Members(A)
+    assert m.prefer([C, A, B]) == [C, A, B]  # nothing failed: the server's order
+    m.failed(B)
+    m.failed(C)
+    assert m.prefer([C, A, B]) == [A, B, C]  # failed ones last (longest-failed first): the tier lags a death
+    assert m.prefer([D, C]) == [D, C]  # not yet failed here: kept first
+    m.answered(C)
+    assert m.prefer([C, A, B]) == [C, A, B]
+    m.listed([A, B])  # the tier still names B (its membership lags the death)
+    assert m.prefer([B, A]) == [A, B]
+    m.listed([A])  # the tier dropped B ...
+    assert m.prefer([B, A]) == [A, B]
+    m.listed([A, B])  # ... and names it again: its probes saw B back
+    assert m.prefer([B, A]) == [B, A] and m.order()[:2] == [A, B]
+
+
 def test_answered_is_remembered_per_reader_and_per_process() -> None:
     m = Members(D)
     lone = "grpc://10.9.9.9:1"

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,11 @@ import pyarrow as pa
 import pyarrow.flight as flight
 import pyarrow.ipc as ipc
 import pytest
+
+from flightfeed.server.cluster import Membership
+from flightfeed.server.request.service import FlightFeedServer
+from flightfeed.server.storage import open_catalog
+from flightfeed.server.testing import RunningServer
 
 BLOB_ROWS = 12000
 BLOB_BYTES = 8192
@@ -80,3 +87,44 @@ def gone(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
     except FileNotFoundError:
         return True
+
+
+@contextmanager
+def nodes() -> Iterator[list[subprocess.Popen[str]]]:
+    """Node processes started by a test (``start_serve``), killed and reaped at its end."""
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=30)
+
+
+def live_peers(location: str) -> set[str]:
+    return {p["location"] for p in action(location, "stats")["cluster"]["peers"] if p["state"] == "live"}
+
+
+@contextmanager
+def member_node(
+    root: Path, address: str = "grpc://127.0.0.1:0", auth_token: str | None = None
+) -> Iterator[RunningServer]:
+    """An in-process node serving ``root`` as ``blobs`` (its membership, if given one, stopped at the end)."""
+    catalog = open_catalog({"blobs": str(root)})
+    handle = RunningServer(FlightFeedServer(catalog, address, auth_token=auth_token))
+    try:
+        yield handle
+    finally:
+        if handle.server.cluster.membership is not None:
+            handle.server.cluster.membership.stop()
+        handle.stop()
+        catalog.close()
+
+
+def join(srv: RunningServer, **kwargs: Any) -> Membership:
+    """Give ``srv`` a membership, checked by hand (``check_once``: no background thread), as
+    ``flightfeed serve`` would build it."""
+    c = srv.server.cluster
+    c.membership = Membership(c.me, c.datasets, **kwargs)
+    return c.membership

@@ -5,32 +5,13 @@ node of a tier survives that node's loss at its next epoch, and skips it until i
 from __future__ import annotations
 
 import signal
-import subprocess
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from flightfeed.client import ConnectOptions, FlightDataset, ReadOptions
-from tests.cluster.conftest import BLOB_ROWS, action, eventually, free_port
+from tests.cluster.conftest import BLOB_ROWS, action, eventually, free_port, live_peers, nodes
 from tests.processes import start_serve
-
-
-@contextmanager
-def nodes() -> Iterator[list[subprocess.Popen[str]]]:
-    procs: list[subprocess.Popen[str]] = []
-    try:
-        yield procs
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait(timeout=30)
-
-
-def live_peers(location: str) -> set[str]:
-    return {p["location"] for p in action(location, "stats")["cluster"]["peers"] if p["state"] == "live"}
 
 
 def epoch_rows(ds: FlightDataset, epoch: int) -> list[int]:

@@ -3,44 +3,18 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow.flight as flight
 import pytest
 
 from flightfeed.client import ConnectOptions, FlightDataset, ReadOptions
-from flightfeed.server.cluster import Membership
 from flightfeed.server.observe.snapshot import metrics_snapshot
-from flightfeed.server.request.service import FlightFeedServer
-from flightfeed.server.storage import open_catalog
-from flightfeed.server.testing import RunningServer
 from flightfeed.wire.errors import ConfigError, StreamError
 from flightfeed.wire.messages import WIRE_VERSION, ReadCommand
-from tests.cluster.conftest import BLOB_ROWS, free_port
+from tests.cluster.conftest import BLOB_ROWS, free_port, join, member_node
 from tests.datasets import write_dataset
 from tests.ports import dead_location
-
-
-@contextmanager
-def node(root: Path, address: str) -> Iterator[RunningServer]:
-    catalog = open_catalog({"blobs": str(root)})
-    handle = RunningServer(FlightFeedServer(catalog, address))
-    try:
-        yield handle
-    finally:
-        if handle.server.cluster.membership is not None:
-            handle.server.cluster.membership.stop()
-        handle.stop()
-        catalog.close()
-
-
-def join(srv: RunningServer, **kwargs: object) -> Membership:
-    """Give ``srv`` a membership (checked by hand with ``check_once``: no background thread)."""
-    c = srv.server.cluster
-    c.membership = Membership(c.me, c.datasets, **kwargs)  # type: ignore[arg-type]
-    return c.membership
 
 
 def first_locations(location: str, streams: int = 4) -> list[list[str]]:
@@ -53,13 +27,15 @@ def first_locations(location: str, streams: int = 4) -> list[list[str]]:
 def test_dns_membership_with_a_fake_resolver(blobs_dir: Path) -> None:
     port = free_port()
     answers = {"flightfeed-headless.test": ["127.0.0.1", "127.0.0.2"]}
-    with node(blobs_dir, f"grpc://127.0.0.1:{port}") as a, node(blobs_dir, f"grpc://127.0.0.2:{port}") as b:
+    a_loc, b_loc = f"grpc://127.0.0.1:{port}", f"grpc://127.0.0.2:{port}"
+    with member_node(blobs_dir, a_loc) as a, member_node(blobs_dir, b_loc) as b:
         m = join(a, dns=("flightfeed-headless.test", port), resolver=lambda host, p: answers[host], refresh_s=0.0)
         m.check_once()
         states = {p["location"]: p["state"] for p in m.describe()}
         assert states == {a.location: "self", b.location: "live"}
-        assert [eps[0] for eps in first_locations(a.location)] == [a.location, b.location] * 2
-        assert first_locations(a.location)[1] == [b.location, a.location]  # the other node as alternate
+        firsts = [eps[0] for eps in first_locations(a.location)]  # rotation from the job's top-ranked node
+        assert firsts == [firsts[0], firsts[1]] * 2 and {firsts[0], firsts[1]} == {a.location, b.location}
+        assert first_locations(a.location)[1] == [firsts[1], firsts[0]]  # the other node as alternate
         stats = metrics_snapshot(a.server.metrics)
         assert stats["cluster"]["peers_live"] == 1 and "flightfeed_peers_live 1.0" in stats["prometheus_text"]
         # the name stops resolving to b (scaled down): b is dropped, streams stay home
@@ -84,7 +60,7 @@ def test_dns_membership_with_a_fake_resolver(blobs_dir: Path) -> None:
 def test_a_peer_with_other_data_is_refused(blobs_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     other = tmp_path / "other"
     write_dataset(other, [[10, 10]])
-    with node(blobs_dir, "grpc://127.0.0.1:0") as a, node(other, "grpc://127.0.0.1:0") as c:
+    with member_node(blobs_dir, "grpc://127.0.0.1:0") as a, member_node(other, "grpc://127.0.0.1:0") as c:
         m = join(a, static=[c.location])
         with caplog.at_level(logging.WARNING, logger="flightfeed.server"):
             m.check_once()
@@ -95,7 +71,7 @@ def test_a_peer_with_other_data_is_refused(blobs_dir: Path, tmp_path: Path, capl
 
 
 def test_a_draining_node_leaves_new_flight_infos(blobs_dir: Path) -> None:
-    with node(blobs_dir, "grpc://127.0.0.1:0") as a, node(blobs_dir, "grpc://127.0.0.1:0") as b:
+    with member_node(blobs_dir, "grpc://127.0.0.1:0") as a, member_node(blobs_dir, "grpc://127.0.0.1:0") as b:
         ma, mb = join(a, static=[b.location]), join(b, static=[a.location])
         ma.check_once()
         mb.check_once()
@@ -112,8 +88,8 @@ def test_a_draining_node_leaves_new_flight_infos(blobs_dir: Path) -> None:
 
 def test_a_dead_location_that_never_comes_back_is_named(blobs_dir: Path) -> None:
     dead = [f"grpc://127.0.0.1:{free_port()}", f"grpc://127.0.0.1:{free_port()}"]
-    with node(blobs_dir, "grpc://127.0.0.1:0") as a:
-        a.server.cluster.endpoint_locations = lambda k: list(dead)  # type: ignore[method-assign]
+    with member_node(blobs_dir, "grpc://127.0.0.1:0") as a:
+        a.server.cluster.endpoint_locations = lambda k, key=b"": list(dead)  # type: ignore[method-assign]
         ds = FlightDataset(
             a.location,
             "blobs",
@@ -130,7 +106,7 @@ def test_a_dead_location_that_never_comes_back_is_named(blobs_dir: Path) -> None
 
 def test_a_client_names_several_entries_and_skips_a_dead_one(blobs_dir: Path) -> None:
     dead = dead_location()  # never answered in this process: a wrong address, not an outage
-    with node(blobs_dir, "grpc://127.0.0.1:0") as a:
+    with member_node(blobs_dir, "grpc://127.0.0.1:0") as a:
         ds = FlightDataset(
             f"{dead}, {a.location}",
             "blobs",
@@ -167,7 +143,7 @@ class _HalfDown:
 
 
 def test_readiness_fails_while_a_worker_is_down(blobs_dir: Path) -> None:
-    with node(blobs_dir, "grpc://127.0.0.1:0") as a:
+    with member_node(blobs_dir, "grpc://127.0.0.1:0") as a:
         a.server.cluster.workers = _HalfDown()  # type: ignore[assignment]
         client = flight.FlightClient(a.location)
         with pytest.raises(flight.FlightUnavailableError, match="a worker process is down"):

@@ -4,8 +4,6 @@ serving the very same data (same fingerprints) is the worst case."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,33 +13,11 @@ import pytest
 from flightfeed.server.cluster import Membership
 from flightfeed.server.cluster.credential import ClusterKey, read_cluster_key
 from flightfeed.server.observe.snapshot import metrics_snapshot
-from flightfeed.server.request.service import FlightFeedServer
-from flightfeed.server.storage import open_catalog
-from flightfeed.server.testing import RunningServer
 from flightfeed.wire.errors import ConfigError
+from tests.cluster.conftest import join, member_node
 from tests.cluster.test_membership import first_locations
 
 TOKEN = "data-token-trainers-hold"
-
-
-@contextmanager
-def node(root: Path, auth_token: str | None = None) -> Iterator[RunningServer]:
-    catalog = open_catalog({"blobs": str(root)})
-    handle = RunningServer(FlightFeedServer(catalog, "grpc://127.0.0.1:0", auth_token=auth_token))
-    try:
-        yield handle
-    finally:
-        if handle.server.cluster.membership is not None:
-            handle.server.cluster.membership.stop()
-        handle.stop()
-        catalog.close()
-
-
-def join(srv: RunningServer, **kwargs: Any) -> Membership:
-    """A membership checked by hand (``check_once``), as ``flightfeed serve`` would build it."""
-    c = srv.server.cluster
-    c.membership = Membership(c.me, c.datasets, **kwargs)
-    return c.membership
 
 
 def rogue_health(target: str, rogue: str, token: str | None = None, **extra: Any) -> None:
@@ -60,7 +36,7 @@ def states(m: Membership) -> dict[str, str]:
 
 
 def test_a_clients_health_action_never_adds_a_peer(blobs_dir: Path) -> None:
-    with node(blobs_dir) as a, node(blobs_dir) as b, node(blobs_dir) as rogue:
+    with member_node(blobs_dir) as a, member_node(blobs_dir) as b, member_node(blobs_dir) as rogue:
         ma, mb = join(a, static=[b.location]), join(b, static=[a.location])
         rogue_health(a.location, rogue.location)  # used to make it a live peer within 3 s
         for _ in range(3):
@@ -73,7 +49,11 @@ def test_a_clients_health_action_never_adds_a_peer(blobs_dir: Path) -> None:
 
 def test_a_trainer_with_the_data_token_cannot_write_membership(blobs_dir: Path) -> None:
     key = ClusterKey("cluster-secret-of-the-nodes")
-    with node(blobs_dir, TOKEN) as a, node(blobs_dir, TOKEN) as b, node(blobs_dir, TOKEN) as rogue:
+    with (
+        member_node(blobs_dir, auth_token=TOKEN) as a,
+        member_node(blobs_dir, auth_token=TOKEN) as b,
+        member_node(blobs_dir, auth_token=TOKEN) as rogue,
+    ):
         ma = join(a, static=[b.location], token=TOKEN, key=key)
         join(b, static=[a.location], token=TOKEN, key=key)
         rogue_health(a.location, rogue.location, token=TOKEN)
@@ -86,7 +66,7 @@ def test_a_trainer_with_the_data_token_cannot_write_membership(blobs_dir: Path) 
 def test_a_peer_that_cannot_prove_the_credential_is_not_live(blobs_dir: Path) -> None:
     """Fingerprints are not proof: a listed node without the secret serves the same data, and
     still is never offered."""
-    with node(blobs_dir) as a, node(blobs_dir) as other, node(blobs_dir) as b:
+    with member_node(blobs_dir) as a, member_node(blobs_dir) as other, member_node(blobs_dir) as b:
         ma = join(a, static=[other.location, b.location], key=ClusterKey("cluster-secret"))
         join(other, static=[a.location], key=ClusterKey("another-secret"))
         join(b, static=[a.location], key=ClusterKey("cluster-secret"))
@@ -100,7 +80,7 @@ def test_a_peer_that_cannot_prove_the_credential_is_not_live(blobs_dir: Path) ->
 
 def test_nodes_holding_the_credential_still_join_by_gossip(blobs_dir: Path) -> None:
     key = ClusterKey("cluster-secret")
-    with node(blobs_dir) as a, node(blobs_dir) as b, node(blobs_dir) as c:
+    with member_node(blobs_dir) as a, member_node(blobs_dir) as b, member_node(blobs_dir) as c:
         ma, mb = join(a, static=[b.location], key=key), join(b, static=[a.location], key=key)
         mc = join(c, static=[a.location], key=key)  # c knows only a
         mc.check_once()  # c checks a, proving the credential: a learns c
@@ -114,7 +94,7 @@ def test_nodes_holding_the_credential_still_join_by_gossip(blobs_dir: Path) -> N
 
 
 def test_without_a_credential_nothing_is_learned_even_from_nodes(blobs_dir: Path) -> None:
-    with node(blobs_dir) as a, node(blobs_dir) as c:
+    with member_node(blobs_dir) as a, member_node(blobs_dir) as c:
         ma, mc = join(a), join(c, static=[a.location])
         mc.check_once()
         ma.check_once()

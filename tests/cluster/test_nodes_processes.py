@@ -5,34 +5,14 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pyarrow.flight as flight
 
 from flightfeed.client import FlightDataset, ReadOptions
-from flightfeed.server.cluster.spread import first_slot, spread
-from tests.cluster.conftest import BLOB_ROWS, action, eventually, free_port, gone
+from tests.cluster.conftest import BLOB_ROWS, action, eventually, free_port, gone, live_peers, nodes
 from tests.processes import start_serve
-
-
-@contextmanager
-def nodes() -> Iterator[list[subprocess.Popen[str]]]:
-    procs: list[subprocess.Popen[str]] = []
-    try:
-        yield procs
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait(timeout=30)
-
-
-def live_peers(location: str) -> set[str]:
-    return {p["location"] for p in action(location, "stats")["cluster"]["peers"] if p["state"] == "live"}
 
 
 def reader(location: str, rank: int, streams: int) -> FlightDataset:
@@ -55,18 +35,17 @@ def test_epoch_over_two_ranks_survives_a_killed_node_and_a_joining_node(blobs_di
     ports = [free_port() for _ in range(4)]
     locs = [f"grpc://127.0.0.1:{p}" for p in ports]
     peers = ",".join(locs[:3])
-    # rank 0 reads one 48 MB stream; the node its slot lands on first is the victim
-    slot = first_slot("blobs", seed=3, epoch=0, rank=0, world_size=2, streams=1)
-    victim = spread([[loc] for loc in sorted(locs[:3])], slot)[0]
-    entry, other = (loc for loc in locs[:3] if loc != victim)
     with nodes() as procs:
         for port in ports[:3]:
             procs.append(start_serve(f"blobs={blobs_dir}", "--peers", peers, "--cluster-token-file", str(secret),
                                      port=port)[0])
-        eventually("the three nodes see each other", lambda: live_peers(entry) == {victim, other})
-        rank0 = reader(entry, 0, streams=1)
+        eventually("the three nodes see each other", lambda: live_peers(locs[0]) == set(locs[1:3]))
+        rank0 = reader(locs[0], 0, streams=1)  # one 48 MB stream
         it = iter(rank0)
         got0 = [i for _ in range(4) for i in next(it)["index"].tolist()]
+        # the node serving it (the spread ranks the nodes per job) is the victim
+        (victim,) = (loc for loc in locs[:3] if action(loc, "stats")["streams_active"] > 0)
+        entry, other = (loc for loc in locs[:3] if loc != victim)
         procs[locs.index(victim)].send_signal(signal.SIGKILL)  # its stream is in flight
         procs.append(start_serve(f"blobs={blobs_dir}", "--peers", peers, "--cluster-token-file", str(secret),
                                  port=ports[3])[0])  # a node joins

@@ -9,13 +9,12 @@ from pathlib import Path
 
 from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.observe.snapshot import metrics_snapshot
-from tests.cluster.conftest import BLOB_ROWS
-from tests.cluster.test_membership import join, node
+from tests.cluster.conftest import BLOB_ROWS, join, member_node
 
 
 def test_two_ranks_of_one_stream_use_all_three_nodes_and_read_every_row_once(blobs_dir: Path) -> None:
     with ExitStack() as stack:
-        nodes = [stack.enter_context(node(blobs_dir, "grpc://127.0.0.1:0")) for _ in range(3)]
+        nodes = [stack.enter_context(member_node(blobs_dir, "grpc://127.0.0.1:0")) for _ in range(3)]
         for n in nodes:
             m = join(n, static=[o.location for o in nodes if o is not n])
             m.check_once()

@@ -93,7 +93,7 @@ def test_a_server_reading_with_positioned_reads_serves_the_same_epoch(tmp_path: 
     write_dataset(tmp_path, [[50, 30, 20], [40, 60]])
     epochs = []
     for io in ("mmap", "read"):
-        with running_server({"d": str(tmp_path)}, storage=StorageOptions(arrow_io=io)) as srv:
+        with running_server({"d": str(tmp_path)}, storage=StorageOptions(arrow_io=io, small_shard_bytes=0)) as srv:
             assert all(getattr(s, "io", None) == io for s in srv.catalog.get("d").shards)
             ds = FlightDataset(
                 srv.location,

@@ -14,10 +14,12 @@ import pytest
 from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.data.readahead import ReadAhead
 from flightfeed.server.request.streaming import StreamSettings
+from flightfeed.server.storage import StorageOptions
 from flightfeed.server.testing import running_server
 from tests.datasets import SMALL_LAYOUT, SMALL_ROWS, write_dataset
 
 # block_rows=8, buffer_rows=64: many windows in 422 rows, so read-ahead has work
+MAPPED = StorageOptions(small_shard_bytes=0)
 
 
 def _epoch(location: str, shuffle: bool, name: str = "data") -> list[tuple[int, int]]:
@@ -53,7 +55,10 @@ def test_read_ahead_never_changes_what_is_delivered(tmp_path: Path, fmt: str, sh
         root = _as_parquet(root, tmp_path / "parquet")
     runs = {}
     for windows in (0, 1, 3):
-        with running_server({"data": str(root)}, settings=StreamSettings(readahead_windows=windows)) as srv:
+        # small_shard_bytes=0: memory-map even these tiny shards (small ones are read whole, not ahead)
+        with running_server(
+            {"data": str(root)}, settings=StreamSettings(readahead_windows=windows), storage=MAPPED
+        ) as srv:
             ds = srv.catalog.get("data")
             if windows and not shuffle:  # stored-order read-ahead is off by default: turn it on
                 ds.readahead = ReadAhead(ds, srv.metrics.io, windows=windows, messages=windows)
@@ -148,7 +153,7 @@ def test_stored_order_read_ahead_counts_bytes(tmp_path: Path, fmt: str) -> None:
     write_dataset(root, SMALL_LAYOUT)
     if fmt == "parquet":
         root = _as_parquet(root, tmp_path / "parquet")
-    catalog = open_catalog({"data": str(root)})
+    catalog = open_catalog({"data": str(root)}, MAPPED)
     try:
         ds = catalog.get("data")
         ahead = ReadAhead(ds, windows=0, messages=2)

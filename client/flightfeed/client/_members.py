@@ -74,6 +74,7 @@ class Members:
         self.given = split_locations(location)
         self._known: list[str] = list(self.given)  # given first, then learned, in the order seen
         self._failed: dict[str, float] = {}  # location -> when it last failed (monotonic)
+        self._dropped: set[str] = set()  # failed locations a later FlightInfo no longer listed
         self._answered: set[str] = set()  # answered this reader (travels to DataLoader workers)
         self._lock = threading.Lock()
 
@@ -82,6 +83,29 @@ class Members:
         with self._lock:
             ok = [m for m in self._known if m not in self._failed]
             return ok + sorted(self._failed, key=self._failed.__getitem__)
+
+    def listed(self, locations: Iterable[str]) -> None:
+        """A FlightInfo named ``locations`` (every live node of the tier). A failed member it no
+        longer names was dropped by the tier; one that the tier names again after dropping it was
+        seen back by the tier's health probes, so it is no longer held back here."""
+        named = set(locations)
+        self.learn(named)
+        with self._lock:
+            for loc in list(self._failed):
+                if loc not in named:
+                    self._dropped.add(loc)
+                elif loc in self._dropped:
+                    del self._failed[loc]
+                    self._dropped.discard(loc)
+
+    def prefer(self, locations: Iterable[str]) -> list[str]:
+        """``locations`` (an endpoint's, first choice first) with the members that failed moved to
+        the end, longest-failed first: a stream does not start on a node this reader saw die
+        while the tier still lists it (membership lags a death by a probe round or two)."""
+        with self._lock:
+            given = list(dict.fromkeys(locations))
+            ok = [m for m in given if m not in self._failed]
+            return ok + sorted((m for m in given if m in self._failed), key=self._failed.__getitem__)
 
     def known(self) -> list[str]:
         with self._lock:
@@ -103,6 +127,7 @@ class Members:
         self.heard(location)
         with self._lock:
             self._failed.pop(location, None)
+            self._dropped.discard(location)
 
     def heard(self, location: str) -> None:
         """``location`` answered (maybe with an error): it is a server, so it counts as reachable."""
@@ -117,6 +142,7 @@ class Members:
             if location not in self._known:
                 self._known.append(location)
             self._failed[location] = time.monotonic()
+            self._dropped.discard(location)
 
     def ever_answered(self, location: str) -> bool:
         """Whether ``location`` answered this reader or anyone in this process."""
@@ -130,6 +156,7 @@ class Members:
             state = {**self.__dict__, "_known": list(self._known), "_answered": set(self._answered)}
         del state["_lock"]
         state["_failed"] = {}  # failure times are this process's clock
+        state["_dropped"] = set()
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -121,14 +121,14 @@ def open_readers(
 
     info = first_answer(get_info, members, policy, what=what, on_retry=on_retry)
     endpoints = [[_uri(loc) for loc in ep.locations] for ep in info.endpoints]
-    members.learn(loc for locs in endpoints for loc in locs)
+    members.listed(loc for locs in endpoints for loc in locs)
     home = [answered[-1], *(m for m in members.order() if m != answered[-1])]
     readers = []
     for k, (ep, found) in enumerate(zip(info.endpoints, endpoints, strict=True)):
         ticket = StreamTicket.FromString(ep.ticket.ticket)
         readers.append(
             StreamReader(
-                pool, k, ticket, found or home,
+                pool, k, ticket, members.prefer(found) if found else home,
                 depth=prefetch, policy=policy, stop=stop, on_retry=on_retry, members=members,
             )
         )

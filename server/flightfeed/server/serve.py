@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import threading
@@ -29,7 +30,9 @@ from flightfeed.server.guards.exposure import warn_if_exposed
 from flightfeed.server.guards.limits import DEFAULT_MAX_STREAMS, Limits
 from flightfeed.server.guards.listen import check_tls_files
 from flightfeed.server.observe.metrics import ServerMetrics
+from flightfeed.server.readers.open_files import MIN_OPEN, default_max_open, raise_nofile_limit, shared_open_files
 from flightfeed.server.request.service import FlightFeedServer
+from flightfeed.server.request.shared_messages import DEFAULT_SHARE_WINDOW
 from flightfeed.server.request.streaming import StreamSettings
 from flightfeed.server.storage import StorageOptions, open_catalog
 from flightfeed.server.storage.cli_options import (
@@ -38,6 +41,7 @@ from flightfeed.server.storage.cli_options import (
     add_reader_arguments,
     add_s3_arguments,
     apply_config,
+    parse_size,
     size_argument,
     storage_options_from_args,
 )
@@ -46,6 +50,8 @@ from flightfeed.wire.errors import ConfigError
 from flightfeed.wire.tokens import read_token_file
 
 __all__ = ["add_arguments", "run", "parse_datasets"]
+
+log = logging.getLogger("flightfeed.server")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("datasets", nargs="*", metavar="NAME=URI", help="dataset name and directory, glob or s3:// URI")
@@ -75,6 +81,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--message-size", type=size_argument, default=None, help="target bytes per Flight message (default 16MiB)"
+    )
+    p.add_argument(
+        "--share-window", type=size_argument, default=None, metavar="BYTES",
+        help="shared jobs: keep up to BYTES of produced messages (gathered, decoded, augmented) per server "
+        "process for identical requests of other trainers (default 512MiB; 0: off)",
     )
     p.add_argument(
         "--decode-workers",
@@ -125,6 +136,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="WINDOWS",
         help="shuffle windows read ahead of each stream (default 1; 0: no read-ahead)",
     )
+    p.add_argument(
+        "--max-open-shards",
+        type=int,
+        default=None,
+        metavar="N",
+        help="shard files open at once (least recently used closed past it; default: the open-file "
+        "limit less a quarter, at least 256 descriptors, kept for sockets and the rest)",
+    )
+    p.add_argument(
+        "--small-shard-size",
+        type=size_argument,
+        default=None,
+        metavar="BYTES",
+        help="local .arrow shards up to this size are read whole into memory when opened instead of "
+        "memory-mapped (default 1MiB; 0 maps every shard)",
+    )
     add_s3_arguments(p)
     add_cache_arguments(p)
     add_reader_arguments(p)
@@ -172,6 +199,24 @@ def _open_catalog(datasets: dict[str, str], options: StorageOptions) -> Catalog:
     return catalog
 
 
+def _bound_open_files(max_open: Any, metrics: ServerMetrics) -> None:
+    """Raise the soft open-file limit to the hard one and size the bound on open shards from it
+    (or from ``--max-open-shards``); say what was set."""
+    before, after = raise_nofile_limit()
+    files = shared_open_files()
+    if max_open is not None:
+        if int(max_open) < MIN_OPEN:
+            raise ConfigError(f"--max-open-shards {max_open}: must be >= {MIN_OPEN}")
+        files.set_limit(int(max_open))
+    else:
+        files.set_limit(default_max_open(after))
+    raised = f"raised from {before}" if after != before else "unchanged"
+    print(f"open files: limit {after} ({raised}); at most {files.limit} shard file(s) open at once", flush=True)
+    if max_open is not None and int(max_open) > after - 64:
+        log.warning("--max-open-shards %s leaves little of the open-file limit %s for sockets", max_open, after)
+    metrics.sections["open_files"] = files.snapshot
+
+
 def _worker_argv(args: argparse.Namespace, datasets: dict[str, str], host: str) -> list[str]:
     """The flags a worker process needs: the datasets and the storage/TLS/auth settings."""
     out = [f"{k}={v}" for k, v in datasets.items()] + ["--host", host, "--insecure"]  # the coordinator warns
@@ -183,6 +228,7 @@ def _worker_argv(args: argparse.Namespace, datasets: dict[str, str], host: str) 
         "--cache-size": getattr(args, "cache_size", None),
         "--chunk-cache": getattr(args, "chunk_cache", None),
         "--message-size": args.message_size,
+        "--share-window": getattr(args, "share_window", None),
         "--decode-workers": getattr(args, "decode_workers", None),
         "--max-streams": getattr(args, "max_streams", None),
         "--max-bytes-in-flight": getattr(args, "max_bytes_in_flight", None),
@@ -190,6 +236,8 @@ def _worker_argv(args: argparse.Namespace, datasets: dict[str, str], host: str) 
         "--read-ahead": args.read_ahead,
         "--verify": args.verify,
         "--arrow-io": args.arrow_io,
+        "--max-open-shards": getattr(args, "max_open_shards", None),
+        "--small-shard-size": getattr(args, "small_shard_size", None),
         "--tls-cert": args.tls_cert,
         "--tls-key": args.tls_key,
         "--auth-token-file": args.auth_token_file,
@@ -234,8 +282,10 @@ def run(args: argparse.Namespace) -> int:
         options.s3_prefetch = False
     metrics = ServerMetrics()
     options.metrics = metrics
+    _bound_open_files(_setting(args, config, "max_open_shards", None), metrics)
     options.verify = str(_setting(args, config, "verify", "lazy"))
     options.arrow_io = str(_setting(args, config, "arrow_io", "mmap"))
+    options.small_shard_bytes = int(_setting(args, config, "small_shard_size", options.small_shard_bytes))
     tls = None
     if args.tls_cert or args.tls_key:
         if not (args.tls_cert and args.tls_key):
@@ -260,6 +310,10 @@ def run(args: argparse.Namespace) -> int:
         int(_setting(args, config, "client_bytes_in_flight", DEFAULT_CLIENT_BYTES_IN_FLIGHT)),
         metrics=metrics,
     )
+    window_setting = _setting(args, config, "share_window", DEFAULT_SHARE_WINDOW)
+    share_window = parse_size(window_setting) if isinstance(window_setting, str) else int(window_setting)
+    if share_window < 0:
+        raise ConfigError(f"--share-window {share_window}: must be >= 0 bytes (0 turns shared jobs off)")
     sidecar_host = str(_setting(args, config, "sidecar_host", "127.0.0.1"))
     if not (args.insecure or config.get("insecure", False)):
         sidecar_on = not (args.no_sidecar or config.get("no_sidecar", False))
@@ -281,6 +335,7 @@ def run(args: argparse.Namespace) -> int:
             transformer=transformer,
             limits=limits,
             bytes_in_flight=budget,
+            share_window=share_window,
         )
         cluster = server.cluster
         roots = tls[0][0] if tls else None

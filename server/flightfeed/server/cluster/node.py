@@ -91,13 +91,13 @@ class Cluster:
             nodes = sorted([*nodes, self.processes()], key=lambda n: n[0])
         return nodes
 
-    def endpoint_locations(self, k: int) -> list[str]:
-        """Locations of the endpoint in spread slot ``k`` (``spread.first_slot`` + its index;
-        []: this server alone, the client's own location)."""
+    def endpoint_locations(self, k: int, key: bytes = b"") -> list[str]:
+        """Locations of the endpoint in spread slot ``k`` (``spread.first_slot`` + its index) of
+        the request whose job digest is ``key`` ([]: this server alone, the client's own location)."""
         nodes = self.nodes()
         if len(nodes) == 1 and len(nodes[0]) == 1 and nodes[0][0] == self.entry():
             return []
-        return spread(nodes, k)
+        return spread(nodes, k, key)
 
     # -- the health action ----------------------------------------------------------------
     def me(self) -> dict[str, Any]:

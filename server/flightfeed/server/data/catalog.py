@@ -7,7 +7,6 @@ made against another fingerprint is refused.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import logging
 import os
@@ -63,29 +62,32 @@ class Dataset:
             raise DatasetError(f"dataset {self.name!r}: no shards found at {self.uri}")
         first = self.shards[0]
         for shard in self.shards[1:]:
-            if not shard.schema.equals(first.schema, check_metadata=False):
+            if shard.schema is not first.schema and not shard.schema.equals(first.schema, check_metadata=False):
                 raise DatasetError(
                     f"dataset {self.name!r}: shard {shard.uri} has a different schema than "
                     f"{first.uri}.\n  {first.uri}: {_one_line(first.schema)}\n  {shard.uri}: "
                     f"{_one_line(shard.schema)}\nAll shards of a dataset must share one schema."
                 )
         self.schema: pa.Schema = first.schema
-        starts: list[int] = []
-        refs: list[tuple[int, int]] = []
-        base = 0
-        for s, shard in enumerate(self.shards):
-            offs = shard.chunk_offsets
-            for c in range(len(offs) - 1):
-                starts.append(base + int(offs[c]))
-                refs.append((s, c))
-            base += shard.num_rows
-        self.num_rows = base
-        self._chunk_starts = np.asarray([*starts, base], dtype=np.int64)
-        self._chunk_refs = refs
-        self.nbytes = sum(s.nbytes for s in self.shards)
-        self.fingerprint = _fingerprint(self.shards, self.schema)
+        # the row index in arrays (a few int64 per chunk; no Python object per chunk)
+        offsets = [shard.chunk_offsets for shard in self.shards]
+        counts = np.fromiter((len(o) - 1 for o in offsets), dtype=np.int64, count=len(offsets))
+        rows = np.fromiter((int(o[-1]) for o in offsets), dtype=np.int64, count=len(offsets))
+        bases = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
+        self.num_rows = int(bases[-1])
+        #: the first chunk of every shard, plus ``num_chunks`` at the end
+        self.shard_chunks = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._chunk_shard = np.repeat(np.arange(len(offsets), dtype=np.int64), counts)
+        self._chunk_index = np.arange(int(self.shard_chunks[-1]), dtype=np.int64) - self.shard_chunks[self._chunk_shard]
+        firsts = np.concatenate([o[:-1] for o in offsets]) if offsets else np.zeros(0, np.int64)
+        starts = firsts.astype(np.int64) + bases[self._chunk_shard]
+        self._chunk_starts = np.concatenate([starts, [self.num_rows]]).astype(np.int64)
+        sizes = [s.nbytes for s in self.shards]
+        self.nbytes = sum(sizes)
+        self.fingerprint = _fingerprint(self.shards, rows.tolist(), sizes, self.schema)
         self._row_bytes: dict[tuple[str, ...], int] = {}
-        #: derived per-chunk data (e.g. gather's flat numpy views), for zero-copy chunks only
+        #: derived per-chunk data (e.g. gather's flat numpy views), for zero-copy chunks only;
+        #: a shard's entries go when its file is closed (they would keep its map and descriptor)
         self.views: OrderedDict[tuple[int, str], object] = OrderedDict()
         self.views_lock = threading.Lock()
         #: why the data changed on disk while served (None while it has not): see ``check_unchanged``
@@ -96,18 +98,33 @@ class Dataset:
         #: a shard's sha256 did not match the manifest (see storage/verify.py)
         self.corrupt: str | None = None
         self._first_read: Callable[[int], None] | None = None
-        self._unread: set[int] = set()
+        self._unread: npt.NDArray[np.bool_] | None = None
+        group: object = None
         for shard in self.shards:
+            shared = getattr(shard, "group", None)  # shards of one group share their listeners
+            if shared is not None and shared is group:
+                continue
+            group = shared
             watch = getattr(shard, "watch", None)
             if watch is not None:
                 watch(self._shard_changed)
             on_corrupt = getattr(shard, "on_corrupt", None)  # a block failed its checksum
             if on_corrupt is not None:
                 on_corrupt(self.mark_corrupt)
-        for s, shard in enumerate(self.shards):
-            on_release = getattr(shard, "on_release", None)  # a cached copy was closed (evicted)
-            if on_release is not None:
-                on_release(functools.partial(self._drop_views, s))
+            on_close = getattr(shard, "on_close", None)  # its open file was closed (readers/open_files)
+            if on_close is not None:
+                on_close(self._drop_views)
+
+    def keep_view(self, key: tuple[int, str], view: object, limit: int) -> None:
+        """Remember a view derived from chunk ``key[0]`` (at most ``limit``, least recent out),
+        unless its shard's file was closed meanwhile (the view would keep the file open)."""
+        is_open = getattr(self.chunk_shard(key[0]), "is_open", None)
+        with self.views_lock:
+            if is_open is not None and not is_open():
+                return
+            self.views[key] = view
+            if len(self.views) > limit:
+                self.views.popitem(last=False)
 
     # -- shards changed in place while served ---------------------------------------------------
     def on_change(self, listener: Callable[[Dataset, str], None]) -> None:
@@ -123,14 +140,19 @@ class Dataset:
             listener(self, reason)
 
     def _drop_views(self, shard: int) -> None:
-        """Forget the memoised views of ``shard``'s chunks (its copy was closed: let its memory go)."""
+        """Forget the memoised views of ``shard``'s chunks (its file was closed: they would keep
+        its memory, and a mapped file's descriptor, alive)."""
+        names = self.schema.names
         with self.views_lock:
-            for key in [k for k in self.views if self._chunk_refs[k[0]][0] == shard]:
-                del self.views[key]
+            if not self.views:
+                return
+            for cid in range(int(self.shard_chunks[shard]), int(self.shard_chunks[shard + 1])):
+                for name in names:
+                    self.views.pop((cid, name), None)
 
     def on_first_read(self, callback: Callable[[int], None]) -> None:
         """Call ``callback(shard_index)`` the first time each shard is read (lazy verification)."""
-        self._unread = set(range(len(self.shards)))
+        self._unread = np.ones(len(self.shards), dtype=np.bool_)
         self._first_read = callback
 
     def mark_corrupt(self, reason: str) -> None:
@@ -159,7 +181,7 @@ class Dataset:
     # -- addressing -------------------------------------------------------------------------
     @property
     def num_chunks(self) -> int:
-        return len(self._chunk_refs)
+        return len(self._chunk_index)
 
     @property
     def chunk_starts(self) -> npt.NDArray[np.int64]:
@@ -173,20 +195,20 @@ class Dataset:
 
     def chunk_ref(self, cid: int) -> tuple[ShardReader, int]:
         """The shard holding chunk ``cid`` and the chunk's index inside it."""
-        s, c = self._chunk_refs[cid]
-        return self.shards[s], c
+        return self.shards[int(self._chunk_shard[cid])], int(self._chunk_index[cid])
 
     def chunk_zero_copy(self, cid: int) -> bool:
-        return self.shards[self._chunk_refs[cid][0]].zero_copy
+        return self.shards[int(self._chunk_shard[cid])].zero_copy
 
     def chunk_shard(self, cid: int) -> ShardReader:
         """The shard holding chunk ``cid`` (for error messages)."""
-        return self.shards[self._chunk_refs[cid][0]]
+        return self.shards[int(self._chunk_shard[cid])]
 
     def chunk(self, cid: int) -> pa.RecordBatch:
-        s, c = self._chunk_refs[cid]
-        if self._unread and s in self._unread:
-            self._unread.discard(s)
+        s, c = int(self._chunk_shard[cid]), int(self._chunk_index[cid])
+        unread = self._unread
+        if unread is not None and unread[s]:
+            unread[s] = False
             if self._first_read is not None:
                 self._first_read(s)
         shard = self.shards[s]
@@ -265,9 +287,10 @@ def _one_line(schema: pa.Schema) -> str:
     return ", ".join(f"{f.name}: {f.type}" for f in schema)
 
 
-def _fingerprint(shards: Sequence[ShardReader], schema: pa.Schema) -> str:
+def _fingerprint(shards: Sequence[ShardReader], rows: Sequence[int], sizes: Sequence[int], schema: pa.Schema) -> str:
+    """The schema, then ``name|rows|bytes`` per shard (one line each), hashed."""
     h = hashlib.sha256()
     h.update(schema.remove_metadata().serialize().to_pybytes())
-    for shard in shards:
-        h.update(f"{os.path.basename(shard.uri)}|{shard.num_rows}|{shard.nbytes}\n".encode())
+    lines = (f"{os.path.basename(s.uri)}|{n}|{b}\n" for s, n, b in zip(shards, rows, sizes, strict=True))
+    h.update("".join(lines).encode())
     return h.hexdigest()[:20]

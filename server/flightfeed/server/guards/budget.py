@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 from flightfeed.server.observe.metrics import ServerMetrics
-from flightfeed.server.request.shared_messages import last_was_shared
 from flightfeed.wire.errors import StorageError
 
 __all__ = ["BytesInFlight", "metered", "peer_host", "DEFAULT_BYTES_IN_FLIGHT", "DEFAULT_CLIENT_BYTES_IN_FLIGHT"]
@@ -139,20 +138,26 @@ class BytesInFlight:
 
 
 def metered(
-    batches: Iterator[Any], budget: BytesInFlight, client: str, dataset: str, estimate: int
+    batches: Iterator[Any],
+    budget: BytesInFlight,
+    client: str,
+    dataset: str,
+    estimate: int,
+    counted_elsewhere: Callable[[Any], bool] = lambda _batch: False,
 ) -> Generator[Any, None, None]:
     """``batches`` with each one's bytes held in ``budget`` from before it is produced (``estimate``
-    bytes, then its real size) until the consumer asks for the next one or stops."""
+    bytes, then its real size) until the consumer asks for the next one or stops. A batch for which
+    ``counted_elsewhere`` is true (kept in the shared-jobs window, which counts it) holds nothing
+    once it exists."""
     held = 0
     try:
         while True:
             budget.acquire(client, dataset, estimate)
             held = estimate
-            last_was_shared()  # reset: only the message produced now counts
             batch = next(batches, None)
             if batch is None:
                 return
-            size = 0 if last_was_shared() else int(batch.nbytes)  # a shared copy is counted once
+            size = 0 if counted_elsewhere(batch) else int(batch.nbytes)
             if size > held:
                 budget.acquire(client, dataset, size - held, wait=False)  # it exists already
             else:

@@ -23,6 +23,7 @@ from prometheus_client.core import GaugeMetricFamily
 from flightfeed.server.observe.io import IoMetrics
 from flightfeed.server.observe.reports import MAX_CLIENTS, ClientTable
 from flightfeed.server.observe.scaling import NodesWanted, WantedCollector
+from flightfeed.server.observe.shared import SharedMetrics
 from flightfeed.server.observe.window import RateWindow
 
 __all__ = ["ServerMetrics"]
@@ -100,6 +101,7 @@ class ServerMetrics:
             registry=r,
         )
         self.io = IoMetrics(r)  # read-ahead, read wait, changed/verified shards
+        self.shared = SharedMetrics(r)  # shared jobs: the cross-trainer window
         self._decode_metrics(r)
         self.clients_evicted = Counter(
             "flightfeed_clients_evicted",

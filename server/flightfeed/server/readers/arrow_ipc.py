@@ -89,6 +89,7 @@ class ArrowShard(ShardFields):
             self.close()
             raise
         counts = self._counts if self._file_reader is not None else [b.num_rows for b in self._batches]
+        self._identity = self._mapped.identity if self._mapped is not None else self._stat
         sizes = np.asarray(counts, dtype=np.int64)
         self._offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
 
@@ -127,6 +128,11 @@ class ArrowShard(ShardFields):
         self._file_reader = ipc.open_file(self._file)
         self._batches = []
         self._counts = counts
+
+    @property
+    def identity(self) -> tuple[int, int, int]:
+        """(size, mtime, inode) of the file this reader opened (to tell a replaced file apart)."""
+        return self._identity
 
     def _fstat(self) -> tuple[int, int, int]:
         assert self._file is not None
@@ -232,14 +238,23 @@ class ArrowShard(ShardFields):
                 mapped.willneed(lo - mapped.address, length)
         return total
 
-    def close(self) -> None:
-        """Let go of the file and the mapping: the mapping goes with the last batch still in use."""
+    def close(self, released: Callable[[], None] | None = None) -> None:
+        """Close the file. A memory map still used by batches in flight keeps its descriptor and
+        lease (still watched) until the last of them goes; ``released()`` runs when the file is
+        finally released (now, or then)."""
         self._batches = []
         self._file_reader = None
         mapped, self._mapped = self._mapped, None
         if mapped is not None:
-            watcher().unregister(mapped)
-            mapped.close()
+
+            def on_release() -> None:
+                watcher().unregister(mapped)
+                if released is not None:
+                    released()
+
+            mapped.close(on_release)
+        elif released is not None:
+            released()
         if self._file is not None:
             self._file.close()
 

@@ -19,10 +19,15 @@ __all__ = ["ShardReader", "ShardFields"]
 
 @runtime_checkable
 class ShardReader(Protocol):
-    #: where the shard lives, for error messages (a path or an s3:// URI)
-    uri: str
-    #: True when read_chunk returns views of mapped memory (no decoding cost)
-    zero_copy: bool
+    @property
+    def uri(self) -> str:
+        """Where the shard lives, for error messages (a path or an s3:// URI)."""
+        ...
+
+    @property
+    def zero_copy(self) -> bool:
+        """True when read_chunk returns views of memory it holds (no decoding cost)."""
+        ...
 
     @property
     def schema(self) -> pa.Schema: ...

@@ -8,10 +8,12 @@ small message, not the data.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
+
+from flightfeed.server.readers.ipc_footer import fb_deref as _deref
+from flightfeed.server.readers.ipc_footer import fb_table as _table
 
 __all__ = ["ipc_compression"]
 
@@ -31,25 +33,6 @@ def ipc_compression(path: str) -> str:
     except (OSError, pa.ArrowException, struct.error, IndexError):
         return "?"
     return "none"
-
-
-def _table(buf: bytes, pos: int) -> Callable[[int], int | None]:
-    """Field ``i`` of the flatbuffer table at ``pos``: its absolute position, or None if absent."""
-    vtable = pos - struct.unpack_from("<i", buf, pos)[0]
-    vtable_len = struct.unpack_from("<H", buf, vtable)[0]
-
-    def field(i: int) -> int | None:
-        slot = 4 + 2 * i
-        if slot >= vtable_len:
-            return None
-        offset = struct.unpack_from("<H", buf, vtable + slot)[0]
-        return pos + offset if offset else None
-
-    return field
-
-
-def _deref(buf: bytes, pos: int) -> int:
-    return pos + int(struct.unpack_from("<I", buf, pos)[0])
 
 
 def _codec(buf: bytes) -> str:

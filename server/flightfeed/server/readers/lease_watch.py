@@ -27,7 +27,7 @@ class LeaseWatcher:
     def __init__(self, interval_s: float = 0.02) -> None:
         self.interval_s = interval_s
         self._files: dict[int, tuple[MappedFile, OnBreak]] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: a map freed under it unregisters itself
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 

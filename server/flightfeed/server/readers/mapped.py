@@ -81,14 +81,19 @@ class LeaseUnavailable(OSError):
 
 
 class _Region:
-    """Owns ``size`` mapped bytes at ``address``; unmapped when the last Arrow buffer goes."""
+    """Owns ``size`` mapped bytes at ``address``; unmapped when the last Arrow buffer goes (then
+    ``on_free`` runs: a closed MappedFile's descriptor and lease go with the map)."""
 
     def __init__(self, address: int, size: int) -> None:
         self.address = address
         self.size = size
+        self.on_free: Callable[[], None] | None = None
 
     def __del__(self) -> None:
         _libc.munmap(self.address, self.size)
+        on_free, self.on_free = self.on_free, None
+        if on_free is not None:
+            on_free()
 
 
 class MappedFile:
@@ -96,12 +101,16 @@ class MappedFile:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: a map freed under it releases the file
+        self._closed = False
+        self._retired: weakref.ref[_Region] | None = None  # closed, still used by Arrow buffers
         self.fd: int | None = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         try:
             self._lease()
             st = os.fstat(self.fd)
             self.size = st.st_size
+            #: (size, mtime, inode) of the file mapped (stable while the lease is held)
+            self.identity = (st.st_size, st.st_mtime_ns, st.st_ino)
             #: bytes per read-ahead call (see ``readahead_bytes``)
             self.piece = readahead_bytes(st.st_dev)
             if self.size == 0:
@@ -161,6 +170,8 @@ class MappedFile:
             if self.fd is None:
                 return
             region = self._region
+            if region is None and self._retired is not None:
+                region = self._retired()  # closed, but buffers in flight still read the map
             if region is not None:
                 _swap_for_copy(region.address, region.size)
             self._release()
@@ -211,13 +222,29 @@ class MappedFile:
                 fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
             os.close(fd)
 
-    def close(self) -> None:
-        """Release the lease and the file. The mapping lives on while Arrow buffers use it (and
-        only they: this object lets go of it)."""
+    def close(self, on_release: Callable[[], None] | None = None) -> None:
+        """Give the file up. When no Arrow buffer uses the map any more, the lease and the
+        descriptor are released now; otherwise they live on with the map (the lease keeps a
+        writer from faulting the buffers still in flight; a break still detaches it) and are
+        released when the last buffer goes. ``on_release()`` runs right before that release."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            region, self._region = self._region, None
+            self.buffer = pa.py_buffer(b"")
+            if region is not None:
+                self._retired = weakref.ref(region)
+                region.on_free = functools.partial(self._freed, on_release)
+        if region is None:
+            self._freed(on_release)
+        del region  # the last reference unless buffers are in flight: then _freed runs later
+
+    def _freed(self, on_release: Callable[[], None] | None) -> None:
+        if on_release is not None:
+            on_release()
         with self._lock:
             self._release()
-        self._region = None
-        self.buffer = pa.py_buffer(b"")
 
 
 def _swap_for_copy(address: int, size: int) -> None:

@@ -1,11 +1,13 @@
 """Rows of a Dataset -> RecordBatches.
 
 * ``contiguous``: stored rows ``[start, stop)`` as zero-copy slices of the chunks; a client batch
-  that straddles two chunks is concatenated so every RecordBatch holds whole client batches.
+  that straddles two chunks is concatenated so every RecordBatch holds whole client batches, and
+  runs of small pieces (many small shards) are copied into one batch.
 * ``gather``: arbitrary rows (a shuffled message) in one copy per column. Fixed-width columns
   (primitives, FixedSizeList, ``arrow.fixed_shape_tensor``) are gathered with numpy straight into
   the output buffer, per source chunk (``ChunkedArray.take`` on multi-chunk FixedSizeList is two
-  orders of magnitude slower); other columns use Arrow ``take`` per chunk.
+  orders of magnitude slower); other columns use Arrow ``take`` per chunk. Chunks are visited one
+  at a time for all columns, so a message over thousands of shards holds one shard's memory at once.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ _I64 = npt.NDArray[np.int64]
 _Arr = Any  # pyarrow arrays (the stubs type them per scalar type)
 _concat_batches: Callable[[list[pa.RecordBatch]], pa.RecordBatch] = pa.concat_batches  # type: ignore[attr-defined]
 _ROW_LOOP_BYTES = 16 << 10
+_COALESCE_BYTES = 1 << 20  # contiguous pieces smaller than this are copied together
 _VIEW_ENTRIES = 8192  # memoised (chunk, column) views per dataset
 _MISS = object()  # rows at least this large are copied one by one (one copy, no temp)
 
@@ -38,7 +41,38 @@ def contiguous(
     ds: Dataset, start: int, stop: int, batch_rows: int, columns: Sequence[str] | None
 ) -> Iterator[pa.RecordBatch]:
     """Stored rows ``[start, stop)``; each RecordBatch holds whole ``batch_rows`` batches (the
-    last may be partial). ``batch_rows=0`` means no batch alignment (pure zero-copy slices)."""
+    last may be partial). ``batch_rows=0`` means no batch alignment. Large pieces are zero-copy
+    slices of the chunks; consecutive small ones (under ``_COALESCE_BYTES``: many small shards or
+    chunks) are copied into one batch, so a message never pins many shards' memory while it waits
+    to be sent, and Flight sends a few large IPC messages instead of many tiny ones."""
+    pending: list[pa.RecordBatch] = []
+    size = 0
+    for piece in _pieces(ds, start, stop, batch_rows, columns):
+        n = piece.nbytes
+        if n >= _COALESCE_BYTES:
+            if pending:
+                yield _joined(pending)
+                pending, size = [], 0
+            yield piece
+            continue
+        pending.append(piece)
+        size += n
+        if size >= _COALESCE_BYTES:
+            yield _joined(pending)
+            pending, size = [], 0
+    if pending:
+        yield _joined(pending)
+
+
+def _joined(pieces: list[pa.RecordBatch]) -> pa.RecordBatch:
+    return pieces[0] if len(pieces) == 1 else _concat_batches(pieces)
+
+
+def _pieces(
+    ds: Dataset, start: int, stop: int, batch_rows: int, columns: Sequence[str] | None
+) -> Iterator[pa.RecordBatch]:
+    """:func:`contiguous`'s pieces: zero-copy slices of whole batches per chunk, and the batches
+    that straddle two chunks concatenated."""
     starts = ds.chunk_starts
     align = batch_rows or (stop - start)
     row = start
@@ -119,10 +153,7 @@ def _flat_view(ds: Dataset, cid: int, name: str, width: int) -> npt.NDArray[np.g
     arr = ds.chunk(cid).column(name)
     view = None if arr.null_count else _flat_values(arr).reshape(len(arr), width)
     if cacheable:
-        with ds.views_lock:
-            ds.views[key] = view
-            if len(ds.views) > _VIEW_ENTRIES:
-                ds.views.popitem(last=False)
+        ds.keep_view(key, view, _VIEW_ENTRIES)
     return view
 
 
@@ -140,6 +171,7 @@ def gather(ds: Dataset, rows: _I64, columns: Sequence[str] | None) -> pa.RecordB
     groups = [
         (int(sorted_cid[a]), order[a:b], local[order[a:b]])
         for a, b in zip(np.r_[0, bounds], np.r_[bounds, n], strict=True)
+        if a < b
     ]
     schema = ds.project_schema(columns or ())
     fixed: list[_FixedOut | None] = []

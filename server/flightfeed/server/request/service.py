@@ -29,7 +29,10 @@ from flightfeed.server.guards.listen import grpc_log, release, start_failure
 from flightfeed.server.observe.chunk_stats import install_chunk_stats
 from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.observe.reports import MAX_REPORT_BYTES, validate_report
+from flightfeed.server.observe.shared import shared_snapshot
 from flightfeed.server.observe.snapshot import metrics_snapshot
+from flightfeed.server.request.identity import job_digest
+from flightfeed.server.request.shared_messages import DEFAULT_SHARE_WINDOW, ShareWindow
 from flightfeed.server.request.streaming import (
     StreamSettings,
     check_columns,
@@ -70,6 +73,7 @@ class FlightFeedServer(flight.FlightServerBase):
         transformer: Transformer | None = None,
         limits: Limits | None = None,
         bytes_in_flight: BytesInFlight | None = None,
+        share_window: int = DEFAULT_SHARE_WINDOW,
     ) -> None:
         middleware: dict[str, flight.ServerMiddlewareFactory] | None = (
             {"auth": TokenAuthFactory(auth_token)} if auth_token is not None else None
@@ -96,6 +100,9 @@ class FlightFeedServer(flight.FlightServerBase):
         self.bytes_in_flight = bytes_in_flight or BytesInFlight(metrics=self.metrics)
         self.bytes_in_flight.metrics = self.metrics
         self.metrics.sections["bytes_in_flight"] = self.bytes_in_flight.snapshot
+        #: shared jobs: messages made once for identical requests (``--share-window`` bytes; 0: off)
+        self.share_window = ShareWindow(share_window, self.metrics.shared)
+        self.metrics.sections["shared"] = self._shared_section
         install_chunk_stats(self.metrics, catalog)  # flightfeed_chunk_decodes_total, /stats chunk_cache
         for ds in catalog.datasets():  # a shard changed in place while served: count it
             ds.on_change(lambda d, _reason: self.metrics.io.shard_changes.labels(d.name).inc())
@@ -114,6 +121,9 @@ class FlightFeedServer(flight.FlightServerBase):
         self.metrics.registry.register(self.cluster.collector())
         self.metrics.nodes_live = lambda: len(self.cluster.nodes())  # for flightfeed_nodes_wanted
 
+    def _shared_section(self) -> dict[str, Any]:
+        return {**shared_snapshot(self.metrics.shared), **self.share_window.describe()}
+
     def _fingerprints(self) -> dict[str, str]:
         return {d.name: d.fingerprint for d in self.catalog.datasets()}
 
@@ -129,9 +139,11 @@ class FlightFeedServer(flight.FlightServerBase):
     ) -> Any:
         """``first``: the spread slot of endpoint 0 (``cluster.spread.first_slot``)."""
         endpoints = []
+        # the ranks of one job rank the nodes alike: identical requests meet on one process (shared jobs)
+        key = job_digest(ds, tickets[0].read) if tickets else b""
         for k, t in enumerate(tickets):
             locs: list[str | flight.Location] = [
-                flight.Location(u) for u in self.cluster.endpoint_locations(first + k)
+                flight.Location(u) for u in self.cluster.endpoint_locations(first + k, key)
             ]
             endpoints.append(flight.FlightEndpoint(t.SerializeToString(), locs))
         rows = sum(int(t.expected_rows) for t in tickets)
@@ -207,8 +219,9 @@ class FlightFeedServer(flight.FlightServerBase):
         row_bytes = self._row_bytes(ds, t.read)
         check_ticket(ds, t, self.limits, row_bytes)
         client = peer_host(context.peer() if context is not None else None)
+        made = ticket_batches(ds, t, self.transformer, self.share_window)
         batches = metered(
-            ticket_batches(ds, t, self.transformer), self.bytes_in_flight, client, ds.name, t.message_rows * row_bytes
+            made, self.bytes_in_flight, client, ds.name, t.message_rows * row_bytes, self.share_window.holds
         )
         first = next(batches, None)  # validation errors surface before the stream starts
         return t, self._schema(ds, t.read), self._counted(ds.name, first, batches)

@@ -1,76 +1,194 @@
-"""Concurrent streams that need the same shuffled message share one gathered copy.
+"""Shared jobs: a bounded cross-trainer window of produced messages (``--share-window BYTES``).
 
-Many clients reading the same epoch with the same settings (hyper-parameter sweeps, several jobs
-on one dataset, a benchmark) ask for identical shuffled messages at about the same time; each
-gather is a fresh copy of the rows. :class:`SharedMessages` remembers every message it made for
-as long as some stream still holds it (weak references: nothing outlives its last reader) and
-hands the same RecordBatch to any stream that asks for the same rows meanwhile. The key is
-everything that decides a message's content: dataset and fingerprint, columns, seed, epoch,
-shuffle and partition settings, and the message's rank-local row range.
+A sweep, an ensemble or a set of evaluation jobs runs several trainers with identical requests
+(``request.identity``): they need the same messages, and each message costs a gather or a
+decode + augmentation. The window keeps every message a stream produced (the final RecordBatches:
+read, gathered and transformed), keyed by the request's identity and the message's rank-local
+``[lo, hi)``, and hands it to every identical request that asks while it is there:
 
-:func:`last_was_shared` tells the bytes-in-flight budget (same thread, right after producing a
-message) that the message it just got was already counted by the stream that made it.
+* **exact**: the key holds everything that decides the bytes, so a hit is the message the stream
+  would have made; a stream that finds nothing (it is first, or it fell behind the window: a late
+  joiner, a resumed checkpoint, a slow trainer) makes the message itself. Nothing is skipped or
+  repeated: each stream still walks its own ticket, message by message.
+* **never blocking**: nothing waits for a consumer. Eviction is by size alone, least recently
+  used first, whoever has still to read the message; an evicted message a stream is sending stays
+  valid (Arrow buffers are reference counted). The one wait is for a message another stream is
+  making at that moment (it would take as long to make it again).
+* **bounded**: kept messages never exceed ``limit`` bytes (one larger than the window is not
+  kept). A kept message is counted by the window, once however many streams send it; one that
+  is not kept is counted in the bytes-in-flight budget by the stream holding it (:meth:`holds`
+  tells ``guards.budget.metered`` which is which). Messages in memory therefore stay within the
+  window plus the budget, plus the message each stream is sending when it was evicted meanwhile
+  (reference counted: it goes when that stream has sent it). ``limit=0`` turns sharing off:
+  every stream makes its own messages.
+
+Figures go to ``observe.shared`` (hits, misses, waits, bytes served, window bytes, evictions and
+the streams reading each message sequence: trainers per shared stream).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-import weakref
-from collections.abc import Callable, Hashable
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
 import pyarrow as pa
 
-__all__ = ["SharedMessages", "SHARED", "last_was_shared", "message_key"]
+from flightfeed.server.observe.shared import SharedMetrics
 
-_local = threading.local()
+__all__ = ["ShareWindow", "DEFAULT_SHARE_WINDOW"]
 
+DEFAULT_SHARE_WINDOW = 512 << 20
 
-def last_was_shared() -> bool:
-    """Whether the last message this thread got from :meth:`SharedMessages.get` already existed
-    (and resets the flag)."""
-    hit = bool(getattr(_local, "hit", False))
-    _local.hit = False
-    return hit
+Make = Callable[[], list[pa.RecordBatch]]
 
 
-def message_key(ds: Any, read: Any, columns: list[str], lo: int, hi: int) -> tuple[Hashable, ...]:
-    """Everything that decides the content of the shuffled message of rank-local rows [lo, hi)."""
-    shuffle = read.shuffle
-    return (
-        ds.name, ds.fingerprint, ds.num_rows, tuple(columns), int(read.seed), int(read.epoch),
-        bool(shuffle.enabled), int(shuffle.block_rows), int(shuffle.buffer_rows), int(read.batch_rows),
-        int(read.rank), int(read.world_size), bool(read.drop_last), int(read.global_start), lo, hi,
-    )
-
-
-class SharedMessages:
-    """Messages alive in some stream, by key (weak: dropped with their last holder)."""
+class _Entry:
+    __slots__ = ("batches", "nbytes", "ready")
 
     def __init__(self) -> None:
+        self.batches: list[pa.RecordBatch] | None = None
+        self.nbytes = 0
+        self.ready = threading.Event()
+
+
+class ShareWindow:
+    """Messages by key, at most ``limit`` bytes (see the module doc); one per server process."""
+
+    def __init__(self, limit: int = DEFAULT_SHARE_WINDOW, metrics: SharedMetrics | None = None) -> None:
+        self.limit = max(0, int(limit))
+        self.metrics = metrics
         self._lock = threading.Lock()
-        self._alive: weakref.WeakValueDictionary[Hashable, pa.RecordBatch] = weakref.WeakValueDictionary()
-        self.made = 0
-        self.shared = 0
+        self._kept: OrderedDict[Hashable, _Entry] = OrderedDict()
+        self._making: dict[Hashable, _Entry] = {}
+        self._readers: dict[tuple[str, Hashable], int] = {}
+        self._ids: set[int] = set()  # id() of every kept RecordBatch (alive while kept: ids are unique)
+        self.bytes = 0
+        self.peak_bytes = 0
+        if metrics is not None:
+            metrics.bind(self.trainers, self.limit)
 
-    def get(self, key: Hashable, make: Callable[[], pa.RecordBatch]) -> pa.RecordBatch:
+    @property
+    def enabled(self) -> bool:
+        return self.limit > 0
+
+    def get(self, dataset: str, key: Hashable, make: Make) -> list[pa.RecordBatch]:
+        """The message of ``key``: from the window, or made here by ``make`` (and kept)."""
+        if not self.enabled:
+            return make()
+        mine = False
         with self._lock:
-            batch = self._alive.get(key)
-        if batch is not None:
-            self.shared += 1
-            _local.hit = True
-            return batch
-        batch = make()  # two streams may both make it at the same moment: correct, just not shared
+            entry = self._kept.get(key)
+            if entry is not None:
+                self._kept.move_to_end(key)
+            else:
+                entry = self._making.get(key)
+                if entry is None:
+                    entry = self._making[key] = _Entry()
+                    mine = True
+        if not mine:
+            waited = not entry.ready.is_set()
+            entry.ready.wait()
+            if entry.batches is not None:
+                self._count(dataset, hit=True, nbytes=entry.nbytes, waited=waited)
+                return entry.batches
+            self._count(dataset, hit=False)  # its maker failed: make it here (raising the same error)
+            return make()
+        try:
+            batches = make()
+        except BaseException:
+            with self._lock:
+                self._making.pop(key, None)
+            entry.ready.set()
+            raise
+        entry.nbytes = sum(int(b.nbytes) for b in batches)
+        entry.batches = batches
         with self._lock:
-            self._alive.setdefault(key, batch)
-        self.made += 1
-        _local.hit = False
-        return batch
+            self._making.pop(key, None)
+            evicted = self._keep(key, entry)
+        entry.ready.set()
+        self._count(dataset, hit=False, evicted=evicted)
+        return batches
 
-    def __len__(self) -> int:
+    def _keep(self, key: Hashable, entry: _Entry) -> int:
+        """Keep ``entry``, evicting the least recently used; returns how many went (lock held)."""
+        if entry.nbytes > self.limit:
+            return 0
+        evicted = 0
+        while self._kept and self.bytes + entry.nbytes > self.limit:
+            _, old = self._kept.popitem(last=False)
+            self.bytes -= old.nbytes
+            self._ids.difference_update(id(b) for b in old.batches or ())
+            evicted += 1
+        self._kept[key] = entry
+        self._ids.update(id(b) for b in entry.batches or ())
+        self.bytes += entry.nbytes
+        self.peak_bytes = max(self.peak_bytes, self.bytes)
+        if self.metrics is not None:
+            self.metrics.window_bytes.set(self.bytes)
+        return evicted
+
+    def holds(self, batch: pa.RecordBatch) -> bool:
+        """Whether ``batch`` is kept in the window now (its bytes are counted here)."""
+        return id(batch) in self._ids
+
+    def _count(self, dataset: str, *, hit: bool, nbytes: int = 0, waited: bool = False, evicted: int = 0) -> None:
+        m = self.metrics
+        if m is None:
+            return
+        if hit:
+            m.hits.labels(dataset).inc()
+            m.bytes_served.labels(dataset).inc(nbytes)
+            if waited:
+                m.waits.labels(dataset).inc()
+        else:
+            m.misses.labels(dataset).inc()
+        if evicted:
+            m.evictions.inc(evicted)
+
+    # -- trainers per shared stream -----------------------------------------------------------
+    @contextlib.contextmanager
+    def reading(self, dataset: str, group: Hashable) -> Iterator[None]:
+        """Count a stream as a reader of the message sequence ``group`` while it runs."""
+        k = (dataset, group)
         with self._lock:
-            return len(self._alive)
+            self._readers[k] = self._readers.get(k, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                left = self._readers.get(k, 0) - 1
+                if left > 0:
+                    self._readers[k] = left
+                else:
+                    self._readers.pop(k, None)
 
+    def trainers(self) -> dict[str, int]:
+        """Dataset -> the most streams reading one message sequence now."""
+        out: dict[str, int] = {}
+        with self._lock:
+            for (dataset, _), n in self._readers.items():
+                out[dataset] = max(out.get(dataset, 0), n)
+        return out
 
-#: the process's registry (keys name the dataset and its fingerprint: one registry serves all)
-SHARED = SharedMessages()
+    def describe(self) -> dict[str, Any]:
+        """The window's own figures for the ``shared`` section of ``/stats``."""
+        with self._lock:
+            return {
+                "limit": self.limit,
+                "bytes": self.bytes,
+                "peak_bytes": self.peak_bytes,
+                "entries": len(self._kept),
+                "making": len(self._making),
+                "sequences": len(self._readers),
+            }
+
+    def clear(self) -> None:
+        with self._lock:
+            self._kept.clear()
+            self._ids.clear()
+            self.bytes = 0
+            if self.metrics is not None:
+                self.metrics.window_bytes.set(0)

@@ -8,7 +8,7 @@ same dataset can serve any ticket.
 
 from __future__ import annotations
 
-import functools
+import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -20,7 +20,8 @@ from flightfeed.server.data.order import EpochOrder
 from flightfeed.server.data.readahead import NO_READAHEAD
 from flightfeed.server.data.shuffle_sizing import message_rows_cap, shuffle_defaults
 from flightfeed.server.request.gather import contiguous, gather
-from flightfeed.server.request.shared_messages import SHARED, message_key
+from flightfeed.server.request.identity import request_identity, stream_group
+from flightfeed.server.request.shared_messages import ShareWindow
 from flightfeed.wire.errors import InvalidRequest, StaleState
 from flightfeed.wire.messages import WIRE_VERSION, ReadCommand, StreamTicket, span_of
 from flightfeed.wire.plan import Partition, ceil_div, default_message_rows, split_streams, spread_message_rows
@@ -183,8 +184,12 @@ def _partition(ds: Dataset, read: Any) -> Partition:
     )
 
 
-def ticket_batches(ds: Dataset, ticket: Any, transformer: Transformer | None = None) -> Iterator[pa.RecordBatch]:
-    """The RecordBatches ``ticket`` promised, message by message (transformed when it says so)."""
+def ticket_batches(
+    ds: Dataset, ticket: Any, transformer: Transformer | None = None, window: ShareWindow | None = None
+) -> Iterator[pa.RecordBatch]:
+    """The RecordBatches ``ticket`` promised, message by message (transformed when it says so).
+    Shuffled and transformed messages go through ``window`` (shared jobs): made once for every
+    identical request that asks while the window holds them."""
     if ticket.fingerprint != ds.fingerprint or ticket.num_rows != ds.num_rows:
         raise StaleState(
             f"ticket was made for another version of dataset {ds.name!r} "
@@ -214,6 +219,9 @@ def ticket_batches(ds: Dataset, ticket: Any, transformer: Transformer | None = N
         int(read.shuffle.block_rows) or 1,
         int(read.shuffle.buffer_rows) or 1,
     )
+    identity = request_identity(ds, read)
+    shared = window if window is not None else ShareWindow(0)
+    reading = shared.reading(ds.name, stream_group(identity, ticket))
     plan = transform_plan(ds, read, transformer)
     if plan is not None and transformer is not None:
         from flightfeed.server.transforms import DrawKey, read_ahead
@@ -223,25 +231,30 @@ def ticket_batches(ds: Dataset, ticket: Any, transformer: Transformer | None = N
         def transformed() -> Iterator[pa.RecordBatch]:
             for lo, hi in span.messages():
                 ds.check_unchanged()
-                rows = order.rows(part.positions(lo, hi)) if order.shuffle else part.positions(lo, hi)
-                yield from transformer.message(ds, plan, rows, columns, key, int(read.batch_rows))
 
-        yield from read_ahead(transformed())
+                def make(lo: int = lo, hi: int = hi) -> list[pa.RecordBatch]:
+                    rows = order.rows(part.positions(lo, hi)) if order.shuffle else part.positions(lo, hi)
+                    return list(transformer.message(ds, plan, rows, columns, key, int(read.batch_rows)))
+
+                yield from shared.get(ds.name, (identity, lo, hi), make)
+
+        with reading:
+            yield from read_ahead(transformed())
         return
     messages = list(span.messages())
     ahead = ds.readahead.stream(order, part, messages) if ds.readahead is not None else NO_READAHEAD
-    try:
+    with reading, contextlib.closing(ahead):
         for k, (lo, hi) in enumerate(messages):
             ds.check_unchanged()
             ahead.before(k)  # read upcoming blocks ahead of need
-            if not order.shuffle:
+            if not order.shuffle:  # zero-copy slices of the stored chunks: nothing to share
                 rows = int(read.batch_rows)
                 batches = [b for pos, n in part.runs(lo, hi) for b in contiguous(ds, pos, pos + n, rows, columns)]
-            else:  # identical concurrent requests share one gathered copy
-                shared_key = message_key(ds, read, columns, lo, hi)
-                make = functools.partial(gather, ds, order.rows(part.positions(lo, hi)), columns)
-                batches = [SHARED.get(shared_key, make)]
+            else:  # a gathered copy: made once for identical requests (shared jobs)
+
+                def make(lo: int = lo, hi: int = hi) -> list[pa.RecordBatch]:
+                    return [gather(ds, order.rows(part.positions(lo, hi)), columns)]
+
+                batches = shared.get(ds.name, (identity, lo, hi), make)
             ahead.after()
             yield from batches
-    finally:
-        ahead.close()

@@ -6,11 +6,13 @@ alone undercounts (it sees the streams it serves itself and the clients' reports
 standalone sidecar reads, with the Prometheus exposition inside) and merges:
 
 * ``/metrics``: samples with the same name and labels are added across processes (counters,
-  histograms, active streams, per-dataset gauges); ``*_created`` takes the earliest,
-  ``flightfeed_uptime_seconds``, ``flightfeed_cache_bytes`` (one shared cache directory) and
-  ratios take the largest. ``flightfeed_sidecar_workers_up`` says how many workers answered.
-* ``/stats``: totals, rates, active streams, I/O totals and the per-dataset sent/cache figures
-  are added; ``workers`` lists who answered.
+  histograms, active streams, per-dataset gauges, window bytes); ``*_created`` takes the
+  earliest, ``flightfeed_uptime_seconds``, ``flightfeed_cache_bytes`` (one shared cache
+  directory), ``flightfeed_shared_stream_trainers`` and ratios take the largest.
+  ``flightfeed_sidecar_workers_up`` says how many workers answered.
+* ``/stats``: totals, rates, active streams, I/O totals, the per-dataset sent/cache figures and
+  the shared-jobs window figures are added (trainers per shared stream: the largest; identical
+  requests meet on one process); ``workers`` lists who answered.
 
 A worker that does not answer is left out (and counted as down), never fatal. The worker
 locations come from a callable, so whoever starts and supervises the workers stays the source
@@ -31,7 +33,7 @@ from flightfeed.wire.errors import FlightFeedError
 
 __all__ = ["AggregateSource", "merge_prometheus", "merge_stats"]
 
-_MAX = ("flightfeed_uptime_seconds", "flightfeed_cache_bytes")
+_MAX = ("flightfeed_uptime_seconds", "flightfeed_cache_bytes", "flightfeed_shared_stream_trainers")
 _DATASET_SUMS = (
     "rows_sent",
     "bytes_sent",
@@ -122,11 +124,29 @@ def merge_stats(mine: dict[str, Any], others: Sequence[dict[str, Any]]) -> dict[
                 _add(target, d, _DATASET_SUMS)
                 if isinstance(target.get("cache"), dict):
                     _add(target["cache"], d.get("cache"), _CACHE_SUMS)
+        _merge_shared(out, snap.get("shared"))
     cache = out.get("cache")
     if isinstance(cache, dict) and isinstance(cache.get("hits"), (int, float)):
         seen = cache["hits"] + cache.get("misses", 0)
         cache["hit_ratio"] = cache["hits"] / seen if seen else None
     return out
+
+
+def _merge_shared(out: dict[str, Any], other: Any) -> None:
+    """Add a worker's ``shared`` section (window figures) into ``out``'s."""
+    mine = out.get("shared")
+    if not isinstance(mine, dict) or not isinstance(other, dict):
+        return
+    for into, theirs in [(mine, other)] + [
+        (mine.setdefault("datasets", {}).setdefault(name, {}), d)
+        for name, d in (other.get("datasets") or {}).items()
+        if isinstance(d, dict)
+    ]:
+        trainers = max(int(into.get("trainers") or 0), int(theirs.get("trainers") or 0))
+        _add(into, {k: v for k, v in theirs.items() if k not in ("trainers", "hit_ratio", "datasets")})
+        into["trainers"] = trainers
+        seen = into.get("hits", 0) + into.get("misses", 0)
+        into["hit_ratio"] = into.get("hits", 0) / seen if seen else None
 
 
 class AggregateSource:

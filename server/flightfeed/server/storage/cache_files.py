@@ -37,6 +37,7 @@ class CacheFiles:
 
     def __init__(self, directory: str) -> None:
         self.directory = os.path.abspath(directory)
+        self._labels: dict[str, tuple[int, str]] = {}  # name -> (meta inode, dataset) (``listing``)
         self._tmp = os.path.join(self.directory, ".tmp")
         self._locks = os.path.join(self.directory, ".locks")
         try:
@@ -74,16 +75,29 @@ class CacheFiles:
             return None
 
     def listing(self) -> list[tuple[str, int, float, str]]:
-        """``(name, size, last used, dataset)`` of every committed entry."""
+        """``(name, size, last used, dataset)`` of every committed entry. A metadata file is
+        parsed once per version (its inode, from the directory listing: a commit replaces it),
+        so listing a cache of many shards costs one ``stat`` per entry, not an open and a parse."""
         out = []
+        seen: dict[str, tuple[int, str]] = {}
         for entry in os.scandir(self.directory):
             if not entry.name.endswith(_META) or entry.name.startswith("."):
                 continue
             name = entry.name[: -len(_META)]
-            meta, stat = self.read_meta(name), self.stat_data(name)
-            if meta is None or stat is None:
+            known = self._labels.get(name)
+            if known is not None and known[0] == entry.inode():
+                label = known[1]
+            else:
+                meta = self.read_meta(name)
+                if meta is None:
+                    continue
+                label = str(meta.get("dataset", ""))
+            stat = self.stat_data(name)
+            if stat is None:
                 continue
-            out.append((name, int(stat.st_size), stat.st_mtime, str(meta.get("dataset", ""))))
+            seen[name] = (entry.inode(), label)
+            out.append((name, int(stat.st_size), stat.st_mtime, label))
+        self._labels = seen
         return out
 
     def total(self) -> int:

@@ -45,6 +45,9 @@ class StorageOptions:
     verify: str = "lazy"
     # local .arrow shards: "mmap" (memory map under a read lease) or "read" (positioned reads)
     arrow_io: str = "mmap"
+    # local .arrow shards up to this size are read whole when opened instead of memory-mapped
+    # (readers/arrow_small.py; 0: map every shard)
+    small_shard_bytes: int = 1 << 20
     # where the shard cache reports flightfeed_cache_* (pass the server's ServerMetrics)
     metrics: ServerMetrics | None = field(default=None, repr=False, compare=False)
 

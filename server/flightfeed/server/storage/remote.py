@@ -2,30 +2,76 @@
 
 Its metadata (schema, rows, chunk offsets) comes either from a manifest (nothing is downloaded
 until the first read: *lazy*) or from downloading and opening the shard when the dataset is opened
-(*eager*). Either way the open reader is kept between reads, and the cache pins the file only
-while a chunk is being read, so a dataset larger than the cache still works: an evicted shard's
-reader is closed (its listeners, e.g. the dataset's memoised views, drop what they hold), its
-memory map goes with the last batch that uses it (the cache counts the file's bytes until then),
-and the next read of it fetches it again.
+(*eager*). An open reader of the cached copy is held by the process's bound on open files
+(``readers/open_files``: the least recently used idle one is closed past ``--max-open-shards``),
+and the cache pins the file only while a chunk is being read, so a dataset larger than the cache
+still works: an evicted shard's reader is closed (its listeners, e.g. the dataset's memoised
+views, drop what they hold), its memory map goes with the last batch that uses it (the cache
+counts the file's bytes until then), and the next read of it fetches it again. Small shards are
+read whole into memory when opened (``readers/arrow_small``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 
 import numpy as np
 import pyarrow as pa
 
 from flightfeed.server.readers import ShardReader, format_of, open_shard
+from flightfeed.server.readers.arrow_ipc import ArrowShard
+from flightfeed.server.readers.arrow_small import SMALL_READ_BYTES, SmallArrowShard
 from flightfeed.server.readers.base import ShardFields
 from flightfeed.server.readers.blocks import BlockSums
+from flightfeed.server.readers.open_files import OpenFiles, shared_open_files
 from flightfeed.server.storage.cache import CacheLease, ShardCache
 from flightfeed.server.storage.manifest import ManifestShard
 from flightfeed.wire.errors import ShardError
 
 __all__ = ["RemoteShard"]
+
+_ATTEMPTS = 3  # reads of a copy the cache replaced meanwhile, before giving up
+
+
+class _Copy:
+    """An open reader of the cached copy and the cache lease it was opened under (its first use
+    takes that lease; later uses pin the copy again by its token)."""
+
+    __slots__ = ("_files", "_first", "_lock", "_on_close", "reader", "token")
+
+    def __init__(
+        self, reader: ShardReader, lease: CacheLease, files: OpenFiles, on_close: Callable[[], None]
+    ) -> None:
+        self.reader = reader
+        self.token = lease
+        self._first: CacheLease | None = lease
+        self._lock = threading.Lock()
+        self._files = files
+        self._on_close = on_close
+
+    def pin(self, cache: ShardCache, dataset: str) -> CacheLease | None:
+        """The copy pinned in the cache for one read, or None when the cache dropped it."""
+        with self._lock:
+            first, self._first = self._first, None
+        return first if first is not None else cache.reacquire(self.token, dataset)
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(getattr(self.reader, "memory_bytes", 0))
+
+    def close(self) -> None:
+        with self._lock:
+            first, self._first = self._first, None
+        if first is not None:
+            first.release()
+        if isinstance(self.reader, ArrowShard | SmallArrowShard):
+            self.reader.close(released=self._files.retire())  # a map in flight stays counted
+        else:
+            self.reader.close()
+        self._on_close()  # the dataset forgets its views into this copy
 
 
 class RemoteShard(ShardFields):
@@ -42,6 +88,9 @@ class RemoteShard(ShardFields):
         dataset: str = "",
         reader_options: Mapping[str, object] | None = None,
         manifest: tuple[pa.Schema, ManifestShard] | None = None,
+        files: OpenFiles | None = None,
+        index: int = 0,
+        small_bytes: int = SMALL_READ_BYTES,
     ) -> None:
         self.uri = uri
         self.zero_copy = format_of(uri) == "arrow"
@@ -53,21 +102,21 @@ class RemoteShard(ShardFields):
         self._version = version
         self._dataset = dataset
         self._options = dict(reader_options or {})
-        self._lock = threading.Lock()  # one open (maybe a download) at a time
-        self._slot = threading.Lock()  # the reader and its lease; never held while downloading
-        self._released: list[Callable[[], None]] = []
+        self._files = files or shared_open_files()
+        self._small = small_bytes if self.zero_copy else -1  # read whole when opened (readers/arrow_small)
+        #: this shard's position in its dataset (what close listeners are told)
+        self.index = index
+        self._close_listeners: list[Callable[[int], None]] = []
+        self._copy: _Copy | None = None  # the copy open now (owned by the open-files bound)
         self._closed = False
         self.prefetched: Future[None] | None = None  # set when a background prefetch was queued
-        self._reader: ShardReader | None = None
-        self._token: CacheLease | None = None
         self._sha256: str | None = None
         self._blocks: BlockSums | None = None  # the manifest's block checksums: checked per opened file
         self._corrupt: list[Callable[[str], None]] = []
         if manifest is None:
-            lease, reader = self._open()
-            lease.release()
-            self._schema = reader.schema
-            self._offsets = reader.chunk_offsets
+            with self.opened() as reader:
+                self._schema = reader.schema
+                self._offsets = reader.chunk_offsets
         else:
             schema, entry = manifest
             if entry.bytes != size:
@@ -80,23 +129,27 @@ class RemoteShard(ShardFields):
 
     # -- ShardReader ------------------------------------------------------------------------
     def read_chunk(self, index: int) -> pa.RecordBatch:
-        lease, reader = self._open()
-        try:
+        with self.opened() as reader:
             return reader.read_chunk(index)
-        finally:
-            lease.release()
 
     def close(self) -> None:
         self._closed = True  # a queued prefetch of this shard becomes a no-op
-        with self._slot:
-            reader, self._reader, self._token = self._reader, None, None
-        if reader is not None:
-            self._drop(reader)
+        self._files.drop(self)
 
-    def on_release(self, listener: Callable[[], None]) -> None:
-        """Call ``listener()`` when an open copy of this shard is closed (evicted): whoever keeps
-        views of its chunks drops them, so the mapping can go."""
-        self._released.append(listener)
+    def is_open(self) -> bool:
+        """Whether a reader of the local copy is open now."""
+        return self._files.is_open(self)
+
+    def on_close(self, listener: Callable[[int], None]) -> None:
+        """Call ``listener(index)`` whenever an open copy of this shard is closed (evicted from the
+        cache or by the open-files bound): whoever keeps views of its chunks drops them, so the
+        mapping can go."""
+        if listener not in self._close_listeners:
+            self._close_listeners.append(listener)
+
+    def on_corrupt(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(reason)`` when a block of an opened copy fails its checksum."""
+        self._corrupt.append(listener)
 
     def prefetch(self) -> None:
         """Bring the shard into the cache without opening it (background warm-up)."""
@@ -119,39 +172,51 @@ class RemoteShard(ShardFields):
         )
 
     # -- local copy -------------------------------------------------------------------------
-    def local_reader(self) -> tuple[CacheLease, ShardReader]:
-        """The pinned local copy and its open reader (``inspect``); release the lease when done."""
-        return self._open()
+    @contextlib.contextmanager
+    def opened(self) -> Iterator[ShardReader]:
+        """The open reader of the local copy, pinned in the cache and held open for the block."""
+        for _ in range(_ATTEMPTS):
+            with self._files.use(self, self._open) as copy:
+                lease = copy.pin(self._cache, self._dataset)
+                if lease is not None:
+                    try:
+                        yield copy.reader
+                    finally:
+                        lease.release()
+                    return
+            self._files.drop(self)  # the cache replaced the copy meanwhile: open the new one
+        raise ShardError(
+            f"shard {self.uri}: its cached copy was replaced {_ATTEMPTS} times while opening it; "
+            "is the shard cache (--cache-size) too small for the shards read at once?"
+        )
 
-    def _open(self) -> tuple[CacheLease, ShardReader]:
-        with self._lock:
-            with self._slot:
-                reader, token = self._reader, self._token
-            if reader is not None and token is not None:
-                again = self._cache.reacquire(token, self._dataset)
-                if again is not None:
-                    return again, reader
-                with self._slot:  # evicted meanwhile: close it (unless the eviction already did)
-                    stale = self._reader is reader
-                    if stale:
-                        self._reader = self._token = None
-                if stale:
-                    self._drop(reader)
-            lease = self._acquire()
-            try:
+    def _open(self) -> _Copy:
+        lease = self._acquire()
+        try:
+            if self._nbytes <= self._small:  # in memory: the cache's later changes to the file do not matter
+                reader: ShardReader = SmallArrowShard(lease.path, self.uri, check=False)
+            else:
                 reader = open_shard(lease.path, self.uri, **self._options)
+            try:
                 if self._sha256 is not None:
                     self._check(reader)
                 self._guard(reader)
             except BaseException:
-                lease.release()
+                reader.close()
                 raise
-            on_unmapped = getattr(reader, "on_unmapped", None)
-            if on_unmapped is not None:  # the cache counts the file until its mapping is gone
-                on_unmapped(self._cache.track_mapping(lease))
-            with self._slot:
-                self._reader, self._token = reader, lease
-            return lease, reader
+        except BaseException:
+            lease.release()
+            raise
+        on_unmapped = getattr(reader, "on_unmapped", None)
+        if on_unmapped is not None:  # the cache counts the file until its mapping is gone
+            on_unmapped(self._cache.track_mapping(lease))
+        copy = _Copy(reader, lease, self._files, self._closed_copy)
+        self._copy = copy
+        return copy
+
+    def _closed_copy(self) -> None:
+        for listener in list(self._close_listeners):
+            listener(self.index)
 
     def _acquire(self) -> CacheLease:
         return self._cache.acquire(
@@ -164,17 +229,13 @@ class RemoteShard(ShardFields):
             on_evict=self._evicted,
         )
 
-    def on_corrupt(self, listener: Callable[[str], None]) -> None:
-        """Call ``listener(reason)`` when a block of an opened copy fails its checksum."""
-        self._corrupt.append(listener)
-
     def _guard(self, reader: ShardReader) -> None:
         """Verify the manifest's block checksums on this copy before its chunks are handed out."""
         verify_blocks = getattr(reader, "verify_blocks", None)
         if self._blocks is None or verify_blocks is None:
             return
         for listener in self._corrupt:
-            reader.on_corrupt(listener)  # type: ignore[attr-defined]  # an ArrowShard, as verify_blocks says
+            reader.on_corrupt(listener)  # type: ignore[attr-defined]  # an Arrow shard, as verify_blocks says
         verify_blocks(self._blocks)
 
     def _check(self, reader: ShardReader) -> None:
@@ -188,16 +249,9 @@ class RemoteShard(ShardFields):
 
     def _evicted(self) -> None:
         """The cache evicted an entry of this shard (called without the cache's lock, maybe from
-        another thread's download): close the reader of that entry. Its batches still in use stay
-        valid; the mapping, and the file's space, go with the last of them."""
-        with self._slot:
-            reader, token = self._reader, self._token
-            if reader is None or token is None or self._cache.is_current(token):
-                return  # a newer copy: keep it
-            self._reader = self._token = None
-        self._drop(reader)
-
-    def _drop(self, reader: ShardReader) -> None:
-        reader.close()
-        for listener in list(self._released):
-            listener()
+        another thread's download): close the reader of that entry (now, or when its current read
+        ends). Its batches still in use stay valid; the mapping, and the file's space, go with the
+        last of them. A newer copy is kept."""
+        copy = self._copy
+        if copy is not None and not self._cache.is_current(copy.token):
+            self._files.drop(self)

@@ -1,4 +1,4 @@
-"""URI -> Dataset: pick the storage (local or s3://) and open every shard."""
+"""URI -> Dataset: pick the storage (local or s3://) and describe every shard (opened on demand)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from flightfeed.server.data.catalog import Catalog, ChunkCache, Dataset
-from flightfeed.server.readers import ShardReader, format_of, open_shard
-from flightfeed.server.storage.local import list_local_shards
+from flightfeed.server.readers import ShardReader
+from flightfeed.server.storage.local_shards import open_local_shards
+from flightfeed.server.storage.manifest import Manifest
 from flightfeed.server.storage.options import StorageOptions, reader_options
+from flightfeed.server.storage.verify import attach_verifier, local_manifest
 from flightfeed.wire.errors import ConfigError, DatasetError
 
 __all__ = ["StorageOptions", "open_dataset", "open_catalog", "reader_options"]
@@ -17,29 +19,18 @@ __all__ = ["StorageOptions", "open_dataset", "open_catalog", "reader_options"]
 def open_dataset(name: str, uri: str, options: StorageOptions | None = None) -> Dataset:
     opts = options or StorageOptions()
     shards: list[ShardReader]
+    found: tuple[str, Manifest] | None = None
     if uri.startswith("s3://"):
         from flightfeed.server.storage.s3 import open_s3_shards
 
         shards = open_s3_shards(uri, opts, dataset=name)
     else:
-        files = list_local_shards(uri)
-        reader_opts = reader_options(opts, name, format_of(files[0]), uri)
-        shards = []
-        try:
-            for path in files:
-                arrow = opts.arrow_io != "mmap" and format_of(path) == "arrow"
-                io: dict[str, object] = {"io": opts.arrow_io} if arrow else {}
-                shards.append(open_shard(path, None, **reader_opts, **io))
-        except Exception:
-            for s in shards:
-                s.close()
-            raise
+        found = local_manifest(uri)  # read once: it describes the shards and verifies them
+        shards = open_local_shards(uri, opts, dataset=name, manifest=found)
     ds = Dataset(name, uri, shards, chunk_cache=ChunkCache(opts.chunk_cache_bytes))
     if not uri.startswith("s3://"):  # S3 shards are checked against the manifest when downloaded
-        from flightfeed.server.storage.verify import attach_verifier
-
         try:
-            attach_verifier(ds, opts.verify, opts.metrics)
+            attach_verifier(ds, opts.verify, opts.metrics, found=found, look=False)
         except Exception:
             ds.close()
             raise

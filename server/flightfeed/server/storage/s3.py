@@ -61,7 +61,7 @@ def open_s3_shards(uri: str, opts: StorageOptions, *, dataset: str = "") -> list
     cache = _cache_for(opts)
     shard_options = reader_options(opts, dataset, format_of(infos[0].path), uri)
 
-    def make(info: pafs.FileInfo) -> RemoteShard:
+    def make(index: int, info: pafs.FileInfo) -> RemoteShard:
         entry = entries.get(info.path)
         return RemoteShard(
             f"s3://{info.path}",
@@ -72,18 +72,23 @@ def open_s3_shards(uri: str, opts: StorageOptions, *, dataset: str = "") -> list
             dataset=dataset,
             reader_options=shard_options,
             manifest=(manifest.schema, entry) if manifest is not None and entry is not None else None,
+            index=index,
+            small_bytes=opts.small_shard_bytes,
         )
 
-    # without a manifest every shard is downloaded here: several at once, as many as the cache holds
-    parallel = max(1, min(opts.s3_parallel_shards, cache.max_bytes // max(1, max(i.size for i in infos))))
-    with ThreadPoolExecutor(parallel, thread_name_prefix="s3-open") as pool:
-        futures = [pool.submit(make, info) for info in infos]
-    shards = [f.result() for f in futures if f.exception() is None]
-    failed = next((f.exception() for f in futures if f.exception() is not None), None)
-    if failed is not None:
-        for s in shards:
-            s.close()
-        raise failed
+    if len(entries) == len(infos):  # all described by the manifest: nothing to download, no pool
+        shards = [make(i, info) for i, info in enumerate(infos)]
+    else:
+        # without a manifest every shard is downloaded here: several at once, as many as the cache holds
+        parallel = max(1, min(opts.s3_parallel_shards, cache.max_bytes // max(1, max(i.size for i in infos))))
+        with ThreadPoolExecutor(parallel, thread_name_prefix="s3-open") as pool:
+            futures = [pool.submit(make, i, info) for i, info in enumerate(infos)]
+        shards = [f.result() for f in futures if f.exception() is None]
+        failed = next((f.exception() for f in futures if f.exception() is not None), None)
+        if failed is not None:
+            for s in shards:
+                s.close()
+            raise failed
     if entries and opts.s3_prefetch and sum(i.size for i in infos) <= cache.max_bytes:
         _prefetch(shards, opts.s3_parallel_shards)
     return list(shards)
@@ -98,9 +103,19 @@ def _prefetch(shards: list[RemoteShard], parallel: int) -> None:
         except Exception as exc:  # the read path fetches again and raises a clear error then
             log.warning("background fetch of %s failed: %s", shard.uri, exc)
 
+    def fetch_all(piece: list[RemoteShard]) -> None:
+        for shard in piece:
+            fetch(shard)
+
+    # one future per few shards (100,000 futures would cost seconds and ~100 MB); a shard's
+    # ``prefetched`` is done once its piece is
+    step = max(1, min(64, len(shards) // max(1, 4 * parallel)))
     pool = ThreadPoolExecutor(max(1, parallel), thread_name_prefix="s3-prefetch")
-    for shard in shards:
-        shard.prefetched = pool.submit(fetch, shard)
+    for lo in range(0, len(shards), step):
+        piece = shards[lo : lo + step]
+        done = pool.submit(fetch_all, piece)
+        for shard in piece:
+            shard.prefetched = done
     pool.shutdown(wait=False)  # the queued fetches still run; the threads end with them
 
 

@@ -117,13 +117,22 @@ class ShardVerifier:
         return problem
 
 
-def attach_verifier(ds: Dataset, mode: str, metrics: ServerMetrics | None = None) -> ShardVerifier | None:
-    """Check ``ds`` (a local dataset) against its manifest as ``mode`` says; None without one."""
+def attach_verifier(
+    ds: Dataset,
+    mode: str,
+    metrics: ServerMetrics | None = None,
+    *,
+    found: tuple[str, Manifest] | None = None,
+    look: bool = True,
+) -> ShardVerifier | None:
+    """Check ``ds`` (a local dataset) against its manifest as ``mode`` says; None without one.
+    ``found``: the manifest already read (``look=False``: none was found), else it is read here."""
     if mode not in VERIFY_MODES:
         raise ConfigError(f"--verify {mode!r}: expected one of {', '.join(VERIFY_MODES)}")
     if mode == "off":
         return None
-    found = local_manifest(ds.uri)
+    if found is None and look:
+        found = local_manifest(ds.uri)
     if found is None:
         log.info(
             "dataset %r has no %s: its bytes are not verified; write one with `flightfeed inspect %s "
@@ -140,7 +149,7 @@ def attach_verifier(ds: Dataset, mode: str, metrics: ServerMetrics | None = None
         if entry is None:
             log.warning("dataset %r: shard %s is not in %s; it is not verified", ds.name, shard.uri, MANIFEST_NAME)
             continue
-        size = os.path.getsize(path)
+        size = shard.nbytes  # the file's size when it was listed (a change later is caught on open)
         if size != entry.bytes:
             raise DatasetError(
                 f"dataset {ds.name!r}: shard {shard.uri} has {size} bytes, its manifest says {entry.bytes}; "

@@ -100,7 +100,7 @@ def inspect_dataset(uri: str, options: StorageOptions | None = None, *, verify: 
                 "bytes": shard.nbytes,
                 "chunks": len(shard.chunk_offsets) - 1,
                 "compression": compressions[i] if i < len(compressions) else compressions[0],
-                "notes": list(getattr(shard, "notes", [])),  # HDF5: links followed, datasets left out
+                "notes": _notes(shard),  # HDF5: links followed, datasets left out
             }
             for i, shard in enumerate(ds.shards)
         ]
@@ -143,12 +143,29 @@ def _verify_shards(uri: str, readers: Sequence[ShardReader], rows: list[dict[str
         row["verified"] = None if expected is None else row["sha256"] == expected
 
 
+def _opens_to_tell(shard: Any) -> bool:
+    """A local shard opened on demand (readers/lazy.py) of a format whose reader knows more
+    than its path tells (HDF5, Parquet)."""
+    group = getattr(shard, "group", None)
+    return group is not None and getattr(group, "fmt", "arrow") != "arrow"
+
+
+def _notes(shard: Any) -> list[str]:
+    if _opens_to_tell(shard):
+        with shard.opened() as real:
+            return _notes(real)
+    return list(getattr(shard, "notes", []))
+
+
 def _compressions(uri: str, shards: Sequence[ShardReader], opts: StorageOptions) -> list[str]:
     """Compression per local shard; for remote ones, from the manifest or the first shard."""
     from flightfeed.server.readers.ipc_meta import ipc_compression
     from flightfeed.server.storage.remote import RemoteShard
 
     def of(reader: Any) -> str:
+        if _opens_to_tell(reader):
+            with reader.opened() as real:
+                return of(real)
         if hasattr(reader, "compression"):
             return str(reader.compression)
         path = getattr(reader, "path", None)
@@ -162,11 +179,9 @@ def _compressions(uri: str, shards: Sequence[ShardReader], opts: StorageOptions)
     manifest = read_manifest(filesystem_for(opts), uri, retries=opts.s3_retries) if uri.startswith("s3://") else None
     if manifest is not None:
         return [manifest.compression]
-    lease, reader = first.local_reader()
-    try:
-        return [ipc_compression(lease.path) if first.zero_copy else of(reader)]
-    finally:
-        lease.release()
+    with first.opened() as reader:
+        path = getattr(reader, "path", None)
+        return [ipc_compression(path) if first.zero_copy and isinstance(path, str) else of(reader)]
 
 
 def inspect_server(target: str, *, token: str | None = None, timeout_s: float = 10.0) -> dict[str, Any]:
