@@ -8,6 +8,7 @@ import gc
 import hashlib
 import os
 import resource
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -88,6 +89,47 @@ def test_files_kept_alive_by_data_in_flight_count_against_the_bound() -> None:
         release()
         release()  # a second call does nothing
     assert files.snapshot()["retired"] == 0
+
+
+def test_a_file_being_closed_still_counts_until_it_is_closed() -> None:
+    """An evicted file is closed outside the lock; a thread opening meanwhile must not use the
+    room that file still holds (the bound counts descriptors, not entries)."""
+    files = OpenFiles(MIN_OPEN + 1)
+    closing, go_on = threading.Event(), threading.Event()
+
+    class _SlowClose(_File):
+        def close(self) -> None:
+            closing.set()
+            go_on.wait(10)
+            super().close()
+
+    with files.use("slow", lambda: _SlowClose(-1)):  # the least recently used file
+        pass
+    for k in range(MIN_OPEN):
+        with files.use(k, lambda k=k: _File(k)):  # type: ignore[misc]
+            pass
+    shrink = threading.Thread(target=files.set_limit, args=(MIN_OPEN,))
+    shrink.start()  # evicts "slow", whose close now hangs
+    try:
+        assert closing.wait(10)
+        with files.use("new", lambda: _File(100)):  # must close an idle file: "slow" is still open
+            assert _File.open_now <= MIN_OPEN
+    finally:
+        go_on.set()
+        shrink.join(10)
+    assert _File.open_now <= MIN_OPEN and files.snapshot()["open"] <= MIN_OPEN
+
+
+def test_a_map_counts_as_released_only_after_its_descriptor_is_closed(tmp_path: Path) -> None:
+    write_dataset(tmp_path, [[50]])
+    path = tmp_path / "part-00000.arrow"
+    shard = ArrowShard(str(path))
+    batch = shard.read_chunk(0)
+    seen: list[bool] = []
+    shard.close(released=lambda: seen.append(_fd_open(path)))
+    del batch
+    gc.collect()
+    assert seen == [False]  # released() ran, and the descriptor was already gone
 
 
 def test_a_closed_map_keeps_its_descriptor_and_lease_while_a_batch_uses_it(tmp_path: Path) -> None:

@@ -247,12 +247,10 @@ class ArrowShard(ShardFields):
         mapped, self._mapped = self._mapped, None
         if mapped is not None:
 
-            def on_release() -> None:
+            def on_release() -> None:  # before the descriptor closes: the watcher would see a break
                 watcher().unregister(mapped)
-                if released is not None:
-                    released()
 
-            mapped.close(on_release)
+            mapped.close(on_release, then=released)  # counted as released once it is closed
         elif released is not None:
             released()
         if self._file is not None:

@@ -222,11 +222,13 @@ class MappedFile:
                 fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
             os.close(fd)
 
-    def close(self, on_release: Callable[[], None] | None = None) -> None:
+    def close(self, on_release: Callable[[], None] | None = None, then: Callable[[], None] | None = None) -> None:
         """Give the file up. When no Arrow buffer uses the map any more, the lease and the
         descriptor are released now; otherwise they live on with the map (the lease keeps a
         writer from faulting the buffers still in flight; a break still detaches it) and are
-        released when the last buffer goes. ``on_release()`` runs right before that release."""
+        released when the last buffer goes. ``on_release()`` runs right before that release and
+        ``then()`` right after it (the descriptor is closed by then: a bound on open files may
+        count it as gone)."""
         with self._lock:
             if self._closed:
                 return
@@ -235,16 +237,20 @@ class MappedFile:
             self.buffer = pa.py_buffer(b"")
             if region is not None:
                 self._retired = weakref.ref(region)
-                region.on_free = functools.partial(self._freed, on_release)
+                region.on_free = functools.partial(self._freed, on_release, then)
         if region is None:
-            self._freed(on_release)
+            self._freed(on_release, then)
         del region  # the last reference unless buffers are in flight: then _freed runs later
 
-    def _freed(self, on_release: Callable[[], None] | None) -> None:
-        if on_release is not None:
-            on_release()
-        with self._lock:
-            self._release()
+    def _freed(self, on_release: Callable[[], None] | None, then: Callable[[], None] | None) -> None:
+        try:
+            if on_release is not None:
+                on_release()
+            with self._lock:
+                self._release()
+        finally:
+            if then is not None:
+                then()
 
 
 def _swap_for_copy(address: int, size: int) -> None:

@@ -75,6 +75,7 @@ class OpenFiles:
         self._cond = threading.Condition(threading.RLock())
         self._retired = 0
         self._orphans = 0  # dropped while in use: closed when their last user lets go
+        self._closing = 0  # taken out of the set, being closed outside the lock (still open)
         self.opened = 0  # totals: opens (first and re-opens) and closes by the bound
         self.evicted = 0
         self.peak = 0  # most files held at once (open + retired)
@@ -88,7 +89,7 @@ class OpenFiles:
         with self._cond:
             self._limit = max(MIN_OPEN, int(limit))
             victims = self._evict()
-        _close_all(victims)
+        self._close(victims)
 
     @contextlib.contextmanager
     def use(self, key: Hashable, opener: Callable[[], C]) -> Iterator[C]:
@@ -115,7 +116,7 @@ class OpenFiles:
                 entry.pins += 1
                 self._entries.move_to_end(key)
                 return entry
-        _close_all(room)
+        self._close(room)
         try:  # opened outside the lock: other shards' readers do not wait for this file
             obj = opener()
         except BaseException:
@@ -132,7 +133,7 @@ class OpenFiles:
             self._cond.notify_all()
             victims = self._evict()
             self.peak = max(self.peak, self._held())
-        _close_all(victims)
+        self._close(victims)
         return entry
 
     def _unpin(self, key: Hashable, entry: _Entry) -> None:
@@ -146,8 +147,9 @@ class OpenFiles:
                     self._orphans -= 1
                 self._bytes -= entry.nbytes
                 victims.append(entry.obj)
+                self._closing += 1
             victims += self._evict()
-        _close_all(victims)
+        self._close(victims)
 
     def drop(self, key: Hashable) -> None:
         """Close ``key``'s object now, or when its last user lets go (a shard closed for good, or
@@ -167,7 +169,8 @@ class OpenFiles:
                 self._orphans += 1
                 return
             self._bytes -= entry.nbytes
-        _close_all([entry.obj])
+            self._closing += 1
+        self._close([entry.obj])
 
     def is_open(self, key: Hashable) -> bool:
         with self._cond:
@@ -190,7 +193,7 @@ class OpenFiles:
         return released
 
     def _held(self) -> int:
-        return len(self._entries) + self._retired + self._orphans
+        return len(self._entries) + self._retired + self._orphans + self._closing
 
     def _evict(self) -> list[Any]:
         """Idle entries to close (least recently used first) while over the bound; caller holds
@@ -214,7 +217,19 @@ class OpenFiles:
             self._bytes -= entry.nbytes
             victims.append(entry.obj)
         self.evicted += len(victims)
+        self._closing += len(victims)
         return victims
+
+    def _close(self, objs: list[Any]) -> None:
+        """Close files taken out of the set (``_closing`` counts them until they are closed: a
+        concurrent open must not find room that is still held by a descriptor)."""
+        if not objs:
+            return
+        try:
+            _close_all(objs)
+        finally:
+            with self._cond:
+                self._closing -= len(objs)
 
     def snapshot(self) -> dict[str, int]:
         with self._cond:
