@@ -132,7 +132,8 @@ class OpenFiles:
             self.opened += 1
             self._cond.notify_all()
             victims = self._evict()
-            self.peak = max(self.peak, self._held())
+            # (files being closed are left out: one that retires while closing counts twice)
+            self.peak = max(self.peak, self._held() - self._closing)
         self._close(victims)
         return entry
 
