@@ -28,7 +28,6 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -113,9 +112,8 @@ def stragglers(data: Path, args: argparse.Namespace, token: Path) -> dict[str, A
             for mode in ("moving", "fixed"):
                 for case in ("healthy", "straggler"):
                     links.shape(nodes[3], args.rate / 4 if case == "straggler" else args.rate)
-                    ds = reader(entry, args)
-                    if mode == "fixed":
-                        ds._lane_settings = replace(ds._lane_settings, move=False, hedge=False)
+                    fixed = mode == "fixed"
+                    ds = reader(entry, args, move=not fixed, hedge=not fixed)
                     r = epoch(ds, args.rows, trial)
                     ds.close()
                     runs[f"{mode}_{case}"].append(r)

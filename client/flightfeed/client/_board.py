@@ -335,11 +335,16 @@ class Board:
                 eta = self._remaining(run, now) + self._ahead(run, i)
                 if slower and eta > due and eta > max(mine * _STEAL_MARGIN, mine + _MIN_GAIN_S):
                     return run, i, False
-            elif self.hedging and self.hedger[i] is None:
+            elif self.hedging and self.hedger[i] is None and self._elsewhere(run.lane, lane):
                 left = self._remaining(run, now)
                 if left > due and left > max(mine * _HEDGE_MARGIN, mine + _MIN_GAIN_S):
                     return run, i, True
         return None
+
+    def _elsewhere(self, holder: int, lane: int) -> bool:
+        """``lane`` fetches from another endpoint than ``holder``: a second request to the same one
+        would wait on the same node (and its copy would be served twice there)."""
+        return self.state[holder].location != self.state[lane].location
 
     def _help(self, lane: int) -> Run | None:
         target = self._help_target(lane)

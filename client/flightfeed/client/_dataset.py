@@ -125,8 +125,10 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         self._resume: ReadState | None = None
         self._pool: ConnectionPool | None = None
         self._running: list[tuple[threading.Event, list[Lane]]] = []
-        # how the streams share work (``_lanes``); benchmarks may replace it (e.g. move=False)
-        self._lane_settings = LaneSettings(window_bytes=self.options.window_bytes, hedge=self.options.hedge)
+        # how the streams share work (``_lanes``)
+        self._lane_settings = LaneSettings(
+            window_bytes=self.options.window_bytes, hedge=self.options.hedge, move=self.options.move
+        )
         self.meter = StallMeter()
 
     # -- settings and state -----------------------------------------------------------------

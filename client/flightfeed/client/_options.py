@@ -119,8 +119,11 @@ class ReadOptions:
     consumer, in bytes of received messages (None: ``streams x (prefetch + 1)`` messages of 16 MiB;
     never fewer than ``streams x (prefetch + 1)`` messages; 0: exactly that many messages).
     Streams pull runs of messages inside this window, so a slow data node gets less work.
-    ``hedge``: a message that lags on a slow node is requested again elsewhere, the first copy
-    wins (``stats()`` counts ``moved``, ``hedged`` and ``duplicates``).
+    ``hedge``: a message that lags on a slow node is requested again from another node, the first
+    copy wins (``stats()`` counts ``moved``, ``hedged`` and ``duplicates``). ``move``: False keeps
+    every message on the stream (and node) the plan put it on, as streams worked before work could
+    move: the job then runs at its slowest node's pace, but each message is requested exactly once
+    and always from the same place (what a sweep sharing one decode per message counts on).
     """
 
     streams: int = 4
@@ -136,6 +139,7 @@ class ReadOptions:
     as_tuple: bool = False
     window_bytes: int | None = None
     hedge: bool = True
+    move: bool = True
 
     def __post_init__(self) -> None:
         _count("streams", self.streams, 1)
@@ -150,8 +154,9 @@ class ReadOptions:
         normalize_option(self.normalize)  # a clear error now rather than at the first batch
         if self.window_bytes is not None:
             _count("window_bytes", self.window_bytes, 0)
-        if not isinstance(self.hedge, bool):
-            raise ConfigError(f"hedge is {self.hedge!r}; it must be True or False")
+        for flag in ("hedge", "move"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigError(f"{flag} is {getattr(self, flag)!r}; it must be True or False")
         if self.decode_on not in DECODE_ON:
             raise ConfigError(
                 f"decode_on is {self.decode_on!r}; allowed: 'server' (the data node decodes) or 'trainer'"
