@@ -47,7 +47,7 @@ def inflate(raw: bytes, size: int) -> bytes | bytearray:
     if _libdeflate is not None and 0 < size < 1 << 32:
         try:
             data: bytes | bytearray = _libdeflate.zlib_decompress(raw, size)
-        except _libdeflate.DeflateError:
+        except (_libdeflate.DeflateError, ValueError):
             raise OSError(f"chunk is not a valid deflate stream of {size} bytes") from None
     else:
         try:
