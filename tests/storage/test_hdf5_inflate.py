@@ -142,3 +142,31 @@ def test_a_corrupt_chunk_names_file_and_dataset(tmp_path: Path, backend: str) ->
 def test_libdeflate_is_used_when_installed() -> None:
     pytest.importorskip("deflate")
     assert inflate_backend() == "libdeflate"
+
+
+def test_a_whole_chunk_is_served_from_the_inflated_buffer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inflated bytes become the served column without another copy (native byte order, no
+    shuffle filter): the Arrow buffer of a served chunk is libdeflate's output itself."""
+    pytest.importorskip("deflate")
+    path = tmp_path / "images.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset(
+            "image", data=_values(np.dtype("u1"), (128, 8, 8, 3)), chunks=(64, 8, 8, 3), compression="gzip"
+        )
+    outputs: list[bytes | bytearray] = []
+
+    def spy(raw: bytes, size: int) -> bytes | bytearray:
+        data = inflate(raw, size)
+        outputs.append(data)
+        return data
+
+    monkeypatch.setattr(hdf5_chunks, "inflate", spy)
+    shard = open_hdf5_shard(str(path), target_chunk_bytes=64 * 8 * 8 * 3)
+    try:
+        column = shard.read_chunk(1).column("image")
+        assert isinstance(column, pa.ExtensionArray)
+        served = column.storage.values.buffers()[1]
+        assert len(outputs) == 1
+        assert served.address == np.frombuffer(outputs[0], np.uint8).ctypes.data
+    finally:
+        shard.close()
