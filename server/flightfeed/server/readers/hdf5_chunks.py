@@ -3,15 +3,15 @@
 h5py holds one lock for every HDF5 call of a process, and HDF5 inflates a chunk inside the read
 call: one process decodes one chunk at a time. For the common pipeline (deflate, optionally after
 the byte shuffle filter) on chunks that span whole rows, this module reads each chunk's stored
-bytes with ``read_direct_chunk`` (under the lock: a plain file read) and inflates and un-shuffles
-them after it, without the GIL, so the read-ahead's decode threads and the streams decode in
-parallel. Any other dataset, and any chunk this path cannot read (e.g. never written: HDF5 gives
-its fill value), goes through h5py's ``read_direct``; both give the same values.
+bytes with ``read_direct_chunk`` (under the lock: a plain file read), then inflates them outside
+it and without the GIL, so the read-ahead's decode threads and the streams decode in parallel.
+Any other dataset, and any chunk this path cannot read (e.g. never written: HDF5 gives its fill
+value), goes through h5py's ``read_direct``; both give the same values.
 
-The inflate is libdeflate's (the ``deflate`` package, ~1.9x zlib's pace on image chunks) when it
+The inflate is libdeflate's (the ``deflate`` package, ~1.6x zlib's pace on image chunks) when it
 is installed, else zlib's (``inflate_backend`` says which). A decoded chunk becomes the rows served
-without another copy when a read covers it (a served chunk is whole HDF5 chunks); the byte shuffle
-filter is undone and the byte order made native in one pass.
+without another copy when a read is exactly that chunk (served chunks are whole HDF5 chunks); the
+byte shuffle filter is undone and the byte order made native in one pass.
 """
 
 from __future__ import annotations
@@ -98,9 +98,10 @@ class DeflateChunks:
                     continue
                 raws.append((c, int(mask), raw))
         c, mask, raw = raws[0]
-        whole = start == c * self.chunk_rows and stop >= min(self.rows, (c + 1) * self.chunk_rows)
-        if len(raws) == 1 and whole and raw is not None:
-            return self._decode(raw, mask)[: stop - start]  # the decoded chunk itself, no copy
+        if len(raws) == 1 and raw is not None and (start, stop) == (c * self.chunk_rows, (c + 1) * self.chunk_rows):
+            # the decoded chunk itself, no copy (a partial one is copied: the chunk cache counts
+            # the bytes served, and a view would keep the whole stored chunk alive)
+            return self._decode(raw, mask)
         out = np.empty((stop - start, *self.chunk_shape[1:]), dtype=self.dtype)
         for c, mask, raw in raws:
             base = c * self.chunk_rows
