@@ -40,7 +40,7 @@ except ImportError:  # pragma: no cover - exercised where the extras are missing
     cv2 = None  # type: ignore[assignment]
     simplejpeg = None
 
-__all__ = ["AVAILABLE", "jpeg_size", "single_threaded", "decode_scale", "render"]
+__all__ = ["AVAILABLE", "unsigned", "jpeg_size", "single_threaded", "decode_scale", "render"]
 
 AVAILABLE = cv2 is not None and simplejpeg is not None
 _U8 = npt.NDArray[np.uint8]
@@ -57,9 +57,21 @@ def single_threaded() -> None:
         cv2.setNumThreads(1)
 
 
+def unsigned(data: Any) -> Any:
+    """Encoded bytes as a buffer of *unsigned* bytes. A pyarrow ``Buffer``'s memoryview has format
+    ``'b'`` (signed char): its first byte reads as -1, not 0xFF, and libjpeg bindings refuse it."""
+    if isinstance(data, bytes | bytearray):
+        return data
+    view = memoryview(data)
+    return view if view.format == "B" else view.cast("B")
+
+
 def jpeg_size(data: Any) -> tuple[int, int] | None:
     """(width, height) of a JPEG that the native path decodes to RGB/L, else None (Pillow's turn)."""
-    if not AVAILABLE or len(data) < 4 or data[0] != 0xFF or data[1] != 0xD8:
+    if not AVAILABLE or len(data) < 4:
+        return None
+    data = unsigned(data)
+    if data[0] != 0xFF or data[1] != 0xD8:
         return None
     try:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
