@@ -12,6 +12,12 @@ cached), as an image folder and converted with ``flightfeed convert`` (encoded b
 (b) flightfeed serving the converted shards (server in its own process, ``--decode-workers
     cores``), ``FlightDataset(transform="imagenet_train")`` read by one client over loopback;
 (c) the same with ``transform="imagenet_val"`` (resize 256 + center_crop 224);
+(g) (b) with the server's default ``--share-window`` (512 MB). The flightfeed cases run with
+    ``--share-window 0`` unless ``--share-window`` says otherwise: one trainer has nothing to share,
+    and while the window fills it keeps every message made, so each new message is memory the kernel
+    maps and zeroes first (transparent huge pages: ~0.4 ms of server system time per image on the
+    2-core VM until 512 MB are held, i.e. through the ~3.5 epochs of 1,000 images these short
+    runs time); (g) shows what that costs here;
 (e) (b) on shards converted with ``--max-side`` (bytes and per-core figures beside (b));
 (f) the decode pool alone, in this process (no Flight, no client): ``imagenet_train`` messages of
     ``--batch-size`` rows through ``Transformer(workers=cores)``, made by ``--streams`` threads at
@@ -315,10 +321,12 @@ def _make_messages(
 
 # -- (b), (c) flightfeed ---------------------------------------------------------------------------------
 def flightfeed_case(
-    shards: Path, cores: int, batch: int, epochs: int, preset: str, streams: int, procs: int
+    shards: Path, cores: int, batch: int, epochs: int, preset: str, streams: int, procs: int, window: str | None
 ) -> dict[str, Any]:
+    """``window``: ``serve --share-window`` (None: the server's default, 512 MB)."""
     decode = str(max(1, cores // procs))
-    with flightfeed_server({"imgs": shards}, "--decode-workers", decode, "--workers", str(procs)) as server:
+    extra = ["--share-window", window] if window is not None else []
+    with flightfeed_server({"imgs": shards}, "--decode-workers", decode, "--workers", str(procs), *extra) as server:
         ds = FlightDataset(
             server.location,
             "imgs",
@@ -333,7 +341,8 @@ def flightfeed_case(
         n, wall, server_cpu, client_cpu = _timed_epochs(ds, server.pid, epochs, consume)
         ds.close()
     return _figures(
-        n, wall, server_cpu=server_cpu, client_cpu=client_cpu, extra={"streams": streams, "server_processes": procs}
+        n, wall, server_cpu=server_cpu, client_cpu=client_cpu,
+        extra={"streams": streams, "server_processes": procs, "share_window": window or "default"},
     )
 
 
@@ -363,6 +372,9 @@ def main() -> int:
     p.add_argument("--streams", type=int, default=2)
     p.add_argument("--server-workers", type=int, default=1,
                    help="flightfeed serve --workers (processes, each with cores/N decode threads: one GIL each)")
+    p.add_argument("--share-window", default="0",
+                   help="serve --share-window for the flightfeed cases (one trainer: nothing to share; 'default' "
+                        "= the server's 512 MB, which costs first-touch page faults while it fills: case g)")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the median round is reported")
     p.add_argument("--data", type=Path, default=OUT / "imagenet-data")
     p.add_argument("--max-side", type=int, default=320, help="case (e): convert --max-side N")
@@ -374,6 +386,7 @@ def main() -> int:
     sizes = [f.stat().st_size for f in folder.rglob("*.jpg")]
     shards = convert(folder, data / "shards")
     small = convert(folder, data / f"shards-max-side-{args.max_side}", "--max-side", str(args.max_side))
+    window = None if args.share_window == "default" else args.share_window
     impl = args.seed_impl if args.seed_impl != "auto" else ("torchvision" if torchvision_works() else "pillow")
     results: dict[str, Any] = {
         "machine": machine(),
@@ -386,18 +399,18 @@ def main() -> int:
         "batch_size": args.batch_size,
         "epochs": args.epochs,
     }
+    def flightfeed_run(data: Path, preset: str, win: str | None) -> Callable[[], dict[str, Any]]:
+        return lambda: flightfeed_case(
+            data, args.cores, args.batch_size, args.epochs, preset, args.streams, args.server_workers, win
+        )
+
     cases: dict[str, Callable[[], dict[str, Any]]] = {
         "a_seed_recipe_train": lambda: seed_recipe(folder, args.cores, args.batch_size, args.epochs, False, impl),
-        "b_flightfeed_train": lambda: flightfeed_case(
-            shards, args.cores, args.batch_size, args.epochs, "imagenet_train", args.streams, args.server_workers
-        ),
-        "c_flightfeed_val": lambda: flightfeed_case(
-            shards, args.cores, args.batch_size, args.epochs, "imagenet_val", args.streams, args.server_workers
-        ),
+        "b_flightfeed_train": flightfeed_run(shards, "imagenet_train", window),
+        "c_flightfeed_val": flightfeed_run(shards, "imagenet_val", window),
+        "g_flightfeed_train_default_window": flightfeed_run(shards, "imagenet_train", None),
         "a_seed_recipe_val": lambda: seed_recipe(folder, args.cores, args.batch_size, args.epochs, True, impl),
-        "e_flightfeed_train_max_side": lambda: flightfeed_case(
-            small, args.cores, args.batch_size, args.epochs, "imagenet_train", args.streams, args.server_workers
-        ),
+        "e_flightfeed_train_max_side": flightfeed_run(small, "imagenet_train", window),
         "f_decode_pool_native": lambda: decode_pool_case(
             shards, args.cores, args.batch_size, "native", args.images, args.streams
         ),
@@ -424,6 +437,11 @@ def main() -> int:
         "val_vs_seed_img_per_s": results["c_flightfeed_val"]["img_per_s"] / results["a_seed_recipe_val"]["img_per_s"],
         "val_vs_seed_per_server_core": results["c_flightfeed_val"]["img_per_s_per_server_core"]
         / results["a_seed_recipe_val"]["img_per_s_per_server_core"],
+        "train_default_window_vs_seed_img_per_s": results["g_flightfeed_train_default_window"]["img_per_s"]
+        / a["img_per_s"],
+        "train_default_window_vs_seed_per_server_core": results["g_flightfeed_train_default_window"][
+            "img_per_s_per_server_core"] / a["img_per_s_per_server_core"],
+        "train_max_side_vs_seed_img_per_s": results["e_flightfeed_train_max_side"]["img_per_s"] / a["img_per_s"],
         "max_side_vs_full_img_per_s": results["e_flightfeed_train_max_side"]["img_per_s"] / b["img_per_s"],
         "max_side_vs_full_per_server_core": results["e_flightfeed_train_max_side"]["img_per_s_per_server_core"]
         / b["img_per_s_per_server_core"],
