@@ -291,3 +291,19 @@ def test_served_rows_decode_natively(image_dir: Path, monkeypatch: pytest.Monkey
     assert len(jpegs) >= len(blobs) - len(blobs) // 7 - len(CORRUPT)  # all but the PNGs (and a cut header)
     assert got == len(blobs) - len(CORRUPT)
     assert len(calls) == len(jpegs)  # a truncated JPEG whose header parses tries natively, then fails on Pillow too
+
+
+def test_without_the_native_extras_everything_takes_the_pillow_path(
+    photos: list[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where simplejpeg / opencv-python-headless are not installed (``native.AVAILABLE`` false), a
+    ``backend="native"`` request decodes exactly as ``backend="pillow"`` does."""
+    view = memoryview(pa.py_buffer(photos[1]))
+    monkeypatch.setattr(native, "AVAILABLE", False)
+    frame = Frame.open(view, "RGB")
+    assert not frame.native and native.jpeg_size(view) is None
+    for steps in (TRAIN, VAL):
+        for row in range(3):
+            assert np.array_equal(
+                run_row(view, steps_of(steps, "native"), KEY, row), run_row(view, steps_of(steps, "pillow"), KEY, row)
+            )

@@ -7,10 +7,12 @@ Both calls release the GIL, so a message's rows decode in parallel on the decode
   known before any pixel is decoded (the geometry steps only narrow a box, ``frame.py``), so the
   image is decoded at the smallest power-of-two DCT scale (1/2, 1/4, 1/8) that still gives at
   least the output resolution over that box. Only power-of-two scales: libjpeg-turbo's other
-  M/8 scales use non-SIMD IDCTs and measured slower than a full decode. libjpeg-turbo's partial
-  (row/column) decode is not reachable through a maintained binding with a bundled library
-  (PyTurboJPEG 2 wants the system's libjpeg-turbo >= 3; the VM's Debian ships 2.1), so every row
-  down to the image's end is entropy-decoded;
+  M/8 scales use non-SIMD IDCTs and measured slower than a full decode. Every row is
+  entropy-decoded: libjpeg-turbo's crop-aware decode (``jpeg_skip_scanlines`` above the box, stop
+  after its last row, ``jpeg_crop_scanline`` for its columns) is exposed by no maintained binding
+  (simplejpeg, PyTurboJPEG 1.x/2.x, OpenCV, Pillow, imagecodecs); PyTurboJPEG's ``crop`` is a
+  lossless transform that re-encodes the box, and crop + decode measured 1.5x *slower* than a full
+  decode. Through the C API it would save ~21% of the decode (``bench/bench_crop_decode.py``);
 * **resample**: OpenCV ``resize`` (bilinear/bicubic/nearest; ``INTER_AREA`` where the box is still
   at least twice the output after the DCT scale) for boxes on whole pixels; a box that is a
   whole-pixel window of the image resized as a whole (``resize`` + ``center_crop``) is made exactly
