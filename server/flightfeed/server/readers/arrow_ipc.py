@@ -18,6 +18,7 @@ out. Which chunks passed is kept per open file.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
@@ -169,8 +170,9 @@ class ArrowShard(ShardFields):
             return memoryview(mapped.buffer)[lo:hi]
         if self._file is not None:
             return os.pread(self._file.fileno(), hi - lo, lo)
-        with open(self.path, "rb") as f:
-            return os.pread(f.fileno(), hi - lo, lo)
+        # closed (a background block check that outlived the reader): opening the file again
+        # would hold a descriptor that no bound on open shards counts; its reader checks again
+        raise OSError(errno.EBADF, f"shard {self.uri} is closed")
 
     def _verify_chunk(self, index: int) -> None:
         check = self._blocks
@@ -251,10 +253,11 @@ class ArrowShard(ShardFields):
                 watcher().unregister(mapped)
 
             mapped.close(on_release, then=released)  # counted as released once it is closed
-        elif released is not None:
+        file, self._file = self._file, None
+        if file is not None:
+            file.close()
+        if mapped is None and released is not None:
             released()
-        if self._file is not None:
-            self._file.close()
 
 
 def _row_ranges(batch: pa.RecordBatch, first: int, stop: int) -> list[tuple[int, int]]:

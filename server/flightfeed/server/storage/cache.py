@@ -355,7 +355,8 @@ class ShardCache:
             if name == keep or (entry is not None and entry.pins > 0):
                 continue
             self.files.remove(name)
-            total -= size
+            if entry is None or not self._held.mapped(entry.generation):
+                total -= size  # (a file still mapped keeps its space: it is counted as held now)
             evicted.append(label)
             if entry is not None:
                 callbacks.extend(entry.on_evict)
