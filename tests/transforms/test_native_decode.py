@@ -286,7 +286,8 @@ def test_served_rows_decode_natively(image_dir: Path, monkeypatch: pytest.Monkey
     finally:
         transformer.close()
         ds.close()
-    blobs = [b for f in sorted(image_dir.glob("*.arrow")) for b in pa.ipc.open_file(f).read_all()["image"].to_pylist()]
+    shards = sorted(image_dir.glob("*.arrow"))
+    blobs = [b for f in shards for b in pa.ipc.open_file(str(f)).read_all()["image"].to_pylist()]
     jpegs = [b for b in blobs if native.jpeg_size(b) is not None]
     assert len(jpegs) >= len(blobs) - len(blobs) // 7 - len(CORRUPT)  # all but the PNGs (and a cut header)
     assert got == len(blobs) - len(CORRUPT)
