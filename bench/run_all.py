@@ -27,6 +27,7 @@ SCRIPTS = {
     "bench_storage": "storage.json",
     "bench_gpu": "gpu.json",
     "bench_imagenet": "imagenet.json",
+    "bench_crop_decode": "crop_decode.json",
     "bench_scaleout": "scaleout.json",
     "bench_stragglers": "stragglers.json",
     "bench_hdf5": "hdf5.json",
