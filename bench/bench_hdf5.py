@@ -5,13 +5,23 @@ run (one server process serves both; epochs alternate so load from others hits b
 Targets (issue 24): direct HDF5 shuffled >= 0.5x the converted ``.arrow`` shuffled; each chunk
 decoded once per epoch (``flightfeed_chunk_decodes_total`` / chunks, from the ``stats`` action).
 
-``python bench/bench_hdf5.py [--rows 4096] [--epochs 2]`` writes ``bench/out/hdf5.json``.
+Pixels (``--pixels``): ``noisy`` (the default, the issue's layout: gradients plus noise, gzip
+1.15x, about what two real photos at 224x224 gave: 1.10x and 1.34x) or ``smooth`` (natural-image
+statistics: a 1/f^2 amplitude spectrum, correlated colour channels, mild sensor noise; gzip
+1.29x). Besides the throughput, each epoch's CPU seconds of the server process and of this (the
+client) process are recorded: with inflating on few cores the ratio is set by CPU, and CPU
+seconds move less with other load on the machine than wall time does.
+
+``python bench/bench_hdf5.py [--rows 4096] [--epochs 2] [--pixels noisy]`` writes
+``bench/out/hdf5.json`` (``hdf5_smooth.json`` for smooth pixels).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import sys
 import tempfile
 import time
@@ -22,31 +32,71 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import h5py
 import numpy as np
+import numpy.typing as npt
 import pyarrow.flight as flight
 
 from bench.common import flightfeed_server, machine, write_json
+from flightfeed.server.readers.hdf5_chunks import inflate_backend
 
 SHAPE = (224, 224, 3)
 CHUNK_ROWS = 64
 TARGETS = {"hdf5_shuffled_vs_arrow_shuffled": 0.5}
 
 
-def write_stack(path: Path, rows: int) -> None:
-    """Image-like rows (smooth gradients plus noise: gzip compresses them about 2x, as photos'
-    raw pixels), gzip level 4, 64-row chunks: the layout of issue 24."""
-    rng = np.random.default_rng(0)
+def noisy_images(rng: np.random.Generator, n: int) -> npt.NDArray[np.uint8]:
+    """Gradients plus uniform noise 0-7 (gzip: ~1.15x)."""
     yy, xx = np.mgrid[0 : SHAPE[0], 0 : SHAPE[1]]
+    a, b = rng.integers(1, 4, (2, n, 1, 1))
+    base = (xx[None] * a + yy[None] * b) % 256
+    noise = rng.integers(0, 8, (n, *SHAPE), dtype=np.uint8)
+    images: npt.NDArray[np.uint8] = (base[..., None] + noise).astype(np.uint8)
+    return images
+
+
+def smooth_images(rng: np.random.Generator, n: int) -> npt.NDArray[np.uint8]:
+    """Natural-image statistics: luminance and chroma fields with a 1/f^2 amplitude spectrum
+    (smoother than photos' 1/f), a random tint, contrast and brightness, Gaussian noise of
+    sigma 1 (gzip: ~1.29x)."""
+    h, w, _ = SHAPE
+    f = np.hypot(np.fft.fftfreq(h)[:, None], np.fft.rfftfreq(w)[None, :])
+    f[0, 0] = 1.0
+    amplitude = f**-2.0
+    amplitude[0, 0] = 0.0
+    phase = rng.uniform(0, 2 * np.pi, (n, 2, h, w // 2 + 1))
+    fields = np.fft.irfft2(amplitude * np.exp(1j * phase), s=(h, w))
+    fields /= fields.std(axis=(2, 3), keepdims=True)
+    mean = rng.uniform(70, 180, (n, 1, 1, 1))
+    contrast = rng.uniform(25, 60, (n, 1, 1, 1))
+    tint = rng.uniform(-0.4, 0.4, (n, 1, 1, 3))
+    image = mean + contrast * (fields[:, 0, :, :, None] + fields[:, 1, :, :, None] * tint)
+    image += rng.normal(0, 1.0, image.shape)
+    return np.clip(np.rint(image), 0, 255).astype(np.uint8)
+
+
+PIXELS = {"noisy": noisy_images, "smooth": smooth_images}
+
+
+def write_stack(path: Path, rows: int, pixels: str = "noisy") -> None:
+    """Image rows (``PIXELS``), gzip level 4, 64-row chunks: the layout of issue 24."""
+    rng = np.random.default_rng(0)
     with h5py.File(path, "w") as f:
         images = f.create_dataset(
             "image", (rows, *SHAPE), np.uint8, chunks=(CHUNK_ROWS, *SHAPE), compression="gzip", compression_opts=4
         )
         for lo in range(0, rows, CHUNK_ROWS):
-            n = min(CHUNK_ROWS, rows - lo)
-            a, b = rng.integers(1, 4, (2, n, 1, 1))
-            base = (xx[None] * a + yy[None] * b) % 256
-            noise = rng.integers(0, 8, (n, *SHAPE), dtype=np.uint8)
-            images[lo : lo + n] = (base[..., None] + noise).astype(np.uint8)
+            images[lo : lo + min(CHUNK_ROWS, rows - lo)] = PIXELS[pixels](rng, min(CHUNK_ROWS, rows - lo))
         f.create_dataset("label", data=rng.integers(0, 1000, rows), chunks=(min(4096, rows),))
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _stats(location: str) -> dict[str, Any]:
@@ -77,16 +127,17 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=2, help="timed shuffled epochs of each (after a warm-up one)")
     p.add_argument("--streams", type=int, default=4)
     p.add_argument("--chunk-cache", default="256MiB", help="the server's --chunk-cache (the data is ~2.4x larger)")
+    p.add_argument("--pixels", choices=sorted(PIXELS), default="noisy", help="image content (see the docstring)")
     p.add_argument("--workdir", type=Path, default=None, help="keep the files here (default: a temp dir)")
     args = p.parse_args()
     tmp = tempfile.TemporaryDirectory(prefix="flightfeed-bench-hdf5-") if args.workdir is None else None
     work = args.workdir or Path(tmp.name)  # type: ignore[union-attr]
     work.mkdir(parents=True, exist_ok=True)
-    h5 = work / "stack.h5"
-    arrow = work / "stack-arrow"
+    h5 = work / f"stack-{args.pixels}-{args.rows}.h5"
+    arrow = work / f"stack-{args.pixels}-{args.rows}-arrow"
     t0 = time.perf_counter()
     if not h5.exists():
-        write_stack(h5, args.rows)
+        write_stack(h5, args.rows, args.pixels)
     write_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     if not (arrow / "manifest.json").exists():
@@ -96,9 +147,16 @@ def main() -> None:
     convert_s = time.perf_counter() - t0
     data_bytes = args.rows * int(np.prod(SHAPE))
     on_disk = h5.stat().st_size
-    print(f"{args.rows} rows of {SHAPE} uint8 ({data_bytes / 1e6:.0f} MB decoded, {on_disk / 1e6:.0f} MB gzip)")
+    print(
+        f"{args.rows} rows of {SHAPE} uint8, {args.pixels} ({data_bytes / 1e6:.0f} MB decoded, "
+        f"{on_disk / 1e6:.0f} MB gzip, {data_bytes / on_disk:.2f}x)"
+    )
     times: dict[str, list[float]] = {"h5": [], "arrow": []}
+    server_cpu: dict[str, list[float]] = {"h5": [], "arrow": []}
+    client_cpu: dict[str, list[float]] = {"h5": [], "arrow": []}
     decodes: list[float] = []
+    decode_seconds: list[float] = []
+    loads: list[float] = []
     with flightfeed_server({"h5": h5, "arrow": arrow}, "--chunk-cache", args.chunk_cache) as server:
         loc = server.location
         for name in times:  # warm-up: page cache, connections, the first decodes
@@ -106,11 +164,21 @@ def main() -> None:
         chunks = int(_stats(loc)["chunk_cache"]["h5"]["chunks"])
         for epoch in range(1, args.epochs + 1):
             for name in ("h5", "arrow") if epoch % 2 else ("arrow", "h5"):
-                before = _stats(loc)["chunk_cache"]["h5"]["decodes"] if name == "h5" else 0
+                loads.append(os.getloadavg()[0])
+                before = _stats(loc)["chunk_cache"]["h5"]
+                cpu0, own0 = _cpu_seconds(server.proc.pid), _own_cpu_seconds()
                 times[name].append(_epoch(loc, name, epoch, args.rows, args.streams))
+                server_cpu[name].append(_cpu_seconds(server.proc.pid) - cpu0)
+                client_cpu[name].append(_own_cpu_seconds() - own0)
                 if name == "h5":
-                    decodes.append((_stats(loc)["chunk_cache"]["h5"]["decodes"] - before) / chunks)
-                print(f"  epoch {epoch} {name:5s} {data_bytes / times[name][-1] / 1e9:6.3f} GB/s", flush=True)
+                    after = _stats(loc)["chunk_cache"]["h5"]
+                    decodes.append((after["decodes"] - before["decodes"]) / chunks)
+                    decode_seconds.append(after["decode_seconds"] - before["decode_seconds"])
+                print(
+                    f"  epoch {epoch} {name:5s} {data_bytes / times[name][-1] / 1e9:6.3f} GB/s, CPU s: server "
+                    f"{server_cpu[name][-1]:.2f}, client {client_cpu[name][-1]:.2f} (load {loads[-1]:.1f})",
+                    flush=True,
+                )
         cache = _stats(loc)["chunk_cache"]["h5"]
     best = {k: min(v) for k, v in times.items()}
     ratio = best["arrow"] / best["h5"]
@@ -118,7 +186,14 @@ def main() -> None:
     report = {
         "machine": machine(),
         "params": {"rows": args.rows, "shape": list(SHAPE), "chunk_rows": CHUNK_ROWS, "compression": "gzip-4",
-                   "streams": args.streams, "batch_size": 256, "epochs": args.epochs, "chunk_cache": args.chunk_cache},
+                   "streams": args.streams, "batch_size": 256, "epochs": args.epochs, "chunk_cache": args.chunk_cache,
+                   "pixels": args.pixels},
+        "inflate": inflate_backend(),
+        "load_average_1m": loads,
+        "epoch_seconds": times,
+        "server_cpu_seconds": server_cpu,
+        "client_cpu_seconds": client_cpu,
+        "decode_seconds_per_epoch": decode_seconds,
         "bytes": data_bytes,
         "h5_file_bytes": h5.stat().st_size,
         "write_s": write_s,
@@ -132,7 +207,7 @@ def main() -> None:
         "chunk_cache": cache,
         "met": {"hdf5_shuffled_vs_arrow_shuffled": ratio >= 0.5, "decoded_once_per_epoch": per_chunk <= 1.0},
     }
-    path = write_json("hdf5", report)
+    path = write_json("hdf5" if args.pixels == "noisy" else f"hdf5_{args.pixels}", report)
     print(
         f"HDF5 shuffled {report['hdf5_shuffled_GBps']:.3f} GB/s, .arrow shuffled {report['arrow_shuffled_GBps']:.3f} "
         f"GB/s: {ratio:.2f}x (target >= 0.5); chunk decodes per chunk per epoch {decodes} (target 1)"

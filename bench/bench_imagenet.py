@@ -12,14 +12,22 @@ cached), as an image folder and converted with ``flightfeed convert`` (encoded b
 (b) flightfeed serving the converted shards (server in its own process, ``--decode-workers
     cores``), ``FlightDataset(transform="imagenet_train")`` read by one client over loopback;
 (c) the same with ``transform="imagenet_val"`` (resize 256 + center_crop 224);
+(g) (b) with the server's default ``--share-window`` (512 MB). The flightfeed cases run with
+    ``--share-window 0`` unless ``--share-window`` says otherwise: one trainer has nothing to share,
+    and while the window fills it keeps every message made, so each new message is memory the kernel
+    maps and zeroes first (transparent huge pages: ~0.4 ms of server system time per image on the
+    2-core VM until 512 MB are held, i.e. through the ~3.5 epochs of 1,000 images these short
+    runs time); (g) shows what that costs here;
 (e) (b) on shards converted with ``--max-side`` (bytes and per-core figures beside (b));
-(f) the decode pool alone, in this process (no Flight, no client): ``imagenet_train`` messages
-    through ``Transformer(workers=cores)`` with the native path and with ``backend="pillow"`` (the
-    issue-9 path): cores busy (process CPU / wall) and img/s per CPU second.
+(f) the decode pool alone, in this process (no Flight, no client): ``imagenet_train`` messages of
+    ``--batch-size`` rows through ``Transformer(workers=cores)``, made by ``--streams`` threads at
+    once as the server's streams make theirs, with the native path and with ``backend="pillow"``
+    (the issue-9 path): cores busy (process CPU / wall; ``cores_busy_share`` = the share of the
+    pool's cores one process keeps busy) and img/s per CPU second.
 
 Each case: one warm-up epoch, then ``--epochs`` timed epochs. Figures: img/s (wall), CPU seconds
 of every process involved (server / client / loader workers), img/s per server core
-(= images / server CPU seconds), client CPU per image. Targets: (b) >= 1.5x (a) img/s on the same
+(= images / server CPU seconds), client CPU per image. Targets: (b) >= 2x (a) img/s on the same
 cores; the client under 10% of one core per 1,000 img/s (0.1 ms CPU per image).
 """
 
@@ -34,6 +42,7 @@ import os
 import random
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -256,8 +265,11 @@ def _timed_epochs(
 
 
 # -- (f) the decode pool alone ---------------------------------------------------------------------
-def decode_pool_case(shards: Path, cores: int, batch: int, backend: str, images: int) -> dict[str, Any]:
-    """``imagenet_train`` messages of ``batch`` rows through the node's decode pool in this process."""
+def decode_pool_case(
+    shards: Path, cores: int, batch: int, backend: str, images: int, producers: int = 1
+) -> dict[str, Any]:
+    """``imagenet_train`` messages of ``batch`` rows through the node's decode pool in this process,
+    made by ``producers`` threads at once (as the server's streams make their messages)."""
     from flightfeed.server.storage import open_dataset
     from flightfeed.server.transforms import DrawKey, Transformer
     from flightfeed.wire.messages import WIRE_VERSION, ReadCommand
@@ -276,26 +288,45 @@ def decode_pool_case(shards: Path, cores: int, batch: int, backend: str, images:
         order = np.random.default_rng(0).permutation(ds.num_rows)
         for epoch in range(2):  # one warm-up pass, then the timed one
             key = DrawKey(ds.fingerprint, 0, epoch)
-            c0, t0, n = time.process_time(), time.perf_counter(), 0
-            for lo in range(0, min(images, ds.num_rows), batch):
-                rows = order[lo : lo + batch].astype(np.int64)
-                for rb in transformer.message(ds, plan, rows, ["image", "label"], key, batch):
-                    n += rb.num_rows
+            messages = [order[lo : lo + batch].astype(np.int64) for lo in range(0, min(images, ds.num_rows), batch)]
+            c0, t0 = time.process_time(), time.perf_counter()
+            n = _make_messages(transformer, ds, plan, messages, key, batch, producers)
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     finally:
         transformer.close()
         ds.close()
     return {"images": n, "seconds": wall, "img_per_s": n / wall, "cores_busy": cpu / wall,
             "cores_busy_share": cpu / wall / cores, "img_per_cpu_s": n / cpu, "ms_cpu_per_image": cpu / n * 1e3,
-            "threads": cores, "backend": backend}
+            "threads": cores, "producers": producers, "backend": backend}
+
+
+def _make_messages(
+    transformer: Any, ds: Any, plan: Any, messages: list[Any], key: Any, batch: int, producers: int
+) -> int:
+    """``messages`` (stored rows each) through ``transformer``, ``producers`` threads at once: rows made."""
+    made = [0] * producers
+
+    def make(p: int) -> None:
+        for rows in messages[p::producers]:
+            for rb in transformer.message(ds, plan, rows, ["image", "label"], key, batch):
+                made[p] += rb.num_rows
+
+    threads = [threading.Thread(target=make, args=(p,)) for p in range(producers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(made)
 
 
 # -- (b), (c) flightfeed ---------------------------------------------------------------------------------
 def flightfeed_case(
-    shards: Path, cores: int, batch: int, epochs: int, preset: str, streams: int, procs: int
+    shards: Path, cores: int, batch: int, epochs: int, preset: str, streams: int, procs: int, window: str | None
 ) -> dict[str, Any]:
+    """``window``: ``serve --share-window`` (None: the server's default, 512 MB)."""
     decode = str(max(1, cores // procs))
-    with flightfeed_server({"imgs": shards}, "--decode-workers", decode, "--workers", str(procs)) as server:
+    extra = ["--share-window", window] if window is not None else []
+    with flightfeed_server({"imgs": shards}, "--decode-workers", decode, "--workers", str(procs), *extra) as server:
         ds = FlightDataset(
             server.location,
             "imgs",
@@ -310,7 +341,8 @@ def flightfeed_case(
         n, wall, server_cpu, client_cpu = _timed_epochs(ds, server.pid, epochs, consume)
         ds.close()
     return _figures(
-        n, wall, server_cpu=server_cpu, client_cpu=client_cpu, extra={"streams": streams, "server_processes": procs}
+        n, wall, server_cpu=server_cpu, client_cpu=client_cpu,
+        extra={"streams": streams, "server_processes": procs, "share_window": window or "default"},
     )
 
 
@@ -340,6 +372,9 @@ def main() -> int:
     p.add_argument("--streams", type=int, default=2)
     p.add_argument("--server-workers", type=int, default=1,
                    help="flightfeed serve --workers (processes, each with cores/N decode threads: one GIL each)")
+    p.add_argument("--share-window", default="0",
+                   help="serve --share-window for the flightfeed cases (one trainer: nothing to share; 'default' "
+                        "= the server's 512 MB, which costs first-touch page faults while it fills: case g)")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the median round is reported")
     p.add_argument("--data", type=Path, default=OUT / "imagenet-data")
     p.add_argument("--max-side", type=int, default=320, help="case (e): convert --max-side N")
@@ -351,6 +386,7 @@ def main() -> int:
     sizes = [f.stat().st_size for f in folder.rglob("*.jpg")]
     shards = convert(folder, data / "shards")
     small = convert(folder, data / f"shards-max-side-{args.max_side}", "--max-side", str(args.max_side))
+    window = None if args.share_window == "default" else args.share_window
     impl = args.seed_impl if args.seed_impl != "auto" else ("torchvision" if torchvision_works() else "pillow")
     results: dict[str, Any] = {
         "machine": machine(),
@@ -363,20 +399,24 @@ def main() -> int:
         "batch_size": args.batch_size,
         "epochs": args.epochs,
     }
+    def flightfeed_run(data: Path, preset: str, win: str | None) -> Callable[[], dict[str, Any]]:
+        return lambda: flightfeed_case(
+            data, args.cores, args.batch_size, args.epochs, preset, args.streams, args.server_workers, win
+        )
+
     cases: dict[str, Callable[[], dict[str, Any]]] = {
         "a_seed_recipe_train": lambda: seed_recipe(folder, args.cores, args.batch_size, args.epochs, False, impl),
-        "b_flightfeed_train": lambda: flightfeed_case(
-            shards, args.cores, args.batch_size, args.epochs, "imagenet_train", args.streams, args.server_workers
-        ),
-        "c_flightfeed_val": lambda: flightfeed_case(
-            shards, args.cores, args.batch_size, args.epochs, "imagenet_val", args.streams, args.server_workers
-        ),
+        "b_flightfeed_train": flightfeed_run(shards, "imagenet_train", window),
+        "c_flightfeed_val": flightfeed_run(shards, "imagenet_val", window),
+        "g_flightfeed_train_default_window": flightfeed_run(shards, "imagenet_train", None),
         "a_seed_recipe_val": lambda: seed_recipe(folder, args.cores, args.batch_size, args.epochs, True, impl),
-        "e_flightfeed_train_max_side": lambda: flightfeed_case(
-            small, args.cores, args.batch_size, args.epochs, "imagenet_train", args.streams, args.server_workers
+        "e_flightfeed_train_max_side": flightfeed_run(small, "imagenet_train", window),
+        "f_decode_pool_native": lambda: decode_pool_case(
+            shards, args.cores, args.batch_size, "native", args.images, args.streams
         ),
-        "f_decode_pool_native": lambda: decode_pool_case(shards, args.cores, 256, "native", args.images),
-        "f_decode_pool_pillow": lambda: decode_pool_case(shards, args.cores, 256, "pillow", args.images),
+        "f_decode_pool_pillow": lambda: decode_pool_case(
+            shards, args.cores, args.batch_size, "pillow", args.images, args.streams
+        ),
     }
     if torch.cuda.is_available() and impl == "torchvision":
         cases["d_gpu_decode_train"] = lambda: gpu_decode_case(shards, args.batch_size, args.epochs, args.streams)
@@ -397,6 +437,11 @@ def main() -> int:
         "val_vs_seed_img_per_s": results["c_flightfeed_val"]["img_per_s"] / results["a_seed_recipe_val"]["img_per_s"],
         "val_vs_seed_per_server_core": results["c_flightfeed_val"]["img_per_s_per_server_core"]
         / results["a_seed_recipe_val"]["img_per_s_per_server_core"],
+        "train_default_window_vs_seed_img_per_s": results["g_flightfeed_train_default_window"]["img_per_s"]
+        / a["img_per_s"],
+        "train_default_window_vs_seed_per_server_core": results["g_flightfeed_train_default_window"][
+            "img_per_s_per_server_core"] / a["img_per_s_per_server_core"],
+        "train_max_side_vs_seed_img_per_s": results["e_flightfeed_train_max_side"]["img_per_s"] / a["img_per_s"],
         "max_side_vs_full_img_per_s": results["e_flightfeed_train_max_side"]["img_per_s"] / b["img_per_s"],
         "max_side_vs_full_per_server_core": results["e_flightfeed_train_max_side"]["img_per_s_per_server_core"]
         / b["img_per_s_per_server_core"],

@@ -1,7 +1,8 @@
 """Run the benchmarks present in bench/ (each in its own process) and print a summary.
 
 ``python bench/run_all.py [--only NAME ...]``: bench_throughput, bench_shuffle, bench_storage and
-bench_hdf5 when present, and bench_gpu when this machine has a CUDA device. Each writes bench/out/*.json;
+bench_hdf5 when present, bench_gpu when this machine has a CUDA device, and bench_stragglers when
+run as root (it makes network namespaces). Each writes bench/out/*.json;
 the summary reads them back. The exit status is 1 when a benchmark failed to run (a missed
 target is reported, not an error: the figures depend on the machine).
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -25,7 +27,9 @@ SCRIPTS = {
     "bench_storage": "storage.json",
     "bench_gpu": "gpu.json",
     "bench_imagenet": "imagenet.json",
+    "bench_crop_decode": "crop_decode.json",
     "bench_scaleout": "scaleout.json",
+    "bench_stragglers": "stragglers.json",
     "bench_hdf5": "hdf5.json",
     "bench_verify": "verify.json",
     "bench_shared": "shared.json",
@@ -36,6 +40,10 @@ SCRIPTS = {
 def has_cuda() -> bool:
     probe = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
     return subprocess.run([sys.executable, "-c", probe], check=False).returncode == 0
+
+
+def _is_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
 
 
 def summary_lines(data: dict[str, Any]) -> list[str]:
@@ -63,6 +71,9 @@ def main() -> int:
     p.add_argument("--only", nargs="+", choices=sorted(SCRIPTS), help="run only these")
     args = p.parse_args()
     chosen = [s for s in SCRIPTS if (BENCH / f"{s}.py").exists() and (not args.only or s in args.only)]
+    if "bench_stragglers" in chosen and not _is_root():
+        print("bench_stragglers: skipped (network namespaces need root: `sudo python bench/bench_stragglers.py`)")
+        chosen.remove("bench_stragglers")
     if "bench_gpu" in chosen and not has_cuda():
         print("bench_gpu: skipped (no CUDA device here; run `python bench/bench_gpu.py` on a GPU machine)")
         chosen.remove("bench_gpu")

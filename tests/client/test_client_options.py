@@ -37,6 +37,7 @@ def test_the_signature_is_the_designed_one() -> None:
         "on_decode_error": "raise", "report_interval": 5.0,
         # issues 17 and 21: this wave's new knobs live in ReadOptions
         "normalize": None, "decode_on": "server", "as_tuple": False,
+        "window_bytes": None, "hedge": True, "move": True,  # issue 19: fetch ahead, hedging, moving work
     }
     conn = {n: f.default for n, f in ConnectOptions.__dataclass_fields__.items()}
     assert conn == {"token": None, "tls_root_certs": None, "timeout": None, "retries": None, "retry_timeout": 30.0}
@@ -86,6 +87,8 @@ def test_several_moved_keywords_are_named_together() -> None:
         (lambda: ReadOptions(compression="gzip"), r"compression is 'gzip'; use 'lz4', 'zstd' or None"),
         (lambda: ReadOptions(on_decode_error="ignore"), r"on_decode_error is 'ignore'; allowed: 'raise' or 'skip'"),
         (lambda: ReadOptions(report_interval=-1.0), r"report_interval is -1.0; it must be a number of seconds"),
+        (lambda: ReadOptions(window_bytes=-1), r"window_bytes is -1; it must be an integer >= 0"),
+        (lambda: ReadOptions(hedge="yes"), r"hedge is 'yes'; it must be True or False"),  # type: ignore[arg-type]
         (lambda: ReadOptions(as_tuple="yes"), r"as_tuple is 'yes'; it must be True or False"),  # type: ignore[arg-type]
         (lambda: FlightDataset(LOCATION, "d", options=ReadOptions(as_tuple=True)), r"as_tuple=True\) yields the col"),
         (lambda: ConnectOptions(token="  "), r"token="),

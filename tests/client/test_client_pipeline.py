@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Generator
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import pytest
 import torch
@@ -13,8 +13,8 @@ import torch
 import flightfeed.client._dataset as dataset_module
 from flightfeed.client import FlightDataset
 from flightfeed.client._device import DeviceStage
+from flightfeed.client._lanes import WINDOW_MESSAGE_BYTES, Lanes
 from flightfeed.client._stats import StallMeter
-from flightfeed.client._streams import StreamReader
 from flightfeed.server.testing import RunningServer
 from flightfeed.wire.errors import ConfigError
 from tests.client.support import ROWS, active_streams, check_content, eventually, flat, indices, stream_threads
@@ -45,30 +45,49 @@ def test_shuffled_is_a_permutation_with_exact_content(make_ds: MakeDs) -> None:
         check_content(b)
 
 
+class _Recorded(Lanes):
+    made: ClassVar[list[Lanes]] = []
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _Recorded.made.append(self)
+
+
 @pytest.mark.parametrize("prefetch", [1, 2])
-def test_prefetch_is_bounded(make_ds: MakeDs, prefetch: int) -> None:
-    """However slowly the consumer reads, each stream holds at most ``prefetch`` messages."""
-    ds = make_ds(shuffle=False, prefetch=prefetch, batch_size=8, message_rows=16, streams=2)
-    seen: list[StreamReader] = []
-    opened = ds.open_streams
-
-    def capture(*args: Any) -> list[StreamReader]:
-        readers = opened(*args)
-        seen.extend(readers)
-        return readers
-
-    ds.open_streams = capture  # type: ignore[method-assign,assignment]
+def test_prefetch_is_bounded(make_ds: MakeDs, prefetch: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """However slowly the consumer reads, the streams have read at most ``streams x (prefetch + 1)``
+    messages ahead of it (here with the byte budget off, so the bound is in messages)."""
+    monkeypatch.setattr(dataset_module, "Lanes", _Recorded)
+    _Recorded.made.clear()
+    ds = make_ds(shuffle=False, prefetch=prefetch, batch_size=8, message_rows=16, streams=2, window_bytes=0)
     most = 0
     rows = []
     for b in ds:
-        # every reader fills its queue or ends: wait for that (no fixed time, so a busy machine cannot
-        # make the lower bound below fail)
-        assert eventually(lambda: all(r.queue.full() or not r.is_alive() for r in seen), within=60.0)
-        most = max(most, *(r.queue.qsize() for r in seen))
+        board = _Recorded.made[-1].board
+        left = len(board.rows) - board.head
+        # the streams fill the window or reach the end: wait for that (no fixed time, so a busy machine
+        # cannot make the lower bound below fail)
+        assert eventually(lambda: board.buffered() >= min(board.window, left), within=60.0)  # noqa: B023
+        with board.cond:  # streams may hold (have requested) messages further on, but read none of them
+            assert all(board.head <= j < board.head + board.window for j in board.slots)
+        most = max(most, board.buffered())
         rows.extend(b["index"].tolist())
     assert rows == list(range(ROWS))
-    assert 1 <= most <= prefetch
-    assert all(r.queue.maxsize == prefetch for r in seen)
+    assert board.window == 2 * (prefetch + 1)
+    assert 1 <= most <= board.window
+
+
+def test_the_default_window_is_a_byte_budget(make_ds: MakeDs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """By default the window holds ``streams x (prefetch + 1) x 16 MiB`` of messages (the memory the
+    streams held before work moved between them): small messages make a wider window."""
+    monkeypatch.setattr(dataset_module, "Lanes", _Recorded)
+    _Recorded.made.clear()
+    ds = make_ds(shuffle=False, prefetch=1, batch_size=8, message_rows=16, streams=2)
+    assert flat(indices(ds)) == list(range(ROWS))
+    board = _Recorded.made[-1].board
+    assert board.min_window == 4
+    assert board.window == max(4, 4 * WINDOW_MESSAGE_BYTES // board._largest)
+    assert board.window * board._largest <= 4 * WINDOW_MESSAGE_BYTES
 
 
 def test_consumer_stopping_early_leaves_no_threads_or_server_streams(

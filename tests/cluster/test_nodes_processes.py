@@ -24,7 +24,8 @@ def reader(location: str, rank: int, streams: int) -> FlightDataset:
         seed=3,
         rank=rank,
         world_size=2,
-        options=ReadOptions(streams=streams, message_rows=100, prefetch=1, report_interval=None),
+        # window_bytes=0: streams x 2 messages ahead of the consumer, so the kill hits a stream in flight
+        options=ReadOptions(streams=streams, message_rows=100, prefetch=1, report_interval=None, window_bytes=0),
     )
 
 
@@ -119,7 +120,7 @@ def test_a_killed_worker_is_unlisted_restarted_and_the_epoch_completes(blobs_dir
             location,
             "blobs",
             batch_size=100,
-            options=ReadOptions(streams=6, message_rows=100, prefetch=1, report_interval=None),
+            options=ReadOptions(streams=6, message_rows=100, prefetch=1, report_interval=None, window_bytes=0),
         )
         it = iter(ds)
         got = [i for _ in range(3) for i in next(it)["index"].tolist()]

@@ -20,10 +20,13 @@ from tests.transforms.images import write_images
 
 JPEG_ROWS = 240
 STEPS: list[dict[str, Any]] = [{"name": "decode"}, {"name": "random_resized_crop", "size": 24}, {"name": "hflip"}]
-#: what each trainer asks for (identical settings): the images decoded + augmented, 2 batches a message
+#: what each trainer asks for (identical settings): the images decoded + augmented, 2 batches a
+#: message; each message on the stream the plan put it on (``move=False``): the counts below are
+#: exact only then -- work that moves to another process is made again there, and a stolen run's
+#: next message may already be on its way (``test_moving_work_still_shares``)
 JOBS: dict[str, dict[str, Any]] = {
-    "imgs": {"batch_size": 8, "seed": 3, "transform": STEPS, "message_rows": 16},
-    "small": {"batch_size": 8, "seed": 3, "message_rows": 16},  # shuffled gathers, no transform
+    "imgs": {"batch_size": 8, "seed": 3, "transform": STEPS, "message_rows": 16, "move": False},
+    "small": {"batch_size": 8, "seed": 3, "message_rows": 16, "move": False},  # shuffled gathers, no transform
 }
 
 

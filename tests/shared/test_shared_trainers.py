@@ -59,6 +59,18 @@ def test_identical_trainers_get_solo_bytes_and_each_message_is_made_once(
         assert counter(srv, MISSES, name) == messages and counter(srv, HITS, name) == 3 * messages
 
 
+def test_moving_work_still_shares(serve: Serve, solo: dict[str, list[str]]) -> None:
+    """With work free to move between streams (the default), identical trainers still get the solo
+    bytes and each message is made once on a single node; a stolen run's next message may be sent
+    twice (a hit more), never made twice."""
+    messages = job_messages("imgs")
+    with serve(64 << 20) as srv:
+        got = together(srv.location, "imgs", 3, move=True)
+        assert all(g == solo["imgs"] for g in got)
+        assert counter(srv, MISSES, "imgs") == messages
+        assert counter(srv, HITS, "imgs") >= 2 * messages
+
+
 @pytest.mark.parametrize("cut", [2, 3])
 def test_a_resumed_trainer_gets_the_solo_bytes(serve: Serve, solo: dict[str, list[str]], cut: int) -> None:
     """``cut`` batches read before the checkpoint: 2 = one whole message (the resumed trainer's

@@ -214,3 +214,36 @@ def test_k8s_prometheus_job_sends_the_token_and_keeps_data_nodes() -> None:
     keep = [r for r in job["relabel_configs"] if r.get("action") == "keep"]
     assert any(r["regex"] == "flightfeed;data-node" for r in keep)
     assert any(r["regex"] == "8816" for r in keep)
+
+
+def test_k8s_autoscaler_follows_the_nodes_wanted_metric() -> None:
+    """The HPA scales the data nodes' StatefulSet to max(flightfeed_nodes_wanted), through the
+    prometheus-adapter rule shipped beside it (issue 19)."""
+    (sts,) = _k8s("StatefulSet")
+    (hpa,) = _k8s("HorizontalPodAutoscaler")
+    assert hpa["apiVersion"] == "autoscaling/v2"
+    ref = hpa["spec"]["scaleTargetRef"]
+    assert (ref["apiVersion"], ref["kind"], ref["name"]) == ("apps/v1", "StatefulSet", sts["metadata"]["name"])
+    assert 1 <= hpa["spec"]["minReplicas"] <= sts["spec"]["replicas"] <= hpa["spec"]["maxReplicas"]
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["type"] == "External"
+    name = metric["external"]["metric"]["name"]
+    # AverageValue 1: desired replicas = ceil(metric / 1) = the nodes wanted
+    assert metric["external"]["target"] == {"type": "AverageValue", "averageValue": "1"}
+    (adapter,) = [c for c in _k8s("ConfigMap") if c["metadata"]["name"] == "flightfeed-prometheus-adapter"]
+    (rule,) = yaml.safe_load(adapter["data"]["flightfeed-external-rules.yaml"])["externalRules"]
+    assert rule["name"]["as"] == name
+    assert rule["seriesQuery"].startswith("flightfeed_nodes_wanted{")
+    assert rule["metricsQuery"].startswith("max(flightfeed_nodes_wanted{")  # the node holding the reports
+    assert rule["resources"]["overrides"]["namespace"]["resource"] == "namespace"
+    # the scrape job labels the series with the namespace the rule selects on
+    (scrape,) = [c for c in _k8s("ConfigMap") if c["metadata"]["name"] == "flightfeed-prometheus-scrape"]
+    (job,) = yaml.safe_load(scrape["data"]["flightfeed-scrape.yaml"])
+    assert any(r.get("target_label") == "namespace" for r in job["relabel_configs"])
+    # the metric exists on a real server, and scaling down stays within the disruption budget
+    from flightfeed.server.observe.metrics import ServerMetrics
+
+    assert name in ServerMetrics().metric_names()
+    (pdb,) = _k8s("PodDisruptionBudget")
+    down = hpa["spec"]["behavior"]["scaleDown"]["policies"]
+    assert all(p["type"] == "Pods" and p["value"] <= pdb["spec"]["maxUnavailable"] for p in down)

@@ -20,7 +20,7 @@ from flightfeed.server.testing import RunningServer
 
 Counted = tuple[int, int]
 
-KPIS = ("rows-per-s", "gb-per-s", "streams-active", "clients-active", "cache-hit-ratio", "stall-mean")
+KPIS = ("rows-per-s", "gb-per-s", "streams-active", "clients-active", "cache-hit-ratio", "stall-mean", "nodes-wanted")
 CHARTS = ("chart-rows", "chart-gb", "chart-streams", "chart-cache", "chart-stall")
 
 
@@ -151,6 +151,7 @@ def test_dashboard_shows_live_throughput_in_chromium(
     assert page.by_id["status"]["text"].startswith("live")
     assert "trainer-0" in page.by_id["clients"]["text"]
     assert server.location in page.by_id["cluster"]["text"]  # this node, in the data-nodes table
+    assert page.by_id["nodes-wanted"]["data-value"] == "1"  # one node; no stall figures over time: holding
 
     assert shot.returncode == 0, shot.stderr[-2000:]
     png = screenshot.read_bytes()

@@ -39,16 +39,16 @@ def s3_dataset(s3: LocalS3, tmp_path: Path, rows: int = 3000, shard_bytes: int =
     return uri
 
 
-def deleted_but_held(directory: Path, pid: int | str = "self") -> int:
-    """Bytes of files under ``directory`` that are deleted yet still mapped or open by ``pid``."""
-    held: dict[str, int] = {}
+def _held_by(directory: Path, pid: int | str = "self") -> dict[int, int]:
+    """Inode -> bytes of files under ``directory`` that are deleted yet still mapped or open."""
+    held: dict[int, int] = {}
     prefix = str(directory)
     with open(f"/proc/{pid}/maps") as f:
         for line in f:
             parts = line.split(maxsplit=5)
             if len(parts) == 6 and parts[5].startswith(prefix) and parts[5].rstrip().endswith("(deleted)"):
                 lo, hi = (int(x, 16) for x in parts[0].split("-"))
-                held[parts[4]] = held.get(parts[4], 0) + hi - lo
+                held[int(parts[4])] = held.get(int(parts[4]), 0) + hi - lo
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
             target = os.readlink(f"/proc/{pid}/fd/{fd}")
@@ -56,14 +56,31 @@ def deleted_but_held(directory: Path, pid: int | str = "self") -> int:
         except OSError:
             continue
         if target.startswith(prefix) and target.endswith("(deleted)"):
-            held[str(st.st_ino)] = max(held.get(str(st.st_ino), 0), st.st_size)
-    return sum(held.values())
+            held[st.st_ino] = max(held.get(st.st_ino, 0), st.st_size)
+    return held
 
 
-def files_bytes(directory: Path) -> int:
-    """Bytes of shard files in the cache directory (committed and being downloaded)."""
+def _files(directory: Path) -> dict[int, int]:
+    """Inode -> bytes of shard files in the cache directory (committed and being downloaded)."""
     skip = (".meta", ".lock")
-    return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file() and not p.name.endswith(skip))
+    out: dict[int, int] = {}
+    for p in directory.rglob("*"):
+        try:
+            st = p.stat()
+        except FileNotFoundError:  # evicted meanwhile
+            continue
+        if p.is_file() and not p.name.endswith(skip):
+            out[st.st_ino] = st.st_size
+    return out
+
+
+def disk_use(directory: Path) -> tuple[int, int]:
+    """``(files, held)``: bytes of the cache's files, and of deleted files this process still maps
+    or holds open. Keyed by inode: a file evicted between the two scans counts once (a file's
+    size, or its mapped pages when larger)."""
+    files, held = _files(directory), _held_by(directory)
+    only_held = {ino: size for ino, size in held.items() if ino not in files}
+    return sum(files.values()), sum(only_held.values())
 
 
 def test_evicted_shards_give_their_disk_space_back(s3: LocalS3, tmp_path: Path) -> None:
@@ -80,7 +97,7 @@ def test_evicted_shards_give_their_disk_space_back(s3: LocalS3, tmp_path: Path) 
             ds.set_epoch(epoch)
             for batch in ds:
                 rows += len(batch["index"])
-                files, held = files_bytes(cache), deleted_but_held(cache)
+                files, held = disk_use(cache)
                 peak = {"files": max(peak["files"], files), "held": max(peak["held"], held),
                         "disk": max(peak["disk"], files + held)}
         assert rows == 2 * 3000

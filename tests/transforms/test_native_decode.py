@@ -7,18 +7,30 @@ from __future__ import annotations
 import io
 import math
 import random
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from PIL import Image
 
-from flightfeed.server.transforms import DrawKey, compile_plan, default_registry, native, row_generator, run_row
+from flightfeed.server.storage import open_dataset
+from flightfeed.server.transforms import (
+    DrawKey,
+    Transformer,
+    compile_plan,
+    default_registry,
+    native,
+    row_generator,
+    run_row,
+)
 from flightfeed.server.transforms.execute import prepare_row
 from flightfeed.server.transforms.frame import Frame
 from flightfeed.server.transforms.ops import center_offsets, resized_shorter, rrc_params
 from flightfeed.wire.messages import WIRE_VERSION, ReadCommand
 from flightfeed.wire.transforms import set_transform
+from tests.transforms.conftest import CORRUPT
 from tests.transforms.images import SCHEMA, encode, picture
 
 KEY = DrawKey("cafe", seed=7, epoch=2)
@@ -238,3 +250,61 @@ def test_flip_rate_is_p_and_independent_of_the_crop() -> None:
     assert abs(np.corrcoef(flips, areas)[0, 1]) < 4 / math.sqrt(n)
     p30 = np.array([row_generator(DrawKey("cafe", 7, 3), r, 2).random() < 0.3 for r in range(n)])
     assert abs(p30.mean() - 0.3) < 4 * math.sqrt(0.21 / n)
+
+
+# -- the server's own buffers take the native path -----------------------------------------------------
+def test_a_pyarrow_buffer_view_takes_the_native_path(photos: list[bytes]) -> None:
+    view = memoryview(pa.py_buffer(photos[0]))
+    assert view.format == "b"  # what a pyarrow buffer exposes: signed bytes (0xFF reads as -1)
+    frame = Frame.open(view, "RGB")
+    assert frame.native
+    steps = steps_of(TRAIN)
+    assert np.array_equal(run_row(view, steps, KEY, 3), run_row(photos[0], steps, KEY, 3))
+
+
+def test_served_rows_decode_natively(image_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every JPEG row of a served message goes through the native renderer (PNGs and the
+    truncated JPEGs do not), with the bytes straight from the shard's Arrow buffers."""
+    calls: list[int] = []
+    render = native.render
+
+    def counted(*args: Any, **kw: Any) -> None:
+        calls.append(1)
+        render(*args, **kw)
+
+    monkeypatch.setattr(native, "render", counted)
+    cmd = ReadCommand(version=WIRE_VERSION, dataset="imgs", world_size=1, batch_rows=8, streams=1, num_workers=1)
+    steps: list[dict[str, Any]] = [{"name": "decode"}, {"name": "random_resized_crop", "size": 32}, {"name": "hflip"}]
+    set_transform(cmd, steps, on_decode_error="skip")
+    ds = open_dataset("imgs", str(image_dir))
+    transformer = Transformer(workers=2)
+    try:
+        plan = transformer.plan(ds.schema, cmd)
+        assert plan is not None
+        rows = np.arange(ds.num_rows, dtype=np.int64)
+        got = sum(b.num_rows for b in transformer.message(ds, plan, rows, ["image", "label"], KEY, 8))
+    finally:
+        transformer.close()
+        ds.close()
+    shards = sorted(image_dir.glob("*.arrow"))
+    blobs = [b for f in shards for b in pa.ipc.open_file(str(f)).read_all()["image"].to_pylist()]
+    jpegs = [b for b in blobs if native.jpeg_size(b) is not None]
+    assert len(jpegs) >= len(blobs) - len(blobs) // 7 - len(CORRUPT)  # all but the PNGs (and a cut header)
+    assert got == len(blobs) - len(CORRUPT)
+    assert len(calls) == len(jpegs)  # a truncated JPEG whose header parses tries natively, then fails on Pillow too
+
+
+def test_without_the_native_extras_everything_takes_the_pillow_path(
+    photos: list[bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where simplejpeg / opencv-python-headless are not installed (``native.AVAILABLE`` false), a
+    ``backend="native"`` request decodes exactly as ``backend="pillow"`` does."""
+    view = memoryview(pa.py_buffer(photos[1]))
+    monkeypatch.setattr(native, "AVAILABLE", False)
+    frame = Frame.open(view, "RGB")
+    assert not frame.native and native.jpeg_size(view) is None
+    for steps in (TRAIN, VAL):
+        for row in range(3):
+            assert np.array_equal(
+                run_row(view, steps_of(steps, "native"), KEY, row), run_row(view, steps_of(steps, "pillow"), KEY, row)
+            )

@@ -1,7 +1,7 @@
 """FlightDataset: a torch IterableDataset over a flightfeed server.
 
-One pipeline: get_flight_info -> one StreamReader thread per endpoint (own connection each) ->
-messages in canonical order -> batches (zero-copy slices) -> torch tensors (DLPack views) ->
+One pipeline: get_flight_info -> one lane thread per endpoint (own connection each) pulling runs of
+messages (``_lanes``) -> messages in canonical order -> batches (zero-copy slices) -> torch tensors (DLPack views) ->
 optional device stage (pinned ring + CUDA side stream). The consumer's waiting time is measured
 (``stats()``), and ``state_dict()`` is a few hundred bytes that restore the exact remaining
 sequence, even against a restarted server.
@@ -17,12 +17,13 @@ from typing import Any
 
 import torch.utils.data
 
-from flightfeed.client._assemble import ordered_messages, split_batches
+from flightfeed.client._assemble import split_batches
 from flightfeed.client._convert import batch_to_torch
 from flightfeed.client._datapipe import FlightDataPipe
 from flightfeed.client._device import DeviceStage
 from flightfeed.client._images import check_decode_on, image_stage
 from flightfeed.client._info import dataset_info
+from flightfeed.client._lanes import Lane, Lanes, LaneSettings
 from flightfeed.client._members import Members
 from flightfeed.client._node import FlightNode
 from flightfeed.client._normalize import normalize_option
@@ -123,7 +124,11 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         self._state = ReadState.fresh(self._settings())
         self._resume: ReadState | None = None
         self._pool: ConnectionPool | None = None
-        self._running: list[tuple[threading.Event, list[StreamReader]]] = []
+        self._running: list[tuple[threading.Event, list[Lane]]] = []
+        # how the streams share work (``_lanes``)
+        self._lane_settings = LaneSettings(
+            window_bytes=self.options.window_bytes, hedge=self.options.hedge, move=self.options.move
+        )
         self.meter = StallMeter()
 
     # -- settings and state -----------------------------------------------------------------
@@ -205,7 +210,11 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
     def stats(self) -> dict[str, float]:
         """Consumer-side figures: rows, bytes, wait_s, elapsed_s, stall_ratio, rows_per_s, bytes_per_s,
         rows_skipped (rows the server could not decode, with ``on_decode_error="skip"``), retries
-        (stream retries after a failure) and failovers (retries that moved to another location)."""
+        (stream retries after a failure), failovers (retries that moved to another location), moved
+        (messages another data node delivered than the one the plan put them on: work moved off a
+        slower node), hedged (messages requested again elsewhere because they lagged), duplicates
+        (copies dropped: the second copy of a hedged message) and nodes (data nodes the last
+        iteration's streams started on)."""
         return self.meter.figures()
 
     # -- iteration ------------------------------------------------------------------------
@@ -267,13 +276,14 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
             self._worker_mark = self._shared.get(SharedSlots.WORKER_ITERATIONS)
         stop = threading.Event()
         readers = self.open_streams(topo, start, stop, epoch)
-        running = (stop, readers)
-        self._running.append(running)
         self._state = start.pinned(readers[0].ticket if readers else None, topo.rank, topo.world_size)
         skip = skip_delivered(readers, start.worker_rows) if topo.num_workers > 1 else 0
-        for r in readers:
-            r.start()
-        batches = split_batches(drop_rows(ordered_messages(readers), skip), self.batch_size)
+        lanes = Lanes(readers, prefetch=self.options.prefetch, settings=self._lane_settings, count=self.meter.count)
+        self.meter.set("nodes", lanes.nodes)
+        running = (stop, lanes.lanes)
+        self._running.append(running)
+        lanes.start()
+        batches = split_batches(drop_rows(lanes.messages(), skip), self.batch_size)
         stage = _device_stage(self.device, self.meter)
         as_tuple = self.options.as_tuple
         post = image_stage(
@@ -316,10 +326,10 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
             if reporter is not None:
                 reporter.close(final=True)
             stop.set()
-            for r in readers:
-                r.cancel()
-            for r in readers:
-                r.join(timeout=5)
+            for lane in lanes.lanes:
+                lane.cancel()
+            for lane in lanes.lanes:
+                lane.join(timeout=5)
             stage.close()
             if running in self._running:
                 self._running.remove(running)

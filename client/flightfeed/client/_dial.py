@@ -9,13 +9,20 @@ any of them ever answered in this process:
 * **before** (a server that went away: a restart, a node lost): an outage, retried over the
   members within the per-outage budget of :class:`ConnectOptions` (``retry_timeout``), with one
   log line when the retries begin and one when a member answers again.
+
+A member that does not answer within :data:`HEDGE_AFTER_S` (a node that died without closing its
+connections: its address no longer answers at all, so the call waits for its timeout) gets company:
+the same call goes to the next member too, and the first answer wins (a hedged request, as in
+"The Tail at Scale"); the slow call finishes in the background and its result is dropped.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from flightfeed.client._boundary import reached_server, retryable, translate
@@ -23,10 +30,13 @@ from flightfeed.client._members import Members
 from flightfeed.client._retry import Outage, RetryPolicy
 from flightfeed.wire.errors import ConfigError, StreamError, Unauthenticated
 
-__all__ = ["first_answer", "never_answered"]
+__all__ = ["first_answer", "never_answered", "HEDGE_AFTER_S"]
 
 log = logging.getLogger("flightfeed.client")
 T = TypeVar("T")
+
+#: seconds a member may take to answer before the call also goes to the next one
+HEDGE_AFTER_S = 1.0
 
 TOKEN_HINT = "pass the server's token with FlightDataset(..., connect=ConnectOptions(token=...))"
 
@@ -60,7 +70,7 @@ def first_answer(
     while True:
         location = order[at]
         try:
-            out = call(location)
+            answered, out = _hedged(call, location, [m for m in order[at + 1 :] + order[:at] if m != location], members)
         except Exception as exc:
             err = translate(exc)
             if reached_server(err):
@@ -90,12 +100,51 @@ def first_answer(
                 on_retry(location, order[at])
             time.sleep(pause)
         else:
-            members.answered(location)
+            members.answered(answered)
             if waiting and outage is not None:
-                log.warning("%s: %s answered after %.1fs", what, location, outage.elapsed())
+                log.warning("%s: %s answered after %.1fs", what, answered, outage.elapsed())
             return out
 
 
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return text[0] if text else type(error).__name__
+
+
+def _hedged(call: Callable[[str], T], first: str, others: Sequence[str], members: Members) -> tuple[str, T]:
+    """``call(first)``; each :data:`HEDGE_AFTER_S` without an answer, ``call`` on the next of
+    ``others`` too. The first success wins: ``(its location, its result)``; when every call
+    started failed, ``first``'s error."""
+    answers: queue.Queue[tuple[str, bool, object]] = queue.Queue()
+
+    def attempt(location: str) -> None:
+        try:
+            answers.put((location, True, call(location)))
+        except Exception as exc:  # handed to the caller's thread
+            answers.put((location, False, exc))
+
+    started = [first]
+    threading.Thread(target=attempt, args=(first,), daemon=True, name="flightfeed-dial").start()
+    backups = [m for m in others if members.ever_answered(m)]  # never a location that never answered
+    first_error: BaseException | None = None
+    done = 0
+    while True:
+        wait = HEDGE_AFTER_S if backups and first_error is None else None
+        try:
+            location, ok, value = answers.get(timeout=wait)
+        except queue.Empty:
+            backup = backups.pop(0)
+            started.append(backup)
+            log.info("%s has not answered in %gs; asking %s too", first, HEDGE_AFTER_S, backup)
+            threading.Thread(target=attempt, args=(backup,), daemon=True, name="flightfeed-dial").start()
+            continue
+        done += 1
+        if ok:
+            return location, value  # type: ignore[return-value]
+        assert isinstance(value, BaseException)
+        if location == first:
+            first_error = value
+        elif isinstance(value, Exception) and retryable(translate(value)):
+            members.failed(location)
+        if first_error is not None and done == len(started):
+            raise first_error

@@ -115,7 +115,15 @@ class ReadOptions:
     (the data node decodes) or ``"trainer"`` (the node sends JPEG bytes + seeded crop/flip; the
     trainer decodes with nvJPEG through torchvision). ``as_tuple``: yield each batch
     as a tuple of tensors in the order of the dataset's ``columns=[...]`` (``for images, target in
-    loader``) instead of a dict.
+    loader``) instead of a dict. ``window_bytes``: how far the streams may fetch ahead of the
+    consumer, in bytes of received messages (None: ``streams x (prefetch + 1)`` messages of 16 MiB;
+    never fewer than ``streams x (prefetch + 1)`` messages; 0: exactly that many messages).
+    Streams pull runs of messages inside this window, so a slow data node gets less work.
+    ``hedge``: a message that lags on a slow node is requested again from another node, the first
+    copy wins (``stats()`` counts ``moved``, ``hedged`` and ``duplicates``). ``move``: False keeps
+    every message on the stream (and node) the plan put it on, as streams worked before work could
+    move: the job then runs at its slowest node's pace, but each message is requested exactly once
+    and always from the same place (what a sweep sharing one decode per message counts on).
     """
 
     streams: int = 4
@@ -129,6 +137,9 @@ class ReadOptions:
     normalize: NormalizeSpec = None
     decode_on: str = "server"
     as_tuple: bool = False
+    window_bytes: int | None = None
+    hedge: bool = True
+    move: bool = True
 
     def __post_init__(self) -> None:
         _count("streams", self.streams, 1)
@@ -141,6 +152,11 @@ class ReadOptions:
             raise ConfigError(f"on_decode_error is {self.on_decode_error!r}; allowed: 'raise' or 'skip'")
         _seconds("report_interval", self.report_interval, allow_none=True)
         normalize_option(self.normalize)  # a clear error now rather than at the first batch
+        if self.window_bytes is not None:
+            _count("window_bytes", self.window_bytes, 0)
+        for flag in ("hedge", "move"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigError(f"{flag} is {getattr(self, flag)!r}; it must be True or False")
         if self.decode_on not in DECODE_ON:
             raise ConfigError(
                 f"decode_on is {self.decode_on!r}; allowed: 'server' (the data node decodes) or 'trainer'"

@@ -19,7 +19,10 @@ class StallMeter:
     wait_s: float = 0.0
     rows_skipped: int = 0  # rows the server dropped (on_decode_error="skip")
     stages: dict[str, float] = field(default_factory=dict)  # seconds per pipeline stage (e.g. device)
-    counts: dict[str, int] = field(default_factory=lambda: {"retries": 0, "failovers": 0})  # events
+    counts: dict[str, int] = field(  # events; moved/hedged/duplicates: work between streams (``_board``)
+        default_factory=lambda: {"retries": 0, "failovers": 0, "moved": 0, "hedged": 0, "duplicates": 0}
+    )
+    levels: dict[str, float] = field(default_factory=dict)  # current values (e.g. nodes read from)
     _start: float | None = None
     _offset: float = 0.0
     _end: float | None = None
@@ -53,6 +56,11 @@ class StallMeter:
         with self._lock:
             self.counts[event] = self.counts.get(event, 0) + n
 
+    def set(self, name: str, value: float) -> None:
+        """Report ``name`` as ``value`` from now on (a level, not a count)."""
+        with self._lock:
+            self.levels[name] = value
+
     def stop(self) -> None:
         with self._lock:
             if self._start is not None and self._end is None:
@@ -70,6 +78,7 @@ class StallMeter:
         with self._lock:
             stages = dict(self.stages)
             counts = dict(self.counts)
+            levels = dict(self.levels)
         return {
             "rows": float(self.rows),
             "bytes": float(self.bytes),
@@ -82,4 +91,5 @@ class StallMeter:
             "bytes_per_s": self.bytes / elapsed if elapsed > 0 else 0.0,
             **{f"{stage}_s": seconds for stage, seconds in stages.items()},
             **{event: float(n) for event, n in counts.items()},
+            **levels,
         }

@@ -81,7 +81,7 @@ class SkipInfo(_message.Message):
     def __init__(self, positions: _Optional[int] = ..., skipped: _Optional[int] = ...) -> None: ...
 
 class StreamTicket(_message.Message):
-    __slots__ = ("version", "read", "fingerprint", "num_rows", "start_row", "end_row", "message_rows", "first_message", "message_step", "expected_rows", "stream_index", "stored_order")
+    __slots__ = ("version", "read", "fingerprint", "num_rows", "start_row", "end_row", "message_rows", "first_message", "message_step", "expected_rows", "stream_index", "stored_order", "message_count")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     READ_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +94,7 @@ class StreamTicket(_message.Message):
     EXPECTED_ROWS_FIELD_NUMBER: _ClassVar[int]
     STREAM_INDEX_FIELD_NUMBER: _ClassVar[int]
     STORED_ORDER_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_COUNT_FIELD_NUMBER: _ClassVar[int]
     version: int
     read: ReadCommand
     fingerprint: str
@@ -106,10 +107,11 @@ class StreamTicket(_message.Message):
     expected_rows: int
     stream_index: int
     stored_order: bool
-    def __init__(self, version: _Optional[int] = ..., read: _Optional[_Union[ReadCommand, _Mapping]] = ..., fingerprint: _Optional[str] = ..., num_rows: _Optional[int] = ..., start_row: _Optional[int] = ..., end_row: _Optional[int] = ..., message_rows: _Optional[int] = ..., first_message: _Optional[int] = ..., message_step: _Optional[int] = ..., expected_rows: _Optional[int] = ..., stream_index: _Optional[int] = ..., stored_order: _Optional[bool] = ...) -> None: ...
+    message_count: int
+    def __init__(self, version: _Optional[int] = ..., read: _Optional[_Union[ReadCommand, _Mapping]] = ..., fingerprint: _Optional[str] = ..., num_rows: _Optional[int] = ..., start_row: _Optional[int] = ..., end_row: _Optional[int] = ..., message_rows: _Optional[int] = ..., first_message: _Optional[int] = ..., message_step: _Optional[int] = ..., expected_rows: _Optional[int] = ..., stream_index: _Optional[int] = ..., stored_order: _Optional[bool] = ..., message_count: _Optional[int] = ...) -> None: ...
 
 class ClientReport(_message.Message):
-    __slots__ = ("client_id", "dataset", "rank", "world_size", "stall_ratio", "rows_per_s", "bytes_per_s", "rows_total", "bytes_total", "wait_s", "elapsed_s", "device")
+    __slots__ = ("client_id", "dataset", "rank", "world_size", "stall_ratio", "rows_per_s", "bytes_per_s", "rows_total", "bytes_total", "wait_s", "elapsed_s", "device", "nodes")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +124,7 @@ class ClientReport(_message.Message):
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
     ELAPSED_S_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     dataset: str
     rank: int
@@ -134,4 +137,5 @@ class ClientReport(_message.Message):
     wait_s: float
     elapsed_s: float
     device: str
-    def __init__(self, client_id: _Optional[str] = ..., dataset: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., stall_ratio: _Optional[float] = ..., rows_per_s: _Optional[float] = ..., bytes_per_s: _Optional[float] = ..., rows_total: _Optional[int] = ..., bytes_total: _Optional[int] = ..., wait_s: _Optional[float] = ..., elapsed_s: _Optional[float] = ..., device: _Optional[str] = ...) -> None: ...
+    nodes: int
+    def __init__(self, client_id: _Optional[str] = ..., dataset: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., stall_ratio: _Optional[float] = ..., rows_per_s: _Optional[float] = ..., bytes_per_s: _Optional[float] = ..., rows_total: _Optional[int] = ..., bytes_total: _Optional[int] = ..., wait_s: _Optional[float] = ..., elapsed_s: _Optional[float] = ..., device: _Optional[str] = ..., nodes: _Optional[int] = ...) -> None: ...

@@ -165,4 +165,5 @@ def span_of(ticket: Any) -> StreamSpan:
         int(ticket.message_rows),
         int(ticket.first_message),
         int(ticket.message_step),
+        int(ticket.message_count),
     )

@@ -29,6 +29,10 @@ __all__ = [
     "split_streams",
     "stream_messages",
     "default_message_rows",
+    "spread_message_rows",
+    "MESSAGES_PER_STREAM",
+    "MIN_SPREAD_MESSAGE_BYTES",
+    "MIN_MESSAGES_PER_STREAM",
     "ceil_div",
 ]
 
@@ -115,23 +119,34 @@ class Partition:
 
 @dataclass(frozen=True)
 class StreamSpan:
-    """Messages ``first, first+step, ...`` of rank-local rows ``[start_row, end_row)``."""
+    """Messages ``first, first+step, ...`` of rank-local rows ``[start_row, end_row)``; with
+    ``message_count`` > 0 only the first ``message_count`` of them (a run)."""
 
     start_row: int
     end_row: int
     message_rows: int
     first_message: int
     message_step: int
+    message_count: int = 0  # 0: every message to end_row
 
     @property
     def num_messages_total(self) -> int:
         return ceil_div(self.end_row - self.start_row, self.message_rows)
 
+    def indices(self) -> range:
+        """The message indices (of the grid at ``start_row``) this stream carries, in order."""
+        every = range(self.first_message, self.num_messages_total, self.message_step)
+        return every[: self.message_count] if self.message_count else every
+
+    def message(self, m: int) -> tuple[int, int]:
+        """Rank-local ``(start, stop)`` of message ``m`` of the grid."""
+        lo = self.start_row + m * self.message_rows
+        return lo, min(lo + self.message_rows, self.end_row)
+
     def messages(self) -> Iterator[tuple[int, int]]:
         """Rank-local ``(start, stop)`` of each message this stream carries, in order."""
-        for m in range(self.first_message, self.num_messages_total, self.message_step):
-            lo = self.start_row + m * self.message_rows
-            yield lo, min(lo + self.message_rows, self.end_row)
+        for m in self.indices():
+            yield self.message(m)
 
     @property
     def expected_rows(self) -> int:
@@ -139,13 +154,17 @@ class StreamSpan:
 
     def advanced(self, messages_done: int) -> StreamSpan:
         """The span that remains after ``messages_done`` of this stream's messages arrived."""
-        return StreamSpan(
-            self.start_row,
-            self.end_row,
-            self.message_rows,
-            self.first_message + messages_done * self.message_step,
-            self.message_step,
-        )
+        first = self.first_message + messages_done * self.message_step
+        if not self.message_count:
+            return StreamSpan(self.start_row, self.end_row, self.message_rows, first, self.message_step)
+        left = self.message_count - messages_done
+        if left <= 0:  # nothing left: an empty span (a count of 0 would mean "to the end")
+            first, left = max(first, self.num_messages_total), 1
+        return StreamSpan(self.start_row, self.end_row, self.message_rows, first, self.message_step, left)
+
+    def run(self, first_message: int, count: int, step: int) -> StreamSpan:
+        """Messages ``first_message, +step, ...`` (``count`` of them) of this span's grid."""
+        return StreamSpan(self.start_row, self.end_row, self.message_rows, first_message, step, count)
 
 
 def split_streams(
@@ -190,3 +209,30 @@ def default_message_rows(batch_rows: int, row_bytes: int, num_workers: int, targ
         return batch_rows
     per_batch = max(1, batch_rows * max(1, row_bytes))
     return batch_rows * max(1, target_bytes // per_batch)
+
+
+#: a reader's rows make about this many messages per stream (or node): streams that pull work (the
+#: client's lanes) need several messages each to divide an epoch by the nodes' speeds, and an epoch's
+#: start (every stream receiving its first message at once) costs one message per stream ...
+MESSAGES_PER_STREAM = 32
+#: ... unless that would make messages smaller than this (each message has a fixed cost on both
+#: sides; a run of messages costs one request) ...
+MIN_SPREAD_MESSAGE_BYTES = 1 << 20
+#: ... and never fewer than this many per stream
+MIN_MESSAGES_PER_STREAM = 4
+
+
+def spread_message_rows(
+    message_rows: int, batch_rows: int, rows: int, streams: int, nodes: int = 1, row_bytes: int = 0
+) -> int:
+    """``message_rows`` (whole batches) capped so that ``rows`` make ``MESSAGES_PER_STREAM``
+    messages per stream (or node, when there are more nodes) where messages stay at least
+    ``MIN_SPREAD_MESSAGE_BYTES`` of ``row_bytes`` rows, and ``MIN_MESSAGES_PER_STREAM`` whatever
+    their size (one batch at least): with small rows a whole epoch would otherwise fit in a few
+    messages and one node serve it all."""
+    per = batch_rows * max(1, streams, nodes)
+    batches = rows // (per * MESSAGES_PER_STREAM)
+    if row_bytes > 0:
+        batches = max(batches, ceil_div(MIN_SPREAD_MESSAGE_BYTES, batch_rows * row_bytes))
+    batches = max(1, min(batches, rows // (per * MIN_MESSAGES_PER_STREAM)))
+    return max(batch_rows, min(message_rows, batch_rows * batches))

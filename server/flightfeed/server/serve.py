@@ -400,7 +400,10 @@ def _serve(
         if handle is not None:
             handle.stop()
 
-    drain_and_exit(server, grace, before=before, cleanup=cleanup)
+    def busy() -> bool:  # a stream in flight: a reader may ask for its next run of messages
+        return any(s.value > 0 for family in server.metrics.streams_active.collect() for s in family.samples)
+
+    drain_and_exit(server, grace, before=before, cleanup=cleanup, busy=busy)
     for t in stopping:
         t.join(timeout=grace + 10)
     if handle is not None:

@@ -6,9 +6,11 @@ deadline (a stalled client kept a server alive for 60 s with ``--grace 2``). Ins
 
 1. :func:`install_signals` runs before the ready line is printed: SIGTERM/SIGINT set ``stop``;
    a second signal exits at once (code 130).
-2. :func:`drain_and_exit`: the node drains (``/readyz`` unready, out of new FlightInfos), the
-   server stops accepting calls and in-flight streams get ``grace`` seconds to finish; streams
-   still open then are cancelled by ending the process (their clients continue elsewhere).
+2. :func:`drain_and_exit`: the node drains (``/readyz`` unready, out of new FlightInfos); while
+   clients keep requesting (a reader fetches its epoch as runs of messages, one request each:
+   ``busy``) it keeps answering, until they pause for ``settle`` seconds; then the server stops
+   accepting calls. All of it within ``grace`` seconds; streams still open then are cancelled by
+   ending the process (their clients continue elsewhere).
 """
 
 from __future__ import annotations
@@ -49,14 +51,31 @@ def wait_for(stop: threading.Event) -> None:
 
 
 def drain_and_exit(
-    server: flight.FlightServerBase, grace: float, *, before: Callable[[], None], cleanup: Callable[[], None]
+    server: flight.FlightServerBase,
+    grace: float,
+    *,
+    before: Callable[[], None],
+    cleanup: Callable[[], None],
+    busy: Callable[[], bool] | None = None,
+    settle: float = 0.5,
 ) -> None:
-    """Drain (``before``: mark unready, stop workers...), stop accepting, give in-flight streams
-    ``grace`` seconds. Returns when they finished in time; otherwise runs ``cleanup`` and ends
-    the process (code 0), which cancels the remaining streams."""
+    """Drain (``before``: mark unready, stop workers...), keep answering while ``busy()`` (streams
+    in flight) until it stays false for ``settle`` seconds, stop accepting, give in-flight streams
+    the rest of ``grace`` seconds. Returns when they finished in time; otherwise runs ``cleanup``
+    and ends the process (code 0), which cancels the remaining streams."""
     t0 = time.monotonic()
     before()
     print(f"flightfeed: shutting down (in-flight streams get {grace:g}s to finish)", file=sys.stderr, flush=True)
+    quiet: float | None = None
+    while busy is not None and time.monotonic() - t0 < grace:
+        now = time.monotonic()
+        if busy():
+            quiet = None
+        elif quiet is None:
+            quiet = now
+        elif now - quiet >= settle:
+            break
+        time.sleep(0.05)
     done = threading.Thread(target=server.shutdown, name="flightfeed-shutdown", daemon=True)
     done.start()
     done.join(timeout=max(0.0, grace - (time.monotonic() - t0)))

@@ -22,13 +22,14 @@ from prometheus_client.core import GaugeMetricFamily
 
 from flightfeed.server.observe.io import IoMetrics
 from flightfeed.server.observe.reports import MAX_CLIENTS, ClientTable
+from flightfeed.server.observe.scaling import NodesWanted, WantedCollector
 from flightfeed.server.observe.shared import SharedMetrics
 from flightfeed.server.observe.window import RateWindow
 
 __all__ = ["ServerMetrics"]
 
 _CLIENT_FLOATS = ("stall_ratio", "rows_per_s", "bytes_per_s", "wait_s", "elapsed_s")
-_CLIENT_INTS = ("rank", "world_size", "rows_total", "bytes_total")
+_CLIENT_INTS = ("rank", "world_size", "rows_total", "bytes_total", "nodes")
 _CLIENT_STRS = ("client_id", "dataset", "device")
 
 
@@ -125,6 +126,12 @@ class ServerMetrics:
         #: more top-level sections of ``snapshot()`` (e.g. ``cluster``), computed when asked
         self.sections: dict[str, Callable[[], Any]] = {}
         r.register(_LiveCollector(self))
+        #: live data nodes of the tier (the service points it at its cluster view)
+        self.nodes_live: Callable[[], int] = lambda: 1
+        #: the node count the clients' stall reports ask for (``flightfeed_nodes_wanted``, /stats)
+        self.scaling = NodesWanted()
+        self.sections["scaling"] = lambda: self.scaling.decision(self.nodes_live()).describe()
+        r.register(WantedCollector(self.scaling, lambda: self.nodes_live()))
 
     # -- streaming ------------------------------------------------------------------------
     def stream_started(self, dataset: str) -> None:
@@ -205,6 +212,7 @@ class ServerMetrics:
                 self._remove_labels(row["dataset"], row["client_id"])
             if self._clients.evicted > evicted_before:
                 self.clients_evicted.inc(self._clients.evicted - evicted_before)
+        self.scaling.report(fig, self.nodes_live())
         self.client_stall_ratio.labels(dataset, client).set(fig["stall_ratio"])
         self.client_rows_per_s.labels(dataset, client).set(fig["rows_per_s"])
         self.client_bytes_per_s.labels(dataset, client).set(fig["bytes_per_s"])

@@ -30,6 +30,7 @@ MAX_CLIENTS = 1024  # clients tracked at once (the oldest is evicted beyond)
 MAX_CLIENT_ID_CHARS = 128
 MAX_DEVICE_CHARS = 64
 MAX_REPORT_BYTES = 4096  # a ClientReport is ~100 bytes
+MAX_NODES = 1 << 16  # data nodes one client may read from
 _MAX_COUNT = (1 << 63) - 1
 _FLOATS = ("stall_ratio", "rows_per_s", "bytes_per_s", "wait_s", "elapsed_s")
 _COUNTS = ("rows_total", "bytes_total")
@@ -83,6 +84,10 @@ def validate_report(report: Any, datasets: Collection[str]) -> dict[str, Any]:
         if value > _MAX_COUNT:
             raise InvalidRequest(f"report.{name} is {value}; allowed: 0..{_MAX_COUNT}", field=f"report.{name}")
         fig[name] = value
+    nodes = int(report.nodes)
+    if nodes > MAX_NODES:
+        raise InvalidRequest(f"report.nodes is {nodes}; allowed: 0..{MAX_NODES}", field="report.nodes")
+    fig["nodes"] = nodes
     return fig
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 import os
 import threading
-import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -173,15 +172,13 @@ class Hdf5Shard(ShardFields):
             ds = self._datasets[column.path]
             fast = self._fast.get(column.path)
         if fast is not None:  # inflated outside the lock: several threads decode at once
-            buf = np.empty((stop - start, *column.row_shape), dtype=column.stored_dtype)
             try:
-                fast.read(start, stop, buf, self._lock)
-            except (OSError, ValueError, zlib.error) as exc:
+                return fast.read(start, stop, self._lock)
+            except (OSError, ValueError) as exc:
                 raise ShardError(
                     f"HDF5 shard {self.uri}: reading rows {start}:{stop} of dataset {column.described} failed: "
                     f"{exc} (corrupt file?)"
                 ) from None
-            return buf
         with self._lock:
             try:
                 if column.select or column.text is not None:  # compound, pandas block or strings: h5py converts

@@ -119,6 +119,7 @@ class FlightFeedServer(flight.FlightServerBase):
             self.cluster.checks.append(functools.partial(getattr, cache, "problem"))
         self.metrics.sections["cluster"] = self.cluster.describe
         self.metrics.registry.register(self.cluster.collector())
+        self.metrics.nodes_live = lambda: len(self.cluster.nodes())  # for flightfeed_nodes_wanted
 
     def _shared_section(self) -> dict[str, Any]:
         return {**shared_snapshot(self.metrics.shared), **self.share_window.describe()}
@@ -168,7 +169,7 @@ class FlightFeedServer(flight.FlightServerBase):
         ds = self.catalog.get(cmd.dataset)
         check_columns(ds, list(cmd.columns))
         check_read(ds, cmd, self.limits, self._row_bytes(ds, cmd))
-        tickets = make_tickets(ds, cmd, self.settings, self.transformer)
+        tickets = make_tickets(ds, cmd, self.settings, self.transformer, nodes=len(self.cluster.nodes()))
         first = first_slot(
             ds.name, seed=cmd.seed, epoch=cmd.epoch, rank=cmd.rank, world_size=cmd.world_size,
             worker=cmd.worker, num_workers=cmd.num_workers, streams=cmd.streams,

@@ -24,7 +24,7 @@ from flightfeed.server.request.identity import request_identity, stream_group
 from flightfeed.server.request.shared_messages import ShareWindow
 from flightfeed.wire.errors import InvalidRequest, StaleState
 from flightfeed.wire.messages import WIRE_VERSION, ReadCommand, StreamTicket, span_of
-from flightfeed.wire.plan import Partition, ceil_div, default_message_rows, split_streams
+from flightfeed.wire.plan import Partition, ceil_div, default_message_rows, split_streams, spread_message_rows
 
 if TYPE_CHECKING:
     from flightfeed.server.transforms import Plan, Transformer
@@ -76,8 +76,14 @@ def message_row_bytes(ds: Dataset, columns: list[str], plan: Plan | None) -> int
     return row_bytes
 
 
-def make_tickets(ds: Dataset, cmd: Any, settings: StreamSettings, transformer: Transformer | None = None) -> list[Any]:
-    """One ticket per stream for a validated ReadCommand."""
+def make_tickets(
+    ds: Dataset, cmd: Any, settings: StreamSettings, transformer: Transformer | None = None, nodes: int = 1
+) -> list[Any]:
+    """One ticket per stream for a validated ReadCommand; ``nodes``: live data nodes of the tier.
+
+    Unless the command names ``message_rows``, messages hold about ``settings.message_bytes``,
+    capped so the rows make several messages per stream and node (``spread_message_rows``):
+    the sample sequence never depends on it, only how finely work can move between nodes."""
     columns = list(cmd.columns)
     check_columns(ds, columns)
     ds.check_unchanged(stale=True)
@@ -106,8 +112,13 @@ def make_tickets(ds: Dataset, cmd: Any, settings: StreamSettings, transformer: T
             f"start_row {cmd.start_row} is past this rank's {part.rows} rows", field="start_row"
         )
     row_bytes = message_row_bytes(ds, columns, plan)
-    message_rows = resolved.message_rows or default_message_rows(
-        resolved.batch_rows, row_bytes, resolved.num_workers, settings.message_bytes
+    message_rows = resolved.message_rows or spread_message_rows(
+        default_message_rows(resolved.batch_rows, row_bytes, resolved.num_workers, settings.message_bytes),
+        int(resolved.batch_rows),
+        part.rows - int(cmd.start_row),
+        int(resolved.streams),
+        nodes,
+        row_bytes,
     )
     if resolved.shuffle.enabled and not resolved.message_rows:  # HDF5: a message within one window
         message_rows = message_rows_cap(ds, message_rows, int(resolved.batch_rows), int(resolved.shuffle.buffer_rows))

@@ -282,7 +282,8 @@ def _source(ds: Dataset, cp: ColumnPlan, rows: _I64) -> Any:
             large = pa.types.is_large_binary(arr.type)
             bufs = arr.buffers()
             offs = np.frombuffer(bufs[1], dtype=np.int64 if large else np.int32)[arr.offset : arr.offset + len(arr) + 1]
-            data = memoryview(bufs[2]) if bufs[2] is not None else memoryview(b"")
+            # cast: a pyarrow buffer's memoryview is signed bytes ('b'); decoders want unsigned ('B')
+            data = memoryview(bufs[2]).cast("B") if bufs[2] is not None else memoryview(b"")
             views[c] = (data, offs.astype(np.int64))
 
         def get_bytes(i: int) -> memoryview:

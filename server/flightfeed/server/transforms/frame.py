@@ -57,7 +57,10 @@ class Frame:
     @classmethod
     def open(cls, data: Any, mode: str, draft: bool = True, backend: str = "native") -> Frame:
         """Only the header is read here (the native path's JPEGs: ~1 us; else Pillow's open)."""
-        size = native.jpeg_size(data) if backend == "native" else None
+        size = None
+        if backend == "native" and native.AVAILABLE:
+            data = native.unsigned(data)  # a pyarrow buffer's view is signed bytes: libjpeg wants unsigned
+            size = native.jpeg_size(data)
         if size is not None:
             box = (0.0, 0.0, float(size[0]), float(size[1]))
             return cls(data, size, box, size, mode=mode, draft=draft, native=True)

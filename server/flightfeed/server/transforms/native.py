@@ -7,10 +7,12 @@ Both calls release the GIL, so a message's rows decode in parallel on the decode
   known before any pixel is decoded (the geometry steps only narrow a box, ``frame.py``), so the
   image is decoded at the smallest power-of-two DCT scale (1/2, 1/4, 1/8) that still gives at
   least the output resolution over that box. Only power-of-two scales: libjpeg-turbo's other
-  M/8 scales use non-SIMD IDCTs and measured slower than a full decode. libjpeg-turbo's partial
-  (row/column) decode is not reachable through a maintained binding with a bundled library
-  (PyTurboJPEG 2 wants the system's libjpeg-turbo >= 3; the VM's Debian ships 2.1), so every row
-  down to the image's end is entropy-decoded;
+  M/8 scales use non-SIMD IDCTs and measured slower than a full decode. Every row is
+  entropy-decoded: libjpeg-turbo's crop-aware decode (``jpeg_skip_scanlines`` above the box, stop
+  after its last row, ``jpeg_crop_scanline`` for its columns) is exposed by no maintained binding
+  (simplejpeg, PyTurboJPEG 1.x/2.x, OpenCV, Pillow, imagecodecs); PyTurboJPEG's ``crop`` is a
+  lossless transform that re-encodes the box, and crop + decode measured 1.5x *slower* than a full
+  decode. Through the C API it would save ~22% of the decode (``bench/bench_crop_decode.py``);
 * **resample**: OpenCV ``resize`` (bilinear/bicubic/nearest; ``INTER_AREA`` where the box is still
   at least twice the output after the DCT scale) for boxes on whole pixels; a box that is a
   whole-pixel window of the image resized as a whole (``resize`` + ``center_crop``) is made exactly
@@ -40,7 +42,7 @@ except ImportError:  # pragma: no cover - exercised where the extras are missing
     cv2 = None  # type: ignore[assignment]
     simplejpeg = None
 
-__all__ = ["AVAILABLE", "jpeg_size", "single_threaded", "decode_scale", "render"]
+__all__ = ["AVAILABLE", "unsigned", "jpeg_size", "single_threaded", "decode_scale", "render"]
 
 AVAILABLE = cv2 is not None and simplejpeg is not None
 _U8 = npt.NDArray[np.uint8]
@@ -57,9 +59,21 @@ def single_threaded() -> None:
         cv2.setNumThreads(1)
 
 
+def unsigned(data: Any) -> Any:
+    """Encoded bytes as a buffer of *unsigned* bytes. A pyarrow ``Buffer``'s memoryview has format
+    ``'b'`` (signed char): its first byte reads as -1, not 0xFF, and libjpeg bindings refuse it."""
+    if isinstance(data, bytes | bytearray):
+        return data
+    view = memoryview(data)
+    return view if view.format == "B" else view.cast("B")
+
+
 def jpeg_size(data: Any) -> tuple[int, int] | None:
     """(width, height) of a JPEG that the native path decodes to RGB/L, else None (Pillow's turn)."""
-    if not AVAILABLE or len(data) < 4 or data[0] != 0xFF or data[1] != 0xD8:
+    if not AVAILABLE or len(data) < 4:
+        return None
+    data = unsigned(data)
+    if data[0] != 0xFF or data[1] != 0xD8:
         return None
     try:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
