@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,34 @@ def test_the_journal_rotates_and_every_cache_catches_up(tmp_path: Path) -> None:
     for cache in (one, two):
         assert cache.index.rescans > 1
         assert cache.total_bytes() == 1000
+        assert {name for name, _, _ in cache.index.oldest()} == set(disk)
+
+
+def test_concurrent_caches_agree_with_the_directory_across_rotations(tmp_path: Path) -> None:
+    caches = [ShardCache(str(tmp_path), max_bytes=2000) for _ in range(3)]  # 3 "processes"
+    for cache in caches:
+        cache.index.rotate_min_lines = 16  # rotate often, while the others append
+
+    errors: list[BaseException] = []
+
+    def epoch(i: int) -> None:
+        try:
+            for k in range(120):
+                caches[i].acquire(f"k{(k * 7 + i * 31) % 150}", _fetch(100), size=100).release()
+        except BaseException as exc:  # (a thread's exception would not fail the test)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=epoch, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    disk = _on_disk(tmp_path)
+    assert sum(disk.values()) <= 2000 + 2 * 100  # (reservations are per process: one shard each over)
+    for cache in caches:
+        assert cache.total_bytes() == sum(disk.values())  # (reads the others' last lines)
+        assert cache.index.rescans > 1
         assert {name for name, _, _ in cache.index.oldest()} == set(disk)
 
 

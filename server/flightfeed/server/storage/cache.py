@@ -305,7 +305,8 @@ class ShardCache:
                     f"{sha256[:12]}...): the object changed after the manifest was written; re-run convert"
                 )
             meta = {"key": key, "size": got, "sha256": digest, "version": version, "dataset": label}
-            with self._lock:  # publish and pin at once: no eviction may see it unpinned
+            # publish and pin at once (no eviction may see it unpinned), in journal order
+            with self._lock, self.index.changing():
                 inode = self.files.commit(name, tmp, meta)
                 self._reserved -= reserved[0]
                 reserved[0] = 0
@@ -383,13 +384,14 @@ class ShardCache:
                     total -= size  # (a file still mapped keeps its space: it is counted as held now)
         callbacks: list[Callable[[], None]] = []
         evicted: list[str] = []
-        for name, label in victims:
-            self.files.remove(name)
-            self.index.removed(name)
-            evicted.append(label)
-            entry = self._pop(name)
-            if entry is not None:
-                callbacks.extend(entry.on_evict)
+        with self.index.changing() if victims else contextlib.nullcontext():
+            for name, label in victims:
+                self.files.remove(name)
+                self.index.removed(name)
+                evicted.append(label)
+                entry = self._pop(name)
+                if entry is not None:
+                    callbacks.extend(entry.on_evict)
         fits = total + incoming <= self.max_bytes
         pinned = 0 if fits else sum(1 for e in self._entries.values() if e.pins > 0)
         return fits, total, pinned, callbacks, evicted
@@ -433,8 +435,9 @@ class ShardCache:
             if entry is not None and entry.pins > 0:  # replaced under a reader: keep its file alive
                 return
             self._pop(name)
-            if self.files.remove(name) or name in self.index:
-                self.index.removed(name)
+            with self.index.changing():
+                if self.files.remove(name) or name in self.index:
+                    self.index.removed(name)
 
     def _unpin(self, name: str, generation: int) -> None:
         with self._lock:

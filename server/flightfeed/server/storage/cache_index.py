@@ -69,6 +69,7 @@ class CacheIndex:
         self._per_label: dict[str, int] = {}
         self._fd = -1
         self._lock_fd = -1
+        self._changing = False  # inside ``changing`` (the exclusive lock is held)
         self._inode = -1
         self._offset = 0
         self._partial = b""
@@ -100,11 +101,7 @@ class CacheIndex:
 
     def refresh(self) -> None:
         """Apply the changes other processes made since the last call (O(their changes))."""
-        try:
-            inode = os.stat(self.path).st_ino
-        except OSError:
-            inode = -2
-        if inode != self._inode:
+        if self._journal_inode() != self._inode:
             with self._shared():
                 self._reopen_and_rescan()
             return
@@ -116,16 +113,43 @@ class CacheIndex:
             self._reopen_and_rescan()
 
     # -- this process's changes -------------------------------------------------------------
+    @contextlib.contextmanager
+    def changing(self) -> Iterator[None]:
+        """Hold this while changing entries' files and reporting them (``added``/``removed``):
+        an exclusive lock, so the journal's order is the order of the changes on disk and no
+        listing sees a change whose line is not written yet. (Without it, a commit and another
+        process's eviction of the same entry could write their lines in the opposite order of
+        their renames and unlinks: an index would keep an entry that is gone.)"""
+        if self._changing:
+            yield
+            return
+        with self._locked(fcntl.LOCK_EX):
+            self._changing = True
+            try:
+                if self._journal_inode() != self._inode:  # rotated since our last look: catch up
+                    self._reopen_and_rescan()
+                yield
+            finally:
+                self._changing = False
+        self._read_journal()  # our lines too (and any before them): keeps ``_lines`` honest
+        if self._lines > max(self.rotate_min_lines, 4 * len(self._items)):
+            self._rotate()
+
     def added(self, name: str, size: int, label: str) -> None:
-        self._append(["+", name, size, label])
-        self._set(name, size, label)
+        """``name`` was committed (call inside ``changing``, with the commit)."""
+        with self.changing():
+            self._append(["+", name, size, label])
+            self._set(name, size, label)
 
     def removed(self, name: str) -> None:
-        self._append(["-", name])
-        self._drop(name)
+        """``name``'s files were removed (call inside ``changing``, with the removal)."""
+        with self.changing():
+            self._append(["-", name])
+            self._drop(name)
 
     def touched(self, name: str) -> None:
-        self._append(["t", name])  # applied when read back, after any commit of it not yet read
+        with self.changing():  # applied when read back, after any commit of it not yet read
+            self._append(["t", name])
 
     def close(self) -> None:
         """Close the journal (reopened by the next ``refresh``)."""
@@ -199,27 +223,20 @@ class CacheIndex:
         self.rescans += 1
 
     def _append(self, record: list[object]) -> None:
-        line = (json.dumps(record, separators=(",", ":")) + "\n").encode()
-        with self._shared():
-            try:
-                current = os.stat(self.path).st_ino
-            except OSError:
-                current = -2
-            if current != self._inode:  # rotated since our last look: catch up first
-                self._reopen_and_rescan()
-            os.write(self._fd, line)
-        self._read_journal()  # our line too (and anything before it): keeps ``_lines`` honest
-        if self._lines > max(self.rotate_min_lines, 4 * len(self._items)):
-            self._rotate()
+        """(Inside ``changing``.) One line, one ``write``."""
+        os.write(self._fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
+
+    def _journal_inode(self) -> int:
+        try:
+            return os.stat(self.path).st_ino
+        except OSError:
+            return -2
 
     def _rotate(self) -> None:
         """Replace the journal with an empty one; every process lists the directory once."""
         with self._locked(fcntl.LOCK_EX):
-            try:
-                if os.stat(self.path).st_ino != self._inode:
-                    return  # another process rotated it already
-            except OSError:
-                return
+            if self._journal_inode() != self._inode:
+                return  # another process rotated it already
             fresh = f"{self.path}.{os.getpid()}.new"
             with open(fresh, "wb"):
                 pass
