@@ -14,18 +14,19 @@ appended to ``.journal`` in the cache directory, one JSON line per change (``O_A
 
 Before it decides anything (``refresh``), a process reads the journal from where it stopped to
 its end and applies the lines (its own as well: every line is an assignment, so replaying them
-in journal order ends in the true state). A line is written after its change is on disk, so a
-process that reads the journal's end first and lists the directory next (``rescan``) misses
-nothing. Other processes' touches move an entry to the recent end when their line is read: the
+in journal order ends in the true state). A listing (``rescan``) takes the journal's end as the
+place to read on from. Other processes' touches move an entry to the recent end when their line is read: the
 LRU order is approximate (uses within one journal read count as equally recent), as the mtime
 order was (30 s touch granularity).
 
 The journal is replaced by an empty one (``rotate``) once it holds many more lines than the cache
 has entries; every process notices (the path's inode changed) and lists the directory once, so
-a listing costs O(1) amortised per change. Appends hold a shared ``flock`` and rotation an
-exclusive one, so no line goes to a journal that was just replaced. The directory stays the
-source of truth: it is listed at start, after a rotation, and when an eviction cannot find room
-in the index (a process that died between a commit and its line, files removed by hand).
+a listing costs O(1) amortised per change. A change on disk and its line are written under an
+exclusive ``flock`` (``changing``), as is a rotation, and a listing holds it shared: the journal's
+order is the order of the changes, no listing sees a change whose line is missing, and no line
+goes to a journal that was just replaced. The directory stays the source of truth: it is listed
+at start, after a rotation, and when an eviction cannot find room in the index (files removed by
+hand; a process killed between a commit and its line, which holds the lock for microseconds).
 """
 
 from __future__ import annotations
