@@ -87,6 +87,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--objects", type=int, nargs="+", default=[2000, 10000])
     parser.add_argument("--object-bytes", type=int, default=1024)
+    parser.add_argument("--only", choices=["indexed", "listing"], help="run one variant (no ratio)")
     args = parser.parse_args()
     results: dict[str, Any] = {"machine": machine(), "load_average": os.getloadavg(), "runs": []}
     with tempfile.TemporaryDirectory(prefix="flightfeed-bench-") as tmp, LocalS3() as s3:
@@ -95,19 +96,20 @@ def main() -> None:
             keys = upload(fs, s3.new_bucket(), n, args.object_bytes)
             row: dict[str, Any] = {"objects": n, "object_bytes": args.object_bytes}
             # interleaved: the order alternates per size, so drift in the shared machine's load cancels
-            kinds = [("indexed", ShardCache), ("listing", ListingCache)]
+            kinds = [(k, c) for k, c in (("indexed", ShardCache), ("listing", ListingCache)) if args.only in (None, k)]
             for label, kind in kinds if len(results["runs"]) % 2 == 0 else kinds[::-1]:
                 row[label] = epoch(kind, fs, keys, args.object_bytes, Path(tmp))
                 print(f"{n:>7} objects  {label:<8} {row[label]}", flush=True)
-            row["speedup"] = round(row["listing"]["seconds"] / row["indexed"]["seconds"], 2)
-            row["cache_speedup"] = round(
-                row["listing"]["cache_ms_per_download"] / row["indexed"]["cache_ms_per_download"], 2
-            )
+            if len(kinds) == 2:
+                row["speedup"] = round(row["listing"]["seconds"] / row["indexed"]["seconds"], 2)
+                row["cache_speedup"] = round(
+                    row["listing"]["cache_ms_per_download"] / row["indexed"]["cache_ms_per_download"], 2
+                )
             results["runs"].append(row)
     results["load_average_end"] = os.getloadavg()
-    results["figures"] = {f"listing_vs_indexed_{r['objects']}": r["speedup"] for r in results["runs"]}
+    results["figures"] = {f"listing_vs_indexed_{r['objects']}": r["speedup"] for r in results["runs"] if "speedup" in r}
     path = write_json("cache_scale", results)
-    print(f"speedups: {[(r['objects'], r['speedup']) for r in results['runs']]} -> {path}")
+    print(f"speedups: {results['figures']} -> {path}")
 
 
 if __name__ == "__main__":
