@@ -235,3 +235,21 @@ def test_default_size_and_shared_instances(tmp_path: Path, monkeypatch: pytest.M
     one = shared_cache(str(tmp_path / "c"), 1000)
     assert shared_cache(str(tmp_path / "c")) is one
     assert one.max_bytes == 1000
+
+
+def test_per_shard_locks_do_not_outlive_their_users(tmp_path: Path) -> None:
+    """A lock per shard key serialises its download; it goes once no thread wants the key (a
+    dataset of 100,000 shards kept one per shard ever read)."""
+    origin = Origin()
+    keys = [f"s3://b/{i}.arrow" for i in range(50)]
+    for key in keys:
+        origin.put(key, 100)
+    cache = ShardCache(str(tmp_path), 2_000)
+
+    def read(key: str) -> None:
+        with cache.acquire(key, origin.fetcher(key), size=100):
+            pass
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(read, keys * 3))
+    assert cache._key_locks == {}

@@ -34,7 +34,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -97,6 +97,12 @@ class CacheLease:
         self.release()
 
 
+@dataclass
+class _KeyLock:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    users: int = 0
+
+
 class ShardCache:
     """LRU-by-bytes cache of whole shard files; see the module docstring."""
 
@@ -117,7 +123,7 @@ class ShardCache:
         self._room = threading.Condition(self._lock)  # notified when bytes are committed or unpinned
         self._reserved = 0  # bytes of downloads in flight
         self.wait_for_room_s = wait_for_room_s
-        self._key_locks: dict[str, threading.Lock] = {}
+        self._key_locks: dict[str, _KeyLock] = {}  # only while some thread wants the key
         self._counters: dict[tuple[str, bool], Any] = {}
         self._entries: dict[str, _Entry] = {}
         self._live: set[int] = set()  # generations of ``_entries`` (what ``cache_held`` asks)
@@ -208,9 +214,23 @@ class ShardCache:
             return sorted(e.key for e in self._entries.values() if e.pins > 0)
 
     # -- internals --------------------------------------------------------------------------
-    def _key_lock(self, name: str) -> threading.Lock:
+    @contextlib.contextmanager
+    def _key_lock(self, name: str) -> Iterator[None]:
+        """One thread at a time per entry; the lock goes when no thread wants it (a dataset of
+        100,000 shards would otherwise keep a lock per shard ever read)."""
         with self._lock:
-            return self._key_locks.setdefault(name, threading.Lock())
+            held = self._key_locks.get(name)
+            if held is None:
+                held = self._key_locks[name] = _KeyLock()
+            held.users += 1
+        try:
+            with held.lock:
+                yield
+        finally:
+            with self._lock:
+                held.users -= 1
+                if not held.users:
+                    del self._key_locks[name]
 
     def _find(self, name: str, key: str, size: int | None, version: str, sha256: str | None) -> _Entry | None:
         """The valid cached entry, pinned; or None (stale or corrupt copies are deleted)."""
