@@ -41,8 +41,9 @@ class FlightProbe:
         self._dial = _dialable(location)
         self._verify_tls = verify_tls
         # pyarrow wants bytes here (its stubs say str)
-        headers: Any = [(b"authorization", f"Bearer {token}".encode())] if token else []
-        self._options = flight.FlightCallOptions(timeout=timeout_s, headers=headers)
+        self.timeout_s = timeout_s
+        self._headers: Any = [(b"authorization", f"Bearer {token}".encode())] if token else []
+        self._options = flight.FlightCallOptions(timeout=timeout_s, headers=self._headers)
         self._tls_root_certs = tls_root_certs
         self._client: flight.FlightClient | None = None
         self._lock = threading.Lock()

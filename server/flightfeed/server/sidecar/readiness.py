@@ -34,22 +34,6 @@ T = TypeVar("T")
 class ServingProbe(FlightProbe):
     """A :class:`FlightProbe` whose :meth:`serving` walks a trainer's first request path."""
 
-    def __init__(
-        self,
-        location: str,
-        *,
-        timeout_s: float = 2.0,
-        token: str | None = None,
-        tls_root_certs: bytes | None = None,
-        verify_tls: bool = True,
-    ) -> None:
-        super().__init__(
-            location, timeout_s=timeout_s, token=token, tls_root_certs=tls_root_certs, verify_tls=verify_tls
-        )
-        self.timeout_s = timeout_s
-        # pyarrow wants bytes here (its stubs say str)
-        self._headers: Any = [(b"authorization", f"Bearer {token}".encode())] if token else []
-
     def serving(self) -> bool:
         """True when ``health``, ``list_flights`` and ``get_flight_info`` all answer within
         ``timeout_s``; else False, with the reason in ``last_error``."""
