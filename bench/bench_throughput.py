@@ -14,7 +14,6 @@ shuffled >= 0.8x stored order, flightfeed >= 5x the seed recipe.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import threading
@@ -33,19 +32,21 @@ import pyarrow.ipc as ipc
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from bench.common import flightfeed_server, image_dataset, machine, median, raw_flight_server, write_json
+from bench.common import (
+    flightfeed_server,
+    image_dataset,
+    machine,
+    median,
+    process_tree_cpu_s,
+    raw_flight_server,
+    write_json,
+)
 from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.client._bench import measure_epoch
 from flightfeed.client._convert import batch_to_torch
 from flightfeed.wire.plan import default_message_rows
 
 TARGETS = {"flightfeed_vs_raw": 0.9, "shuffled_vs_stored": 0.8, "flightfeed_vs_seed": 5.0}
-
-
-def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of another process (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # -- (a) raw Flight -----------------------------------------------------------------------------
@@ -207,14 +208,14 @@ def main() -> int:
         }
         try:
             for r in range(args.rounds):
-                c0, s0 = time.process_time(), process_cpu_s(raw_srv.pid)
+                c0, s0 = time.process_time(), process_tree_cpu_s(raw_srv.pid)
                 n, dt = raw.epoch()
                 figures["raw"].append({"gb_per_s": n / dt / 1e9, "seconds": dt, "bytes": float(n)})
-                cpu(figures["raw"][-1], c0, process_cpu_s(raw_srv.pid) - s0)
+                cpu(figures["raw"][-1], c0, process_tree_cpu_s(raw_srv.pid) - s0)
                 for mode, ds in readers.items():
-                    c0, s0 = time.process_time(), process_cpu_s(ff_srv.pid)
+                    c0, s0 = time.process_time(), process_tree_cpu_s(ff_srv.pid)
                     figures[mode].append(measure_epoch(ds, r))
-                    cpu(figures[mode][-1], c0, process_cpu_s(ff_srv.pid) - s0)
+                    cpu(figures[mode][-1], c0, process_tree_cpu_s(ff_srv.pid) - s0)
                 line = "  ".join(f"{k} {v[-1]['gb_per_s']:.2f}" for k, v in figures.items())
                 print(f"round {r}: GB/s  {line}", flush=True)
         finally:

@@ -1,0 +1,139 @@
+"""Fixed-width rows gathered in one native copy, without the GIL.
+
+A fixed-width column (a primitive, a ``FixedSizeList`` of them, ``arrow.fixed_shape_tensor``)
+is, per chunk, a 2-d block of rows of ``row_bytes`` each. A shuffled message takes rows from
+many chunks in an order of its own. Copying them with numpy costs two copies (``vals[src]``
+makes a temporary, ``out[dst] = ...`` copies it again) and a row-by-row Python loop holds the GIL
+for every row; neither numpy nor Arrow's ``take`` (which concatenates a multi-chunk column
+first) gathers across chunks in one pass.
+
+Arrow's ``binary_view`` type can: each of its values is a 16-byte view (length, 4-byte prefix,
+buffer index, offset) into any of several data buffers. The message's rows become one view each,
+the chunks' row blocks its data buffers (zero-copy), and casting the view array to
+``large_binary`` copies every row once, in message order, into one new buffer, in Arrow's C++
+with the GIL released (so streams gather in parallel). The rows of that buffer become the
+column's values without another copy. Building the views is numpy work per chunk, never per row.
+
+Rows under ``VIEW_MIN_BYTES`` (labels, indices, small vectors) are copied with numpy (two copies
+of a few bytes cost less than a view each); a chunk whose rows span 2 GiB or more (a view's
+offset is an int32) is copied the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+__all__ = ["FixedLayout", "fixed_layout", "flat_values", "gather_fixed", "VIEW_MIN_BYTES"]
+
+_I64 = npt.NDArray[np.int64]
+_Arr = Any  # pyarrow arrays (the stubs type them per scalar type)
+
+#: rows at least this wide are copied through binary views (one native copy); smaller ones by numpy
+VIEW_MIN_BYTES = 64
+_MAX_SPAN = (1 << 31) - 1  # a view's offset is an int32
+
+
+@dataclass(frozen=True)
+class FixedLayout:
+    """A fixed-width column layout: leaf numpy dtype, values per row, and how to rebuild it."""
+
+    dtype: np.dtype[np.generic]
+    width: int
+    rebuild: Callable[[_Arr], _Arr]
+
+    @property
+    def row_bytes(self) -> int:
+        return self.width * self.dtype.itemsize
+
+
+def fixed_layout(t: pa.DataType) -> FixedLayout | None:
+    """The layout of type ``t`` when every row has the same bytes, else None."""
+    if isinstance(t, pa.BaseExtensionType):  # FixedShapeTensorType is not an ExtensionType subclass
+        storage = fixed_layout(t.storage_type)
+        if storage is None:
+            return None
+        return FixedLayout(
+            storage.dtype, storage.width, lambda a: pa.ExtensionArray.from_storage(t, storage.rebuild(a))
+        )
+    if pa.types.is_fixed_size_list(t):
+        inner = fixed_layout(t.value_type)
+        if inner is None:
+            return None
+        list_type: Any = t
+        return FixedLayout(
+            inner.dtype,
+            inner.width * t.list_size,
+            lambda a: pa.FixedSizeListArray.from_arrays(inner.rebuild(a), type=list_type),
+        )
+    if pa.types.is_integer(t) or pa.types.is_floating(t):
+        return FixedLayout(np.dtype(t.to_pandas_dtype()), 1, lambda a: a)
+    return None
+
+
+def flat_values(arr: _Arr) -> npt.NDArray[np.generic]:
+    """The leaf values of a fixed-width array (no nulls) as a zero-copy 1-d numpy array."""
+    while True:
+        if isinstance(arr, pa.ExtensionArray):
+            arr = arr.storage
+        elif isinstance(arr, pa.FixedSizeListArray):
+            arr = arr.flatten()  # respects the array's offset (.values would not)
+        else:
+            values: npt.NDArray[np.generic] = arr.to_numpy(zero_copy_only=True)
+            return values
+
+
+#: one chunk's part of a message: the chunk's rows as a 2-d (rows, width) C-contiguous view,
+#: the message positions ``dst`` and the chunk rows ``src`` copied to them
+Part = tuple[npt.NDArray[np.generic], _I64, _I64]
+
+
+def gather_fixed(layout: FixedLayout, parts: Sequence[Part], n: int) -> _Arr:
+    """The ``n`` rows of ``parts`` (together every position ``0..n-1`` once) as one array of
+    ``layout``'s type, in message order."""
+    row_bytes = layout.row_bytes
+    data = None
+    if n and row_bytes >= VIEW_MIN_BYTES:
+        data = _copy_by_views(parts, n, row_bytes)
+    if data is None:
+        data = _copy_by_numpy(layout, parts, n)
+    leaf = pa.Array.from_buffers(pa.from_numpy_dtype(layout.dtype), n * layout.width, [None, data])
+    return layout.rebuild(leaf)
+
+
+def _copy_by_views(parts: Sequence[Part], n: int, row_bytes: int) -> pa.Buffer | None:
+    """The rows copied once, in message order, by casting a ``binary_view`` array over the chunks
+    (see the module docstring); None when a chunk's rows are too far apart for int32 offsets."""
+    views = np.empty((n, 4), dtype=np.int32)  # length | prefix (4 bytes) | buffer index | offset
+    views[:, 0] = row_bytes
+    buffers: list[pa.Buffer] = []
+    for k, (vals, dst, src) in enumerate(parts):
+        lo, hi = int(src.min()), int(src.max()) + 1
+        if (hi - lo) * row_bytes > _MAX_SPAN:
+            return None
+        block = vals[lo:hi].view(np.uint8).reshape(hi - lo, row_bytes)
+        buffers.append(pa.py_buffer(block.data))  # zero-copy: the chunk's own memory
+        rel = src - lo
+        views[dst, 1] = np.ascontiguousarray(block[rel, :4]).view(np.int32).ravel()
+        views[dst, 2] = k
+        views[dst, 3] = rel * row_bytes
+    arr = pa.Array.from_buffers(pa.binary_view(), n, [None, pa.py_buffer(views.data), *buffers])
+    copied = arr.cast(pa.large_binary())  # the one copy: Arrow C++, GIL released
+    data = copied.buffers()[2]
+    assert data is not None and data.size >= n * row_bytes
+    return data.slice(0, n * row_bytes)
+
+
+def _copy_by_numpy(layout: FixedLayout, parts: Sequence[Part], n: int) -> pa.Buffer:
+    # allocated from Arrow's pool (freed pages are reused: no page faults per message)
+    buf = pa.allocate_buffer(max(1, n * layout.row_bytes))
+    memory: Any = buf  # a mutable Arrow buffer exposes the buffer protocol (the stubs do not say so)
+    out = np.frombuffer(memory, dtype=layout.dtype, count=n * layout.width).reshape(n, layout.width)
+    for vals, dst, src in parts:
+        out[dst] = vals[src]
+    return buf
