@@ -24,6 +24,7 @@ from flightfeed.server.cluster import READY_PREFIX, Membership, WorkerPool, pars
 from flightfeed.server.cluster.credential import read_cluster_key
 from flightfeed.server.cluster.lifecycle import drain_and_exit, exit_with_parent, install_signals, wait_for
 from flightfeed.server.cluster.locality import ShardRouter
+from flightfeed.server.cores import available_cores
 from flightfeed.server.data.catalog import Catalog
 from flightfeed.server.guards.budget import DEFAULT_BYTES_IN_FLIGHT, DEFAULT_CLIENT_BYTES_IN_FLIGHT, BytesInFlight
 from flightfeed.server.guards.exposure import warn_if_exposed
@@ -91,7 +92,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--decode-workers",
         type=int,
         default=None,
-        help="threads decoding/transforming images for transform requests (default: this node's cores)",
+        help="threads decoding/transforming images for transform requests (default: the cores this process "
+        "is given: its CPU affinity, capped by a cgroup CPU quota)",
     )
     p.add_argument(
         "--grace", type=float, default=None,
@@ -299,7 +301,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--read-ahead {settings.readahead_windows}: must be >= 0 (0 turns read-ahead off)")
     decode_workers = _setting(args, config, "decode_workers", None)
     transformer = transformer_from_config(
-        config, int(decode_workers) if decode_workers is not None else os.cpu_count() or 1, metrics
+        config, int(decode_workers) if decode_workers is not None else available_cores(), metrics
     )
     limits = Limits(
         message_bytes=settings.message_bytes,
