@@ -16,6 +16,7 @@ import pytest
 
 from flightfeed.server.data.catalog import Dataset
 from flightfeed.server.request import fixed_rows
+from flightfeed.server.request import gather as gather_module
 from flightfeed.server.request.gather import contiguous, gather
 from flightfeed.server.storage import open_dataset
 
@@ -163,7 +164,7 @@ def test_wide_rows_are_gathered_by_native_code_not_per_row(tmp_path: Path) -> No
     def lines_for(count: int) -> int:
         rows = np.sort(rng.permutation(800)[:count]).astype(np.int64)[::-1].copy()
         lines = 0
-        files = {fixed_rows.__file__, sys.modules[gather.__module__].__file__}
+        files = {fixed_rows.__file__, gather_module.__file__}
 
         def tracer(frame: FrameType, event: str, arg: Any) -> Any:
             nonlocal lines
@@ -186,3 +187,16 @@ def test_wide_rows_are_gathered_by_native_code_not_per_row(tmp_path: Path) -> No
     few, many = lines_for(20), lines_for(200)
     assert many <= few + 10, (few, many)
     ds.close()
+
+
+def test_a_message_over_more_shards_than_may_be_held_is_copied_a_chunk_at_a_time(
+    typed: tuple[Dataset, pa.Table], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a small open-shard bound the message's chunks are not all held at once: the same rows."""
+    ds, table = typed
+    monkeypatch.setattr(gather_module, "_PIN_SHARE", 1 << 30)  # at most one shard held at once
+    calls: list[int] = []
+    monkeypatch.setattr(gather_module, "gather_fixed", lambda *a: calls.append(1))
+    rows = np.random.default_rng(5).permutation(table.num_rows)[:200].astype(np.int64)
+    _same(gather(ds, rows, None), table.take(rows))
+    assert not calls  # the one-copy path (which holds every chunk) was not taken

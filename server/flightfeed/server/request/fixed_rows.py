@@ -16,7 +16,9 @@ column's values without another copy. Building the views is numpy work per chunk
 
 Rows under ``VIEW_MIN_BYTES`` (labels, indices, small vectors) are copied with numpy (two copies
 of a few bytes cost less than a view each); a chunk whose rows span 2 GiB or more (a view's
-offset is an int32) is copied the same way.
+offset is an int32) is copied the same way. The one-copy path holds every chunk of the message
+until the copy: a message over more shards than may be open at once is copied a chunk at a time
+instead (``FixedOut``, the caller decides).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-__all__ = ["FixedLayout", "fixed_layout", "flat_values", "gather_fixed", "VIEW_MIN_BYTES"]
+__all__ = ["FixedLayout", "FixedOut", "fixed_layout", "flat_values", "gather_fixed", "VIEW_MIN_BYTES"]
 
 _I64 = npt.NDArray[np.int64]
 _Arr = Any  # pyarrow arrays (the stubs type them per scalar type)
@@ -130,10 +132,28 @@ def _copy_by_views(parts: Sequence[Part], n: int, row_bytes: int) -> pa.Buffer |
 
 
 def _copy_by_numpy(layout: FixedLayout, parts: Sequence[Part], n: int) -> pa.Buffer:
-    # allocated from Arrow's pool (freed pages are reused: no page faults per message)
-    buf = pa.allocate_buffer(max(1, n * layout.row_bytes))
-    memory: Any = buf  # a mutable Arrow buffer exposes the buffer protocol (the stubs do not say so)
-    out = np.frombuffer(memory, dtype=layout.dtype, count=n * layout.width).reshape(n, layout.width)
+    out = FixedOut(layout, n)
     for vals, dst, src in parts:
-        out[dst] = vals[src]
-    return buf
+        out.put(vals, dst, src)
+    return out.buf
+
+
+class FixedOut:
+    """One fixed-width column's output, filled a chunk at a time with numpy (``put``): for
+    messages over more shards than may be held open at once (each chunk is let go before the next
+    is read). Small rows only cost a few bytes twice; wide rows go through a temporary of one
+    chunk's rows of the message (in cache), never a Python loop per row."""
+
+    def __init__(self, layout: FixedLayout, n: int) -> None:
+        self.layout = layout
+        # allocated from Arrow's pool (freed pages are reused: no page faults per message)
+        self.buf = pa.allocate_buffer(max(1, n * layout.row_bytes))
+        memory: Any = self.buf  # a mutable Arrow buffer exposes the buffer protocol (the stubs do not say so)
+        self.out = np.frombuffer(memory, dtype=layout.dtype, count=n * layout.width).reshape(n, layout.width)
+
+    def put(self, vals: npt.NDArray[np.generic], dst: _I64, src: _I64) -> None:
+        self.out[dst] = vals[src]
+
+    def array(self) -> _Arr:
+        leaf = pa.Array.from_buffers(pa.from_numpy_dtype(self.layout.dtype), self.out.size, [None, self.buf])
+        return self.layout.rebuild(leaf)

@@ -20,7 +20,8 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from flightfeed.server.data.catalog import Dataset
-from flightfeed.server.request.fixed_rows import fixed_layout, flat_values, gather_fixed
+from flightfeed.server.readers.open_files import shared_open_files
+from flightfeed.server.request.fixed_rows import FixedOut, fixed_layout, flat_values, gather_fixed
 
 __all__ = ["contiguous", "gather", "project"]
 
@@ -30,6 +31,8 @@ _concat_batches: Callable[[list[pa.RecordBatch]], pa.RecordBatch] = pa.concat_ba
 _COALESCE_BYTES = 1 << 20  # contiguous pieces smaller than this are copied together
 _VIEW_ENTRIES = 8192  # memoised (chunk, column) views per dataset
 _MISS = object()
+#: a message may hold the chunks of at most this share of the open-shard bound at once
+_PIN_SHARE = 4
 _fixed_layout = fixed_layout  # the name the tests used
 
 
@@ -123,8 +126,9 @@ def gather(ds: Dataset, rows: _I64, columns: Sequence[str] | None) -> pa.RecordB
     by one Arrow call over every chunk the message touches (``fixed_rows``: GIL released, so the
     streams of a process gather in parallel); any other column (strings, lists, structs, nulls)
     is taken per chunk with Arrow ``take`` and put in message order by one more Arrow ``take``.
-    No Python runs per row. The chunks a message touches are referenced until its columns are
-    copied (a shard evicted meanwhile keeps its mapping until then)."""
+    No Python runs per row. The chunks a message touches are held until its columns are copied
+    (a shard evicted meanwhile keeps its mapping until then), unless they are of more shards than
+    a quarter of the open-shard bound: then fixed-width columns are copied a chunk at a time."""
     n = len(rows)
     cid, local = ds.locate(rows)
     order = np.argsort(cid, kind="stable")
@@ -136,14 +140,18 @@ def gather(ds: Dataset, rows: _I64, columns: Sequence[str] | None) -> pa.RecordB
         if a < b
     ]
     schema = ds.project_schema(columns or ())
-    arrays = [_column(ds, fld, groups, n) for fld in schema]
+    if not groups:
+        return pa.RecordBatch.from_arrays([pa.array([], type=f.type) for f in schema], schema=schema)
+    if len({id(ds.chunk_shard(c)) for c, _, _ in groups}) <= max(1, shared_open_files().limit // _PIN_SHARE):
+        arrays = [_column(ds, fld, groups, n) for fld in schema]
+    else:
+        arrays = _chunkwise(ds, schema, groups, n)
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 def _column(ds: Dataset, fld: pa.Field[Any], groups: list[tuple[int, _I64, _I64]], n: int) -> _Arr:
+    """One column of the message, holding all of its chunks at once."""
     name, layout = fld.name, fixed_layout(fld.type)
-    if not groups:
-        return pa.array([], type=fld.type)
     if layout is not None:
         parts = []
         for c, dst, src in groups:
@@ -157,6 +165,31 @@ def _column(ds: Dataset, fld: pa.Field[Any], groups: list[tuple[int, _I64, _I64]
         c, _, src = groups[0]
         return ds.chunk(c).column(name).take(src)
     return _gather_generic([(ds.chunk(c).column(name).take(src), dst) for c, dst, src in groups], n)
+
+
+def _chunkwise(ds: Dataset, schema: pa.Schema, groups: list[tuple[int, _I64, _I64]], n: int) -> list[_Arr]:
+    """Every column of the message, a source chunk at a time: each chunk is read once and all of
+    its columns' rows copied out before the next is read, so the message holds one shard's chunk
+    at once (for messages over more shards than may be open at once)."""
+    fixed: list[FixedOut | None] = []
+    for fld in schema:
+        layout = fixed_layout(fld.type)
+        fixed.append(FixedOut(layout, n) if layout is not None else None)
+    taken: list[list[tuple[_Arr, _I64]]] = [[] for _ in schema]  # other columns: per-chunk takes
+    for g, (c, dst, src) in enumerate(groups):
+        for i, fld in enumerate(schema):
+            out = fixed[i]
+            if out is not None:
+                view = _flat_view(ds, c, fld.name, out.layout.width)
+                if view is not None:
+                    out.put(view, dst, src)
+                    view = None  # hold no chunk while the next is read (its download may evict this one)
+                    continue
+                # nulls in this chunk: the column is taken generically after all
+                fixed[i] = None
+                taken[i] = [(ds.chunk(k).column(fld.name).take(s), d) for k, d, s in groups[:g]]
+            taken[i].append((ds.chunk(c).column(fld.name).take(src), dst))
+    return [out.array() if out is not None else _gather_generic(taken[i], n) for i, out in enumerate(fixed)]
 
 
 def _gather_generic(pieces: list[tuple[_Arr, _I64]], n: int) -> _Arr:
