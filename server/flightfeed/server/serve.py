@@ -1,6 +1,11 @@
 """``flightfeed serve NAME=URI ...``: open the datasets, serve them over Flight (plus the sidecar)
 until SIGINT/SIGTERM, then shut down gracefully (in-flight streams get ``--grace`` seconds).
 
+With no tuning flags one process uses every core it is given (``cores.available_cores``): each
+stream has its own gRPC thread and the hot stages (stored send, shuffled gather, HDF5 inflate,
+image decode, block verification) run in native code without the GIL; the decode pool and the
+read-ahead's decode threads have one thread per core.
+
 ``--workers N`` starts N-1 supervised worker processes serving the same datasets on their own
 ports (restarted with backoff when they die; they exit when this process dies); ``--peers`` /
 ``--peers-dns`` name the other data nodes. ``get_flight_info`` spreads endpoints over every live
@@ -322,6 +327,7 @@ def run(args: argparse.Namespace) -> int:
         shown_sidecar = sidecar_host if sidecar_on else None
         warn_if_exposed(host, shown_sidecar, has_token=token is not None, has_tls=tls is not None)
     catalog = _open_catalog(datasets, options)
+    print(f"cores: {available_cores()} (streams, decode pool and read-ahead threads share them)", flush=True)
     scheme = "grpc+tls" if tls else "grpc"
     stop = threading.Event()
     install_signals(stop)  # before anything is announced: a SIGTERM now is a clean shutdown

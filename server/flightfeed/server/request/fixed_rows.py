@@ -23,6 +23,7 @@ instead (``FixedOut``, the caller decides).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,8 +55,10 @@ class FixedLayout:
         return self.width * self.dtype.itemsize
 
 
+@functools.lru_cache(maxsize=256)
 def fixed_layout(t: pa.DataType) -> FixedLayout | None:
-    """The layout of type ``t`` when every row has the same bytes, else None."""
+    """The layout of type ``t`` when every row has the same bytes, else None (memoised: asked
+    per column of every message)."""
     if isinstance(t, pa.BaseExtensionType):  # FixedShapeTensorType is not an ExtensionType subclass
         storage = fixed_layout(t.storage_type)
         if storage is None:
@@ -111,19 +114,29 @@ def gather_fixed(layout: FixedLayout, parts: Sequence[Part], n: int) -> _Arr:
 def _copy_by_views(parts: Sequence[Part], n: int, row_bytes: int) -> pa.Buffer | None:
     """The rows copied once, in message order, by casting a ``binary_view`` array over the chunks
     (see the module docstring); None when a chunk's rows are too far apart for int32 offsets."""
+    dst = np.concatenate([d for _, d, _ in parts])
+    src = np.concatenate([s for _, _, s in parts])
+    counts = np.fromiter((len(d) for _, d, _ in parts), dtype=np.int64, count=len(parts))
+    starts = np.zeros(len(parts), dtype=np.int64)
+    np.cumsum(counts[:-1], out=starts[1:])
+    lo = np.minimum.reduceat(src, starts)
+    hi = np.maximum.reduceat(src, starts) + 1
+    if int(((hi - lo) * row_bytes).max()) > _MAX_SPAN:
+        return None
+    gid = np.repeat(np.arange(len(parts), dtype=np.int64), counts)
+    rel = src - lo[gid]
+    blocks = [vals[a:b] for (vals, _, _), a, b in zip(parts, lo.tolist(), hi.tolist(), strict=True)]
     views = np.empty((n, 4), dtype=np.int32)  # length | prefix (4 bytes) | buffer index | offset
-    views[:, 0] = row_bytes
-    buffers: list[pa.Buffer] = []
-    for k, (vals, dst, src) in enumerate(parts):
-        lo, hi = int(src.min()), int(src.max()) + 1
-        if (hi - lo) * row_bytes > _MAX_SPAN:
-            return None
-        block = vals[lo:hi].view(np.uint8).reshape(hi - lo, row_bytes)
-        buffers.append(pa.py_buffer(block.data))  # zero-copy: the chunk's own memory
-        rel = src - lo
-        views[dst, 1] = np.ascontiguousarray(block[rel, :4]).view(np.int32).ravel()
-        views[dst, 2] = k
-        views[dst, 3] = rel * row_bytes
+    views[dst, 0] = row_bytes
+    views[dst, 2] = gid
+    views[dst, 3] = rel * row_bytes
+    # the prefix: each row's first 4 bytes (the view layout requires it; one small read per chunk)
+    first = np.empty((n, 4), dtype=np.uint8)
+    ends = (starts + counts).tolist()
+    for block, (_, d, _), k0, k1 in zip(blocks, parts, starts.tolist(), ends, strict=True):
+        first[d] = block.view(np.uint8).reshape(len(block), row_bytes)[rel[k0:k1], :4]
+    views[:, 1] = first.view(np.int32).ravel()
+    buffers = [pa.py_buffer(block.data) for block in blocks]  # zero-copy: the chunks' own memory
     arr = pa.Array.from_buffers(pa.binary_view(), n, [None, pa.py_buffer(views.data), *buffers])
     copied = arr.cast(pa.large_binary())  # the one copy: Arrow C++, GIL released
     data = copied.buffers()[2]
