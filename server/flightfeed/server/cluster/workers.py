@@ -34,8 +34,8 @@ READY_PREFIX = "flight: "
 #: cores one serving process is given by default (``flightfeed serve`` without ``--workers``).
 #: Within a process the hot stages run without the GIL, but not all of their time: measured on
 #: one thread (``bench/bench_scaling.py``, thread CPU inside the GIL-free calls) the shuffled
-#: gather is ~60% GIL-free and JPEG decode + augment ~85%, so by Amdahl one process gets ~1.4x /
-#: ~1.7x from 2 cores and ~1.8x / ~2.8x from 4, and no more than 2.5x / 6.7x from any number.
+#: gather is ~63% GIL-free and JPEG decode + augment ~89%, so by Amdahl one process gets ~1.5x /
+#: ~1.8x from 2 cores and ~1.9x / ~3.0x from 4, and no more than 2.7x / 9x from any number.
 #: More cores are put to work by more processes (each with its own GIL and h5py lock).
 CORES_PER_PROCESS = 4
 
