@@ -85,3 +85,29 @@ def test_a_bad_block_fails_every_thread_that_needs_it() -> None:
     check.ensure(0, 1)  # the good block still serves
     with pytest.raises(ShardError, match="block 1"):
         check.ensure_all()
+
+
+def test_whole_shard_hashes_run_in_parallel(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shards without block checksums are hashed whole, several at once (``verify_now`` and the
+    lazy background hashes): two hashes must be in progress together for either to finish."""
+    from flightfeed.server.storage import open_dataset, verify
+    from flightfeed.server.storage.cache_files import sha256_file
+    from flightfeed.server.storage.verify import ShardVerifier
+    from tests.datasets import write_dataset
+
+    write_dataset(tmp_path, [[10], [10]])
+    ds = open_dataset("two", str(tmp_path))
+    paths = sorted(str(p) for p in tmp_path.glob("*.arrow"))
+    both = threading.Barrier(2, timeout=20)  # broken if the shards are hashed one after another
+
+    def hashed(path: str) -> str:
+        both.wait()
+        return sha256_file(path)
+
+    monkeypatch.setattr(verify, "sha256_file", hashed)
+    expected = {i: (p, sha256_file(p)) for i, p in enumerate(paths)}
+    verifier = ShardVerifier(ds, expected, None)
+    verifier.max_threads = 2
+    verifier.verify_now()
+    assert verifier.verified == {0, 1}
+    ds.close()
