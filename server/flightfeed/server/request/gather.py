@@ -119,6 +119,20 @@ def _flat_view(ds: Dataset, cid: int, name: str, width: int) -> npt.NDArray[np.g
     return view
 
 
+def _flat_views(
+    ds: Dataset, groups: list[tuple[int, _I64, _I64]], cacheable: list[bool], name: str, width: int
+) -> list[npt.NDArray[np.generic] | None]:
+    """:func:`_flat_view` of every group's chunk, the memo read under one lock (the Python per
+    chunk is what a gather's GIL-held time is made of)."""
+    with ds.views_lock:
+        views = ds.views
+        hits = [views.get((c, name), _MISS) if z else _MISS for (c, _, _), z in zip(groups, cacheable, strict=True)]
+    out: list[npt.NDArray[np.generic] | None] = []
+    for (c, _, _), hit in zip(groups, hits, strict=True):
+        out.append(_flat_view(ds, c, name, width) if hit is _MISS else hit)  # type: ignore[arg-type]
+    return out
+
+
 def gather(ds: Dataset, rows: _I64, columns: Sequence[str] | None) -> pa.RecordBatch:
     """Stored ``rows`` (in this order) as one RecordBatch, one native copy per byte.
 
@@ -142,25 +156,25 @@ def gather(ds: Dataset, rows: _I64, columns: Sequence[str] | None) -> pa.RecordB
     schema = ds.project_schema(columns or ())
     if not groups:
         return pa.RecordBatch.from_arrays([pa.array([], type=f.type) for f in schema], schema=schema)
-    if len({id(ds.chunk_shard(c)) for c, _, _ in groups}) <= max(1, shared_open_files().limit // _PIN_SHARE):
-        arrays = [_column(ds, fld, groups, n) for fld in schema]
+    shards = [ds.chunk_shard(c) for c, _, _ in groups]
+    if len({id(s) for s in shards}) <= max(1, shared_open_files().limit // _PIN_SHARE):
+        cacheable = [s.zero_copy for s in shards]
+        arrays = [_column(ds, fld, groups, n, cacheable) for fld in schema]
     else:
         arrays = _chunkwise(ds, schema, groups, n)
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def _column(ds: Dataset, fld: pa.Field[Any], groups: list[tuple[int, _I64, _I64]], n: int) -> _Arr:
+def _column(
+    ds: Dataset, fld: pa.Field[Any], groups: list[tuple[int, _I64, _I64]], n: int, cacheable: list[bool]
+) -> _Arr:
     """One column of the message, holding all of its chunks at once."""
     name, layout = fld.name, fixed_layout(fld.type)
     if layout is not None:
-        parts = []
-        for c, dst, src in groups:
-            view = _flat_view(ds, c, name, layout.width)
-            if view is None:  # nulls in this chunk: the column is taken generically
-                break
-            parts.append((view, dst, src))
-        else:
-            return gather_fixed(layout, parts, n)
+        views = _flat_views(ds, groups, cacheable, name, layout.width)
+        if all(v is not None for v in views):  # else nulls in a chunk: the column is taken generically
+            parts = [(v, dst, src) for v, (_, dst, src) in zip(views, groups, strict=True)]
+            return gather_fixed(layout, parts, n)  # type: ignore[arg-type]
     if len(groups) == 1:  # one chunk: its take is already in message order
         c, _, src = groups[0]
         return ds.chunk(c).column(name).take(src)
