@@ -9,6 +9,7 @@ import argparse
 import os
 import re
 import sys
+import time
 
 from flightfeed.server.storage.cli_options import (
     add_reader_arguments,
@@ -18,6 +19,7 @@ from flightfeed.server.storage.cli_options import (
     size_argument,
     storage_options_from_args,
 )
+from flightfeed.server.tools.convert.formats import FORMAT_KINDS
 from flightfeed.server.tools.convert.pipeline import ConvertSettings, convert
 from flightfeed.wire.errors import ConfigError, FlightFeedError
 
@@ -59,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--from",
         dest="kind",
-        choices=("auto", "hdf5", "parquet", "numpy", "images"),
+        choices=("auto", "hdf5", "parquet", "numpy", "images", *FORMAT_KINDS),
         default="auto",
         help="source kind (default: detected)",
     )
@@ -73,6 +75,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--on-bad-image", choices=("error", "skip"), default="error",
         help="images: a file that does not decode stops the conversion naming it (error, default) or is left "
         "out and counted (skip)",
+    )
+    parser.add_argument(
+        "--on-bad-record", choices=("error", "skip"), default="error",
+        help="webdataset/lmdb/tfrecord/mds/litdata/hf: a record that cannot be read stops the conversion naming "
+        "its file and key or offset (error, default) or is left out and counted in manifest.json (skip)",
+    )
+    parser.add_argument(
+        "--lmdb-decoder", choices=("msgpack", "raw", "pickle"), default="msgpack",
+        help="lmdb: msgpack'd (image_bytes, label) under keys '0'..'N-1' with __len__ (default), or raw key/value "
+        "bytes; pickle is refused (flightfeed never unpickles)",
     )
     parser.add_argument("--overwrite", action="store_true", help="replace a dataset already converted into DST")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -97,18 +109,29 @@ def run(args: argparse.Namespace) -> int:
             resize=args.resize,
             max_side=args.max_side,
             on_bad_image=args.on_bad_image,
+            on_bad_record=args.on_bad_record,
+            lmdb_decoder=args.lmdb_decoder,
             overwrite=args.overwrite,
             progress=not args.no_progress,
             storage=storage_options_from_args(args, os.environ),
         )
+        started = time.perf_counter()
         manifest = convert(args.src, args.dst, settings)
+        seconds = max(1e-9, time.perf_counter() - started)
     except FlightFeedError as exc:
         print(f"flightfeed convert: error: {exc}", file=sys.stderr)
         return 1
     print(
         f"wrote {manifest.rows} rows in {len(manifest.shards)} shard(s), {manifest.nbytes / 1e6:.1f} MB, "
-        f"to {args.dst} (manifest.json)"
+        f"to {args.dst} (manifest.json) in {seconds:.1f} s: {manifest.rows / seconds:,.0f} rows/s, "
+        f"{manifest.nbytes / 1e6 / seconds:.1f} MB/s"
     )
+    bad = manifest.extra.get("bad_records")
+    if isinstance(bad, dict) and bad.get("skipped"):
+        named = list((bad.get("named") or {}).items())[:5]
+        shown = "; ".join(f"{where} ({why})" for where, why in named)
+        print(f"skipped {bad['skipped']} bad record(s) (--on-bad-record skip): {shown} (all counted in manifest.json)",
+              file=sys.stderr)
     skipped = manifest.extra.get("skipped_images") or {}
     if skipped:
         shown = "; ".join(f"{path} ({why})" for path, why in list(skipped.items())[:5])

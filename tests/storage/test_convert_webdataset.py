@@ -1,0 +1,87 @@
+"""``flightfeed convert --from webdataset``: tar shards written by ``webdataset.TarWriter`` come
+back bit-exact through serve -> FlightDataset; damaged shards are refused naming shard and
+member, or skipped and counted."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from flightfeed.wire.errors import DatasetError
+
+from tests.storage.format_roundtrip import convert_to, jpeg, served_rows
+
+wds = pytest.importorskip("webdataset", reason="webdataset is not installed (pip install webdataset)")
+
+
+def write_shards(root: Path, shards: int = 3, per: int = 5) -> list[dict[str, object]]:
+    samples = []
+    for s in range(shards):
+        with wds.TarWriter(str(root / f"train-{s:06d}.tar")) as sink:
+            for i in range(per):
+                n = s * per + i
+                sample = {"__key__": f"s{s}/{n:06d}", "jpg": jpeg(n), "cls": n % 4, "txt": f"caption {n} é",
+                          "json": {"n": n, "tags": ["a"] * (n % 3)}}
+                sink.write(sample)
+                samples.append(sample)
+    return samples
+
+
+def test_webdataset_round_trip_is_bit_exact(tmp_path: Path) -> None:
+    samples = write_shards(tmp_path)
+    (tmp_path / "train-000099.tar").write_bytes(b"")  # not named by the pattern: not read
+    manifest = convert_to(tmp_path / "train-{000000..000002}.tar", tmp_path / "out", "webdataset")
+    assert manifest.rows == 15 and manifest.extra["bad_records"] == {"policy": "error", "skipped": 0, "named": {}}
+    assert [f.name for f in manifest.schema] == ["__key__", "cls", "jpg", "json", "txt"]
+    got = served_rows(tmp_path / "out")
+    assert got["__key__"] == [s["__key__"] for s in samples]
+    assert got["jpg"] == [s["jpg"] for s in samples]
+    assert got["cls"] == [s["cls"] for s in samples]
+    assert got["txt"] == [s["txt"] for s in samples]
+    assert [json.loads(t) for t in got["json"]] == [s["json"] for s in samples]
+
+
+def test_webdataset_detected_by_auto(tmp_path: Path) -> None:
+    write_shards(tmp_path, shards=1)
+    manifest = convert_to(tmp_path, tmp_path / "out", "auto")
+    assert manifest.rows == 5 and manifest.extra["source_kind"] == "WebDataset (1 shard(s))"
+
+
+def _truncate_last_member(path: Path) -> None:
+    data = path.read_bytes()
+    with tarfile.open(path) as tar:
+        last = tar.getmembers()[-1]
+    path.write_bytes(data[: last.offset_data + last.size // 2])
+
+
+def test_a_truncated_member_is_refused_naming_shard_and_member(tmp_path: Path) -> None:
+    write_shards(tmp_path, shards=2)
+    _truncate_last_member(tmp_path / "train-000001.tar")
+    with pytest.raises(DatasetError, match=r"train-000001\.tar: member s1/000009\.txt at byte \d+: truncated"):
+        convert_to(tmp_path, tmp_path / "out", "webdataset")
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_skip_leaves_out_and_counts_the_damaged_sample(tmp_path: Path) -> None:
+    samples = write_shards(tmp_path, shards=2)
+    _truncate_last_member(tmp_path / "train-000001.tar")
+    manifest = convert_to(tmp_path, tmp_path / "out", "webdataset", on_bad_record="skip")
+    assert manifest.rows == 9
+    bad = manifest.extra["bad_records"]
+    assert isinstance(bad, dict) and bad["skipped"] == 2  # the cut sample, and the damaged shard's framing
+    assert any("s1/000009" in where for where in bad["named"])
+    assert served_rows(tmp_path / "out", ["__key__"])["__key__"] == [s["__key__"] for s in samples[:9]]
+
+
+def test_a_sample_missing_a_member_is_a_named_bad_record(tmp_path: Path) -> None:
+    with wds.TarWriter(str(tmp_path / "a.tar")) as sink:
+        sink.write({"__key__": "k0", "jpg": b"x", "cls": 1})
+        sink.write({"__key__": "k1", "jpg": b"y"})
+        sink.write({"__key__": "k2", "jpg": b"z", "cls": 2})
+    with pytest.raises(DatasetError, match=r"a\.tar: sample k1: members differ .* missing \['cls'\]"):
+        convert_to(tmp_path, tmp_path / "out", "webdataset")
+    manifest = convert_to(tmp_path, tmp_path / "out2", "webdataset", on_bad_record="skip")
+    assert manifest.rows == 2 and manifest.extra["bad_records"]["skipped"] == 1  # type: ignore[index]
