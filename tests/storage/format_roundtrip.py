@@ -16,7 +16,30 @@ from flightfeed.server.storage.manifest import Manifest
 from flightfeed.server.testing import running_server
 from flightfeed.server.tools.convert import ConvertSettings, convert
 
-__all__ = ["jpeg", "convert_to", "served_rows", "arrow_rows"]
+__all__ = ["jpeg", "convert_to", "served_rows", "arrow_rows", "import_hf_datasets"]
+
+
+def import_hf_datasets() -> Any:
+    """Hugging Face ``datasets``, or a skip: pytest puts tests/ on sys.path, where tests/datasets.py
+    (``tests.datasets``) would shadow it under the bare name."""
+    import importlib
+    import os
+    import sys
+
+    import pytest
+
+    tests_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    found = sys.modules.get("datasets")
+    if found is not None and os.path.abspath(getattr(found, "__file__", "") or "").startswith(tests_dir + os.sep):
+        del sys.modules["datasets"]
+    saved = sys.path[:]
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != tests_dir]
+    try:
+        return importlib.import_module("datasets")
+    except ImportError as exc:
+        pytest.skip(f"Hugging Face datasets is not installed ({exc}): pip install datasets")
+    finally:
+        sys.path[:] = saved
 
 
 def jpeg(seed: int, width: int = 40, height: int = 32) -> bytes:
