@@ -65,10 +65,18 @@ def test_hf_features_convert_to_client_columns(tmp_path: Path) -> None:
 def test_an_image_without_bytes_is_a_named_bad_record(tmp_path: Path) -> None:
     Dataset, Features, Image, Value = hf.Dataset, hf.Features, hf.Image, hf.Value  # noqa: N806
 
-    table = pa.table({"img": pa.array([{"bytes": b"\xff\xd8x", "path": None}, {"bytes": None, "path": "/gone.jpg"}],
-                                      pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
-                      "n": [0, 1]})
-    Dataset(table).cast(Features({"img": Image(), "n": Value("int64")})).save_to_disk(str(tmp_path / "hf"))
+    (tmp_path / "elsewhere.jpg").write_bytes(jpeg(1))
+    features = Features({"img": Image(), "n": Value("int64")})
+    rows = {"img": [{"bytes": jpeg(0), "path": None}, str(tmp_path / "elsewhere.jpg")], "n": [0, 1]}
+    Dataset.from_dict(rows, features=features).save_to_disk(str(tmp_path / "hf"))
+    data = tmp_path / "hf" / "data-00000-of-00001.arrow"  # save_to_disk embeds the file: drop its bytes again
+    table = pa.ipc.open_stream(str(data)).read_all()
+    img = table.column("img").combine_chunks()
+    without = pa.StructArray.from_arrays([pa.array([img.field("bytes")[0].as_py(), None], pa.binary()),
+                                          pa.array([None, "elsewhere.jpg"])], fields=list(img.type))
+    table = table.set_column(0, table.schema.field("img"), without)
+    with pa.ipc.new_stream(str(data), table.schema) as out:
+        out.write_table(table)
     from flightfeed.wire.errors import DatasetError
 
     with pytest.raises(DatasetError, match=r"data-00000-of-00001\.arrow: row 1: 'img' has no bytes"):
