@@ -9,8 +9,10 @@ import pickle
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
+from flightfeed.server.storage.local_s3 import LocalS3
 from flightfeed.wire.errors import ConfigError, DatasetError
 from tests.storage.format_roundtrip import convert_to, jpeg, served_rows
 
@@ -144,3 +146,29 @@ def test_a_bad_tfrecord_crc_is_refused_naming_file_and_offset(tmp_path: Path) ->
     (tmp_path / "a.tfrecord").write_bytes(bytes(data))
     with pytest.raises(DatasetError, match=r"a\.tfrecord at byte 0: length CRC mismatch"):
         convert_to(tmp_path, tmp_path / "out3", "tfrecord")
+
+
+def test_s3_to_s3_for_tfrecord_and_lmdb(s3: LocalS3, tmp_path: Path) -> None:
+    """SRC and DST on S3 (moto in server mode on 127.0.0.1): detection, download, upload."""
+    from flightfeed.server.storage import open_dataset
+    from flightfeed.server.tools.convert import ConvertSettings, convert
+
+    (tmp_path / "src").mkdir()
+    rows = write_tfrecord(tmp_path / "src" / "a.tfrecord", 8) + write_tfrecord(tmp_path / "src" / "b.tfrecord", 5, 8)
+    bucket = s3.new_bucket()
+    s3.upload_dir(tmp_path / "src", f"s3://{bucket}/tfr")
+    settings = ConvertSettings(progress=False, storage=s3.options())
+    manifest = convert(f"s3://{bucket}/tfr", f"s3://{bucket}/out", settings)  # --from auto on S3
+    assert manifest.rows == 13 and manifest.extra["source_kind"] == "TFRecord (2 file(s))"
+    ds = open_dataset("d", f"s3://{bucket}/out", s3.options(tmp_path / "cache"))
+    try:
+        table = pa.Table.from_batches([ds.chunk(c) for c in range(ds.num_chunks)], schema=ds.schema)
+    finally:
+        ds.close()
+    assert table.column("image").to_pylist() == [r["image"] for r in rows]
+    assert table.column("label").to_pylist() == [r["label"] for r in rows]
+    records = write_lmdb(tmp_path / "lmdb", 6)
+    s3.upload_dir(tmp_path / "lmdb", f"s3://{bucket}/lmdb")
+    manifest = convert(f"s3://{bucket}/lmdb", str(tmp_path / "lmdb-out"), ConvertSettings(progress=False, kind="lmdb",
+                                                                                          storage=s3.options()))
+    assert served_rows(tmp_path / "lmdb-out", ["image"])["image"] == [r[0] for r in records]
