@@ -50,7 +50,8 @@ def jpeg(seed: int, width: int = 40, height: int = 32) -> bytes:
 
 
 def convert_to(src: str | Path, dst: Path, kind: str, **kw: Any) -> Manifest:
-    settings = ConvertSettings(progress=False, kind=kind, shard_bytes=kw.pop("shard_bytes", 64 << 10), **kw)
+    shard_bytes = kw.pop("shard_bytes", 64 << 10)
+    settings = ConvertSettings(progress=False, kind=kind, shard_bytes=shard_bytes, **kw)  # type: ignore[arg-type]
     return convert(str(src), str(dst), settings)
 
 
@@ -60,8 +61,14 @@ def served_rows(dst: Path | str, columns: list[str] | None = None, batch_size: i
 
     out: dict[str, list[Any]] = {}
     with running_server({"d": str(dst)}) as server:
-        ds = FlightDataset(server.location, "d", columns=columns, batch_size=batch_size, shuffle=False,
-                           options=ReadOptions(streams=2, report_interval=None))
+        ds = FlightDataset(
+            server.location,
+            "d",
+            columns=columns,
+            batch_size=batch_size,
+            shuffle=False,
+            options=ReadOptions(streams=2, report_interval=None),
+        )
         for batch in ds:
             for name, value in batch.items():
                 out.setdefault(name, []).extend(value if isinstance(value, list) else value.tolist())

@@ -5,24 +5,42 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 import pyarrow as pa
 import pytest
 
 from flightfeed.server.testing import running_server
-from tests.storage.format_roundtrip import arrow_rows, convert_to, jpeg, served_rows
-
-from tests.storage.format_roundtrip import import_hf_datasets  # noqa: E402
+from tests.storage.format_roundtrip import (
+    arrow_rows,
+    convert_to,
+    import_hf_datasets,
+    jpeg,
+    served_rows,
+)
 
 hf = import_hf_datasets()
 
 
 def save(path: Path, n: int = 30) -> dict[str, list[object]]:
-    ClassLabel, Dataset, Features, Image, Sequence, Value = (  # noqa: N806
-        hf.ClassLabel, hf.Dataset, hf.Features, hf.Image, hf.Sequence, hf.Value)
+    ClassLabel, Dataset, Features, Image, Sequence, Value = (
+        hf.ClassLabel,
+        hf.Dataset,
+        hf.Features,
+        hf.Image,
+        hf.Sequence,
+        hf.Value,
+    )
 
-    features = Features({"img": Image(), "label": ClassLabel(names=["cat", "dog", "emu"]),
-                         "tokens": Sequence(Value("int32")), "score": Value("float32"), "text": Value("string")})
+    features = Features(
+        {
+            "img": Image(),
+            "label": ClassLabel(names=["cat", "dog", "emu"]),
+            "tokens": Sequence(Value("int32")),
+            "score": Value("float32"),
+            "text": Value("string"),
+        }
+    )
     data: dict[str, list[object]] = {
         "img": [{"bytes": jpeg(i), "path": f"img/{i}.jpg" if i % 2 else None} for i in range(n)],
         "label": [i % 3 for i in range(n)],
@@ -47,8 +65,14 @@ def test_hf_features_convert_to_client_columns(tmp_path: Path) -> None:
     manifest = convert_to(tmp_path / "hf", tmp_path / "out", "auto")
     assert manifest.rows == 30
     types = {f.name: str(f.type) for f in manifest.schema}
-    assert types == {"img": "binary", "img_path": "string", "label": "int64", "tokens": "list<item: int32>",
-                     "score": "float", "text": "string"}
+    assert types == {
+        "img": "binary",
+        "img_path": "string",
+        "label": "int64",
+        "tokens": "list<item: int32>",
+        "score": "float",
+        "text": "string",
+    }
     got = served_rows(tmp_path / "out", ["img", "img_path", "label", "score", "text"])
     stored = hf.load_from_disk(str(tmp_path / "hf")).cast_column("img", hf.Image(decode=False))["img"]
     assert got["img"] == [d["bytes"] for d in data["img"]] == [d["bytes"] for d in stored]  # type: ignore[index]
@@ -63,17 +87,19 @@ def test_hf_features_convert_to_client_columns(tmp_path: Path) -> None:
 
 
 def test_an_image_without_bytes_is_a_named_bad_record(tmp_path: Path) -> None:
-    Dataset, Features, Image, Value = hf.Dataset, hf.Features, hf.Image, hf.Value  # noqa: N806
+    Dataset, Features, Image, Value = hf.Dataset, hf.Features, hf.Image, hf.Value
 
     (tmp_path / "elsewhere.jpg").write_bytes(jpeg(1))
     features = Features({"img": Image(), "n": Value("int64")})
     rows = {"img": [{"bytes": jpeg(0), "path": None}, str(tmp_path / "elsewhere.jpg")], "n": [0, 1]}
     Dataset.from_dict(rows, features=features).save_to_disk(str(tmp_path / "hf"))
     data = tmp_path / "hf" / "data-00000-of-00001.arrow"  # save_to_disk embeds the file: drop its bytes again
-    table = pa.ipc.open_stream(str(data)).read_all()
-    img = table.column("img").combine_chunks()
-    without = pa.StructArray.from_arrays([pa.array([img.field("bytes")[0].as_py(), None], pa.binary()),
-                                          pa.array([None, "elsewhere.jpg"])], fields=list(img.type))
+    table = pa.ipc.open_stream(pa.memory_map(str(data))).read_all()
+    img = cast(pa.StructArray, table.column("img").combine_chunks())
+    without = pa.StructArray.from_arrays(
+        [pa.array([img.field("bytes")[0].as_py(), None], pa.binary()), pa.array([None, "elsewhere.jpg"])],
+        fields=list(img.type),
+    )
     table = table.set_column(0, table.schema.field("img"), without)
     with pa.ipc.new_stream(str(data), table.schema) as out:
         out.write_table(table)
@@ -82,4 +108,4 @@ def test_an_image_without_bytes_is_a_named_bad_record(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match=r"data-00000-of-00001\.arrow: row 1: 'img' has no bytes"):
         convert_to(tmp_path / "hf", tmp_path / "out", "hf")
     manifest = convert_to(tmp_path / "hf", tmp_path / "out2", "hf", on_bad_record="skip")
-    assert manifest.rows == 1 and manifest.extra["bad_records"]["skipped"] == 1  # type: ignore[index]
+    assert manifest.rows == 1 and manifest.extra["bad_records"]["skipped"] == 1

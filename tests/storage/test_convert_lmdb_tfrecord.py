@@ -20,8 +20,9 @@ lmdb = pytest.importorskip("lmdb", reason="lmdb is not installed (pip install lm
 msgpack = pytest.importorskip("msgpack", reason="msgpack is not installed (pip install msgpack)")
 
 
-def write_lmdb(path: Path, n: int, *, length: bytes | None = b"auto", extra: dict[bytes, bytes] | None = None) -> list[
-        tuple[bytes, int]]:
+def write_lmdb(
+    path: Path, n: int, *, length: bytes | None = b"auto", extra: dict[bytes, bytes] | None = None
+) -> list[tuple[bytes, int]]:
     """The seed recipe's layout: msgpack'd (jpeg_bytes, label) under "0".."N-1", N under __len__."""
     records = [(jpeg(i, 48 + i % 5, 40), i % 10) for i in range(n)]
     env = lmdb.open(str(path), map_size=64 << 20)
@@ -84,8 +85,13 @@ def test_lmdb_imagenet_is_served_with_the_imagenet_transforms(tmp_path: Path) ->
     convert_to(tmp_path / "imagenet", tmp_path / "out", "lmdb")
     with running_server({"imagenet": str(tmp_path / "out")}) as server:
         for preset in ("imagenet_train", "imagenet_val"):
-            ds = FlightDataset(server.location, "imagenet", batch_size=4, transform=preset,
-                               options=ReadOptions(streams=1, report_interval=None))
+            ds = FlightDataset(
+                server.location,
+                "imagenet",
+                batch_size=4,
+                transform=preset,
+                options=ReadOptions(streams=1, report_interval=None),
+            )
             batches = list(ds)
             assert sum(len(b["label"]) for b in batches) == 12
             image = batches[0]["image"]
@@ -101,10 +107,24 @@ def write_tfrecord(path: Path, n: int, start: int = 0) -> list[dict[str, object]
     rows = []
     writer = TFRecordWriter(str(path))
     for i in range(start, start + n):
-        row = {"image": jpeg(i), "label": i - 5, "score": float(np.float32(i / 3)), "vec": [float(i), -1.5, 2.25][: i % 4],
-               "ids": list(range(i % 5)), "big": 2**40 + i}
-        writer.write({"image": (row["image"], "byte"), "label": (row["label"], "int"), "score": (row["score"], "float"),
-                      "vec": (row["vec"], "float"), "ids": (row["ids"], "int"), "big": (row["big"], "int")})
+        row = {
+            "image": jpeg(i),
+            "label": i - 5,
+            "score": float(np.float32(i / 3)),
+            "vec": [float(i), -1.5, 2.25][: i % 4],
+            "ids": list(range(i % 5)),
+            "big": 2**40 + i,
+        }
+        writer.write(
+            {
+                "image": (row["image"], "byte"),
+                "label": (row["label"], "int"),
+                "score": (row["score"], "float"),
+                "vec": (row["vec"], "float"),
+                "ids": (row["ids"], "int"),
+                "big": (row["big"], "int"),
+            }
+        )
         rows.append(row)
     writer.close()
     return rows
@@ -117,8 +137,14 @@ def test_tfrecord_round_trip_plain_and_gzip(tmp_path: Path) -> None:
     manifest = convert_to(tmp_path, tmp_path / "out", "auto")
     assert manifest.rows == 16
     types = {f.name: str(f.type) for f in manifest.schema}
-    assert types == {"big": "int64", "ids": "list<item: int64>", "image": "binary", "label": "int64",
-                     "score": "float", "vec": "list<item: float>"}
+    assert types == {
+        "big": "int64",
+        "ids": "list<item: int64>",
+        "image": "binary",
+        "label": "int64",
+        "score": "float",
+        "vec": "list<item: float>",
+    }
     got = served_rows(tmp_path / "out", ["image", "label", "score", "big"])
     for name in ("image", "label", "score", "big"):
         assert got[name] == [r[name] for r in rows], name
@@ -141,7 +167,7 @@ def test_a_bad_tfrecord_crc_is_refused_naming_file_and_offset(tmp_path: Path) ->
     with pytest.raises(DatasetError, match=rf"a\.tfrecord at byte {offset}: data CRC mismatch"):
         convert_to(tmp_path, tmp_path / "out", "tfrecord")
     manifest = convert_to(tmp_path, tmp_path / "out2", "tfrecord", on_bad_record="skip")
-    assert manifest.rows == 5 and manifest.extra["bad_records"]["skipped"] == 1  # type: ignore[index]
+    assert manifest.rows == 5 and manifest.extra["bad_records"]["skipped"] == 1
     data[8] ^= 0x01  # the first length's CRC: nothing after it can be found
     (tmp_path / "a.tfrecord").write_bytes(bytes(data))
     with pytest.raises(DatasetError, match=r"a\.tfrecord at byte 0: length CRC mismatch"):
@@ -169,6 +195,9 @@ def test_s3_to_s3_for_tfrecord_and_lmdb(s3: LocalS3, tmp_path: Path) -> None:
     assert table.column("label").to_pylist() == [r["label"] for r in rows]
     records = write_lmdb(tmp_path / "lmdb", 6)
     s3.upload_dir(tmp_path / "lmdb", f"s3://{bucket}/lmdb")
-    manifest = convert(f"s3://{bucket}/lmdb", str(tmp_path / "lmdb-out"), ConvertSettings(progress=False, kind="lmdb",
-                                                                                          storage=s3.options()))
+    manifest = convert(
+        f"s3://{bucket}/lmdb",
+        str(tmp_path / "lmdb-out"),
+        ConvertSettings(progress=False, kind="lmdb", storage=s3.options()),
+    )
     assert served_rows(tmp_path / "lmdb-out", ["image"])["image"] == [r[0] for r in records]

@@ -25,7 +25,7 @@ def mds_writer() -> Any:
     here: mosaicml-streaming pins numpy<2.2 and is installed with --no-deps, see pyproject)."""
     loaded = sys.modules.get("streaming")
     if loaded is not None:
-        root = list(loaded.__path__)[0]
+        root = next(iter(loaded.__path__))
     else:
         spec = importlib.util.find_spec("streaming")
         if spec is None or spec.origin is None:
@@ -45,19 +45,40 @@ def mds_writer() -> Any:
 
 def test_mds_round_trip(tmp_path: Path) -> None:
     writer = mds_writer()
-    columns = {"image": "jpeg", "label": "int", "vec": "ndarray:float32:3", "dyn": "ndarray:int16", "text": "str",
-               "raw": "bytes", "f": "float32", "u": "uint8", "meta": "json", "pix": "pil", "png": "png"}
+    columns = {
+        "image": "jpeg",
+        "label": "int",
+        "vec": "ndarray:float32:3",
+        "dyn": "ndarray:int16",
+        "text": "str",
+        "raw": "bytes",
+        "f": "float32",
+        "u": "uint8",
+        "meta": "json",
+        "pix": "pil",
+        "png": "png",
+    }
     samples = []
     with writer(out=str(tmp_path / "mds"), columns=columns, compression="zstd", size_limit=1 << 14) as out:
         for i in range(20):
             img = Image.fromarray(np.random.default_rng(i).integers(0, 255, (6, 5, 3), dtype=np.uint8))
-            sample = {"image": img, "label": i * 7 - 3, "vec": np.arange(3, dtype=np.float32) / (i + 1),
-                      "dyn": np.full((2, 1 + i % 3), i, np.int16), "text": f"t{i}", "raw": bytes(range(i)),
-                      "f": np.float32(i / 3), "u": np.uint8(i), "meta": {"i": i}, "pix": img, "png": img}
+            sample = {
+                "image": img,
+                "label": i * 7 - 3,
+                "vec": np.arange(3, dtype=np.float32) / (i + 1),
+                "dyn": np.full((2, 1 + i % 3), i, np.int16),
+                "text": f"t{i}",
+                "raw": bytes(range(i)),
+                "f": np.float32(i / 3),
+                "u": np.uint8(i),
+                "meta": {"i": i},
+                "pix": img,
+                "png": img,
+            }
             out.write(sample)
             samples.append(sample)
     manifest = convert_to(tmp_path / "mds", tmp_path / "out", "auto")
-    assert manifest.rows == 20 and manifest.extra["mds"]["shards"] > 1  # type: ignore[index]
+    assert manifest.rows == 20 and manifest.extra["mds"]["shards"] > 1
     got = served_rows(tmp_path / "out", ["label", "text", "raw", "f", "u", "meta", "vec", "image", "pix", "png"])
     assert got["label"] == [s["label"] for s in samples]
     assert got["text"] == [s["text"] for s in samples] and got["raw"] == [s["raw"] for s in samples]
@@ -88,15 +109,23 @@ def test_mds_pickle_columns_are_refused(tmp_path: Path) -> None:
         convert_to(tmp_path / "mds", tmp_path / "out", "mds")
 
 
-litdata_writer = pytest.importorskip("litdata.streaming.writer", reason="litdata is not installed (pip install --no-deps litdata)")
+litdata_writer = pytest.importorskip(
+    "litdata.streaming.writer", reason="litdata is not installed (pip install --no-deps litdata)"
+)
 
 
 def write_litdata(path: Path, n: int) -> list[dict[str, Any]]:
     writer = litdata_writer.BinaryWriter(str(path), chunk_bytes=2000)
     items = []
     for i in range(n):
-        item = {"image": jpeg(i, 12, 10), "label": i, "arr": np.arange(4, dtype=np.int32) + i, "name": f"n{i}",
-                "score": i / 7, "pair": (i, f"p{i}")}
+        item = {
+            "image": jpeg(i, 12, 10),
+            "label": i,
+            "arr": np.arange(4, dtype=np.int32) + i,
+            "name": f"n{i}",
+            "score": i / 7,
+            "pair": (i, f"p{i}"),
+        }
         writer[i] = item
         items.append(item)
     writer.done()
@@ -107,7 +136,7 @@ def write_litdata(path: Path, n: int) -> list[dict[str, Any]]:
 def test_litdata_round_trip(tmp_path: Path) -> None:
     items = write_litdata(tmp_path / "lit", 25)
     manifest = convert_to(tmp_path / "lit", tmp_path / "out", "auto")
-    assert manifest.rows == 25 and manifest.extra["litdata"]["chunks"] > 1  # type: ignore[index]
+    assert manifest.rows == 25 and manifest.extra["litdata"]["chunks"] > 1
     got = served_rows(tmp_path / "out", ["image", "label", "name", "score", "pair.0", "pair.1"])
     for key in ("image", "label", "name", "score"):
         assert got[key] == [it[key] for it in items], key

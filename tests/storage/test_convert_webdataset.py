@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from flightfeed.wire.errors import DatasetError
-
 from tests.storage.format_roundtrip import convert_to, jpeg, served_rows
 
 wds = pytest.importorskip("webdataset", reason="webdataset is not installed (pip install webdataset)")
@@ -23,8 +22,13 @@ def write_shards(root: Path, shards: int = 3, per: int = 5) -> list[dict[str, ob
         with wds.TarWriter(str(root / f"train-{s:06d}.tar")) as sink:
             for i in range(per):
                 n = s * per + i
-                sample = {"__key__": f"s{s}/{n:06d}", "jpg": jpeg(n), "cls": n % 4, "txt": f"caption {n} é",
-                          "json": {"n": n, "tags": ["a"] * (n % 3)}}
+                sample = {
+                    "__key__": f"s{s}/{n:06d}",
+                    "jpg": jpeg(n),
+                    "cls": n % 4,
+                    "txt": f"caption {n} é",
+                    "json": {"n": n, "tags": ["a"] * (n % 3)},
+                }
                 sink.write(sample)
                 samples.append(sample)
     return samples
@@ -84,4 +88,4 @@ def test_a_sample_missing_a_member_is_a_named_bad_record(tmp_path: Path) -> None
     with pytest.raises(DatasetError, match=r"a\.tar: sample k1: members differ .*missing \['cls'\]"):
         convert_to(tmp_path, tmp_path / "out", "webdataset")
     manifest = convert_to(tmp_path, tmp_path / "out2", "webdataset", on_bad_record="skip")
-    assert manifest.rows == 2 and manifest.extra["bad_records"]["skipped"] == 1  # type: ignore[index]
+    assert manifest.rows == 2 and manifest.extra["bad_records"]["skipped"] == 1

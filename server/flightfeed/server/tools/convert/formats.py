@@ -21,17 +21,18 @@ from flightfeed.server.tools.convert.source_files import SourceFiles
 from flightfeed.wire.errors import ConfigError
 
 if TYPE_CHECKING:
-    from flightfeed.server.tools.convert.pipeline import ConvertSettings
-    from flightfeed.server.tools.convert.records import RecordSource
+    from flightfeed.server.tools.convert.sources import Source
 
 __all__ = ["FORMAT_KINDS", "detect_format", "open_format_source"]
 
 FORMAT_KINDS = ("webdataset", "lmdb", "tfrecord", "mds", "litdata", "hf")
 
 
-def open_format_source(kind: str, src: str, settings: ConvertSettings) -> RecordSource:
-    files = SourceFiles(src, settings.storage)
-    policy = settings.on_bad_record
+def open_format_source(
+    kind: str, src: str, storage: StorageOptions, *, on_bad_record: str = "error", lmdb_decoder: str = "msgpack"
+) -> Source:
+    files = SourceFiles(src, storage)
+    policy = on_bad_record
     if kind == "webdataset":
         from flightfeed.server.tools.convert.from_webdataset import WebDatasetSource
 
@@ -39,7 +40,7 @@ def open_format_source(kind: str, src: str, settings: ConvertSettings) -> Record
     if kind == "lmdb":
         from flightfeed.server.tools.convert.from_lmdb import LmdbSource
 
-        return LmdbSource(src, files, policy, settings.lmdb_decoder)
+        return LmdbSource(src, files, policy, lmdb_decoder)
     if kind == "tfrecord":
         from flightfeed.server.tools.convert.from_tfrecord import TFRecordSource
 
@@ -65,9 +66,9 @@ def _index_kind(files: SourceFiles, path: str) -> str | None:
             index: Any = json.loads(f.read(1 << 24))
     except (OSError, ValueError):
         return None
-    if isinstance(index, dict) and isinstance(index.get("shards"), list):
-        if all(isinstance(s, dict) and s.get("format") == "mds" for s in index["shards"]):
-            return "mds"
+    shards = index.get("shards") if isinstance(index, dict) else None
+    if isinstance(shards, list) and all(isinstance(s, dict) and s.get("format") == "mds" for s in shards):
+        return "mds"
     if isinstance(index, dict) and "chunks" in index and "config" in index:
         return "litdata"
     return None

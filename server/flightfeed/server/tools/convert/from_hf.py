@@ -50,7 +50,9 @@ class HfSource:
             with open(os.path.join(meta_dir, "dataset_info.json"), encoding="utf-8") as f:
                 info = json.load(f)
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"{src}: not a datasets save_to_disk folder (state.json, dataset_info.json): {exc}") from None
+            raise ConfigError(
+                f"{src}: not a datasets save_to_disk folder (state.json, dataset_info.json): {exc}"
+            ) from None
         finally:
             self._folder.__exit__(None, None, None)
         self.paths = [files.join(self._src, d["filename"]) for d in state.get("_data_files", [])]
@@ -68,11 +70,13 @@ class HfSource:
         for field in stored:
             if field.name in self._media:
                 if not pa.types.is_struct(field.type) or field.type.get_field_index("bytes") < 0:
-                    raise DatasetError(f"{src}: feature {field.name!r} is stored as {field.type}, not struct<bytes, path>")
+                    raise DatasetError(
+                        f"{src}: feature {field.name!r} is stored as {field.type}, not struct<bytes, path>"
+                    )
                 fields += [pa.field(field.name, pa.binary()), pa.field(f"{field.name}_path", pa.string())]
             else:
                 fields.append(field.remove_metadata() if field.metadata else field)
-        metadata: dict[str, str] = {"flightfeed.source": "huggingface"}
+        metadata: dict[bytes | str, bytes | str] = {"flightfeed.source": "huggingface"}
         if labels:
             main = "label" if "label" in labels else next(iter(labels)) if len(labels) == 1 else None
             if main is not None:
@@ -85,8 +89,8 @@ class HfSource:
         self._rows: int | None = None
 
     @property
-    def num_rows(self) -> int | None:
-        return self._rows
+    def num_rows(self) -> int:  # None until read: streamed like records.py
+        return self._rows  # type: ignore[return-value]
 
     @property
     def manifest_extra(self) -> dict[str, object]:
@@ -117,7 +121,9 @@ class HfSource:
                 columns.append(column)
                 continue
             data = pc.struct_field(column, "bytes")
-            path = pc.struct_field(column, "path") if column.type.get_field_index("path") >= 0 else pa.nulls(len(column))
+            path = (
+                pc.struct_field(column, "path") if column.type.get_field_index("path") >= 0 else pa.nulls(len(column))
+            )
             missing = pc.is_null(data)
             if pc.any(missing).as_py():
                 keep = self._bad_rows(missing, uri, first, field.name, keep)
@@ -127,7 +133,9 @@ class HfSource:
 
     def _bad_rows(self, missing: pa.Array[Any], uri: str, first: int, name: str, keep: pa.Array[Any] | None) -> Any:
         for row in pc.indices_nonzero(missing).to_pylist():
-            bad = BadRecord(f"{uri}: row {first + row}", f"{name!r} has no bytes (only a path); re-save with embedded files")
+            bad = BadRecord(
+                f"{uri}: row {first + (row or 0)}", f"{name!r} has no bytes (only a path); re-save with embedded files"
+            )
             if self._on_bad == "error":
                 raise bad.error()
             self.skipped_count += 1

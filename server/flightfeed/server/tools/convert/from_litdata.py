@@ -35,8 +35,24 @@ __all__ = ["LitDataSource"]
 
 # litdata.constants: _NUMPY_SCTYPES (numpy leaves) and _TORCH_DTYPES_MAPPING (tensor leaves)
 _NUMPY = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64"]
-_TORCH = {0: "float32", 1: "float32", 2: "float64", 3: "float64", 8: "float16", 9: "float16", 11: "uint8", 12: "int8",
-          13: "int16", 14: "int16", 15: "int32", 16: "int32", 17: "int64", 18: "int64", 19: "bool", 20: "uint16"}
+_TORCH = {
+    0: "float32",
+    1: "float32",
+    2: "float64",
+    3: "float64",
+    8: "float16",
+    9: "float16",
+    11: "uint8",
+    12: "int8",
+    13: "int16",
+    14: "int16",
+    15: "int32",
+    16: "int32",
+    17: "int64",
+    18: "int64",
+    19: "bool",
+    20: "uint16",
+}
 Decoder = Callable[[bytes], list[Any]]
 
 
@@ -52,7 +68,11 @@ def _leaf_names(spec: Any, prefix: str = "") -> list[str]:
         keys = [str(i) for i in range(len(children))]
     else:
         raise ConfigError(f"LitData data_spec node {kind!r} is not a dict, tuple, list or leaf")
-    return [n for key, child in zip(keys, children, strict=True) for n in _leaf_names(child, f"{prefix}{key}" if not prefix else f"{prefix}.{key}")]
+    return [
+        n
+        for key, child in zip(keys, children, strict=True)
+        for n in _leaf_names(child, f"{prefix}{key}" if not prefix else f"{prefix}.{key}")
+    ]
 
 
 def _numpy(b: bytes) -> list[Any]:
@@ -83,12 +103,17 @@ def _leaf(name: str, fmt: str) -> tuple[list[pa.Field[Any]], Decoder]:
         return [pa.field(name, pa.binary())], lambda b: [_png(b)]
     if base in ("numpy", "tensor"):
         # the dtype is per item; the first item fixes the column's (a later other one is a bad record)
-        return [pa.field(name, pa.null()), pa.field(f"{name}_shape", pa.list_(pa.int64()))], _numpy if base == "numpy" else _tensor
+        return [
+            pa.field(name, pa.null()),
+            pa.field(f"{name}_shape", pa.list_(pa.int64())),
+        ], _numpy if base == "numpy" else _tensor
     if base in ("no_header_numpy", "no_header_tensor"):
         dtype = np.dtype(_NUMPY[int(arg)] if base == "no_header_numpy" else _TORCH[int(arg)])
         return [pa.field(name, pa.list_(pa.from_numpy_dtype(dtype)))], lambda b: [np.frombuffer(b, dtype)]
     if base == "pickle":
-        raise ConfigError(f"LitData leaf {name!r} is pickled; flightfeed never unpickles: re-write it with another type")
+        raise ConfigError(
+            f"LitData leaf {name!r} is pickled; flightfeed never unpickles: re-write it with another type"
+        )
     raise ConfigError(f"LitData leaf {name!r} has serializer {fmt!r}, which convert does not read")
 
 
@@ -100,8 +125,8 @@ class LitDataSource(RecordSource):
         index_uri = root if root.endswith("index.json") else files.join(root, "index.json")
         self._root = index_uri[: -len("index.json")].rstrip("/")
         try:
-            with files.local(index_uri) as path, open(path, encoding="utf-8") as f:
-                index = json.load(f)
+            with files.local(index_uri) as path, open(path, encoding="utf-8") as fh:
+                index = json.load(fh)
             config = index["config"]
             self._chunks: list[dict[str, Any]] = index["chunks"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -110,7 +135,9 @@ class LitDataSource(RecordSource):
             raise DatasetError(f"{index_uri}: lists no chunks")
         for key in ("compression", "encryption"):
             if config.get(key):
-                raise ConfigError(f"{index_uri}: {key} {config[key]!r} chunks are not read by convert; re-optimize without")
+                raise ConfigError(
+                    f"{index_uri}: {key} {config[key]!r} chunks are not read by convert; re-optimize without"
+                )
         if config.get("item_loader", "PyTreeLoader") != "PyTreeLoader":
             raise ConfigError(f"{index_uri}: item_loader {config['item_loader']} (convert reads PyTreeLoader datasets)")
         names = _leaf_names(json.loads(config["data_spec"])[1])
@@ -153,7 +180,9 @@ class LitDataSource(RecordSource):
                 continue
             offsets = np.frombuffer(data, "<u4", n + 1, 4)
             if n and offsets[0] == offsets[-1]:
-                raise ConfigError(f"{uri}: items live in LitData's Arrow row footer (JSON rows); convert does not read it")
+                raise ConfigError(
+                    f"{uri}: items live in LitData's Arrow row footer (JSON rows); convert does not read it"
+                )
             for i in range(n):
                 lo, hi = int(offsets[i]), int(offsets[i + 1])
                 try:

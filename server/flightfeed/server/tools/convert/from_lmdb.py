@@ -150,7 +150,9 @@ class LmdbSource(RecordSource):
         elif isinstance(obj, list):
             names, values = [f"field{i}" for i in range(len(obj))], obj
         else:
-            return BadRecord(self._where(key), f"a msgpack {type(obj).__name__}; expected (image_bytes, label) or a map")
+            return BadRecord(
+                self._where(key), f"a msgpack {type(obj).__name__}; expected (image_bytes, label) or a map"
+            )
         bad = next((v for v in values if type(v) not in _PY_TYPES), None)
         if bad is not None:
             return BadRecord(self._where(key), f"holds a {type(bad).__name__}; values must be bytes, int, float or str")
@@ -173,11 +175,11 @@ class LmdbSource(RecordSource):
             get = txn.get
             for i in range(self._count):
                 key = str(i).encode()
-                value = get(key)
-                if value is None:
+                found = get(key)
+                if found is None:
                     yield BadRecord(self._where(key), "is missing (the msgpack layout needs keys '0'..'N-1')")
                     continue
-                yield self._decode(key, value)
+                yield self._decode(key, found)
 
     def close(self) -> None:
         self._env.close()

@@ -35,17 +35,30 @@ from flightfeed.wire.errors import ConfigError, DatasetError
 
 __all__ = ["MdsSource", "decompress_shard"]
 
-_SCALARS = {n: n for n in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-                           "float16", "float32", "float64")}
-_VALUE_DTYPES = {8: "uint8", 9: "int8", 16: "uint16", 17: "int16", 18: "float16", 32: "uint32", 33: "int32",
-                 34: "float32", 64: "uint64", 65: "int64", 66: "float64"}
+_SCALARS = {
+    n: n
+    for n in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64")
+}
+_VALUE_DTYPES = {
+    8: "uint8",
+    9: "int8",
+    16: "uint16",
+    17: "int16",
+    18: "float16",
+    32: "uint32",
+    33: "int32",
+    34: "float32",
+    64: "uint64",
+    65: "int64",
+    66: "float64",
+}
 _SHAPE_DTYPES = {0: "uint8", 1: "uint16", 2: "uint32", 3: "uint64"}
 
 
 def decompress_shard(algo: str, data: bytes, size: int) -> bytes:
     family = algo.split(":", 1)[0]
     if family == "zstd":
-        return pa.Codec("zstd").decompress(data, decompressed_size=size).to_pybytes()  # type: ignore[no-any-return]
+        return bytes(pa.Codec("zstd").decompress(data, decompressed_size=size).to_pybytes())
     if family == "gz":
         return gzip.decompress(data)
     if family == "bz2":
@@ -60,8 +73,10 @@ def decompress_shard(algo: str, data: bytes, size: int) -> bytes:
 
             return snappy.decompress(data)  # type: ignore[no-any-return]
     except ImportError:
-        raise ConfigError(f"MDS compression {algo!r} needs the {family} package: pip install "
-                          f"{'Brotli' if family == 'br' else 'python-snappy'}") from None
+        raise ConfigError(
+            f"MDS compression {algo!r} needs the {family} package: pip install "
+            f"{'Brotli' if family == 'br' else 'python-snappy'}"
+        ) from None
     raise ConfigError(f"MDS compression {algo!r} is not supported (zstd, gz, bz2, br, snappy)")
 
 
@@ -107,8 +122,10 @@ def _column(name: str, encoding: str) -> tuple[list[pa.Field[Any]], Callable[[by
     if base == "ndarray":
         return _ndarray(name, config)
     if base == "pkl":
-        raise ConfigError(f"MDS column {name!r} is pickled (encoding pkl); flightfeed never unpickles: re-write it "
-                          "with another encoding (bytes, json, ndarray, ...)")
+        raise ConfigError(
+            f"MDS column {name!r} is pickled (encoding pkl); flightfeed never unpickles: re-write it "
+            "with another encoding (bytes, json, ndarray, ...)"
+        )
     raise ConfigError(f"MDS column {name!r} has encoding {encoding!r}, which convert does not read")
 
 
@@ -120,7 +137,9 @@ def _ndarray(name: str, config: str) -> tuple[list[pa.Field[Any]], Callable[[byt
         typ = pa.fixed_shape_tensor(pa.from_numpy_dtype(np.dtype(dtype)), list(shape))
         return [pa.field(name, typ)], lambda b: [np.frombuffer(b, np.dtype(dtype).newbyteorder("<")).reshape(shape)]
     if dtype is None:
-        raise ConfigError(f"MDS column {name!r} is an ndarray of a dtype per sample; convert needs ndarray:DTYPE[:SHAPE]")
+        raise ConfigError(
+            f"MDS column {name!r} is an ndarray of a dtype per sample; convert needs ndarray:DTYPE[:SHAPE]"
+        )
     fixed = dtype
 
     def decode(b: bytes) -> list[Any]:
@@ -143,8 +162,8 @@ class MdsSource(RecordSource):
         index_uri = root if root.endswith("index.json") else files.join(root, "index.json")
         self._root = index_uri[: -len("index.json")].rstrip("/")
         try:
-            with files.local(index_uri) as path, open(path, encoding="utf-8") as f:
-                index = json.load(f)
+            with files.local(index_uri) as path, open(path, encoding="utf-8") as fh:
+                index = json.load(fh)
         except (OSError, ValueError) as exc:
             raise ConfigError(f"{index_uri}: not a readable MDS index.json: {exc}") from None
         self._shards: list[dict[str, Any]] = list(index.get("shards", []))
@@ -162,7 +181,11 @@ class MdsSource(RecordSource):
             decoders.append(d)
         self._decoders = decoders
         for shard in self._shards:
-            if shard.get("format") != "mds" or shard["column_names"] != self._names or shard["column_encodings"] != self._encodings:
+            if (
+                shard.get("format") != "mds"
+                or shard["column_names"] != self._names
+                or shard["column_encodings"] != self._encodings
+            ):
                 raise DatasetError(f"{index_uri}: shard {shard['raw_data']['basename']} has other columns or encodings")
         self.schema = pa.schema(fields, metadata={"flightfeed.source": "mds"})
         self.description = f"MosaicML MDS ({len(self._shards)} shard(s))"

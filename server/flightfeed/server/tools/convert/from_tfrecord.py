@@ -85,8 +85,7 @@ class TFRecordSource(RecordSource):
             scalar.append(all(name in ex and len(ex[name][1]) == 1 for ex in seen))
         self._names, self._kinds, self._scalar = tuple(names), tuple(kinds), tuple(scalar)
         fields = [
-            pa.field(n, _KINDS[k] if s else pa.list_(_KINDS[k]))
-            for n, k, s in zip(names, kinds, scalar, strict=True)
+            pa.field(n, _KINDS[k] if s else pa.list_(_KINDS[k])) for n, k, s in zip(names, kinds, scalar, strict=True)
         ]
         return pa.schema(fields, metadata={"flightfeed.source": "tfrecord"})
 

@@ -84,7 +84,8 @@ class WebDatasetSource(RecordSource):
         types = [_column(ext) for ext in self._exts]
         self._parse = tuple(parse for _, parse in types)
         self.schema = pa.schema(
-            [pa.field("__key__", pa.string())] + [pa.field(ext, t) for ext, (t, _) in zip(self._exts, types, strict=True)],
+            [pa.field("__key__", pa.string())]
+            + [pa.field(ext, t) for ext, (t, _) in zip(self._exts, types, strict=True)],
             metadata={"flightfeed.source": "webdataset"},
         )
         self.first_record()
@@ -127,7 +128,9 @@ class WebDatasetSource(RecordSource):
             yield self._finish(shard, key, members, duplicate)
 
     @staticmethod
-    def _finish(shard: str, key: str, members: dict[str, bytes], dup: str | None) -> tuple[str, dict[str, bytes]] | BadRecord:
+    def _finish(
+        shard: str, key: str, members: dict[str, bytes], dup: str | None
+    ) -> tuple[str, dict[str, bytes]] | BadRecord:
         if dup is not None:
             return BadRecord(f"{shard}: sample {key}", f"has two .{dup} members")
         return key, members

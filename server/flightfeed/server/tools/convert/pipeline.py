@@ -29,7 +29,9 @@ from flightfeed.wire.errors import ConfigError, DatasetError, ShardError
 
 __all__ = ["ConvertSettings", "convert", "open_source", "SourceKind", "TARGET_BATCH_BYTES"]
 
-SourceKind = Literal["auto", "hdf5", "parquet", "numpy", "images", *FORMAT_KINDS]  # type: ignore[valid-type]
+SourceKind = Literal[
+    "auto", "hdf5", "parquet", "numpy", "images", "webdataset", "lmdb", "tfrecord", "mds", "litdata", "hf"
+]
 #: default record batch size: rows of about this many bytes (a served chunk)
 TARGET_BATCH_BYTES = 8 << 20
 _PROBE_ROWS = 64
@@ -61,7 +63,9 @@ def open_source(src: str, settings: ConvertSettings) -> Source:
     if kind == "auto":
         kind = _detect(src, settings)
     if kind in FORMAT_KINDS:
-        return open_format_source(kind, src, settings)
+        return open_format_source(
+            kind, src, settings.storage, on_bad_record=settings.on_bad_record, lmdb_decoder=settings.lmdb_decoder
+        )
     if kind == "hdf5":
         files = require(find_files(src, HDF5_SUFFIXES), src, "HDF5/netCDF-4", HDF5_SUFFIXES)
         return Hdf5Source(files, settings.hdf5_group, settings.casts)
@@ -170,7 +174,7 @@ def convert(src: str, dst: str, settings: ConvertSettings | None = None) -> Mani
 def _auto_rows(source: Source, shard_bytes: int) -> int:
     """Rows per batch for batches of about TARGET_BATCH_BYTES (at most a quarter of a shard),
     from a probe of the first rows (or the source's own ``row_bytes``: streamed sources)."""
-    hint = getattr(source, "row_bytes", None)
+    hint: int | None = getattr(source, "row_bytes", None)
     if hint is not None:
         return max(1, min(1 << 20, min(TARGET_BATCH_BYTES, shard_bytes // 4) // max(1, hint)))
     probe = next(iter(source.batches(min(_PROBE_ROWS, max(1, source.num_rows)))), None)

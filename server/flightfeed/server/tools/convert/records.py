@@ -35,7 +35,7 @@ _log = logging.getLogger(__name__)
 class BadRecord:
     """A record that cannot be converted: ``where`` names file and key/offset, ``reason`` why."""
 
-    __slots__ = ("where", "reason")
+    __slots__ = ("reason", "where")
 
     def __init__(self, where: str, reason: str) -> None:
         self.where = where
@@ -77,8 +77,9 @@ class RecordSource:
         self.extra: dict[str, object] = {}
 
     @property
-    def num_rows(self) -> int | None:  # type: ignore[override]
-        return self._rows
+    def num_rows(self) -> int:
+        """Rows converted; None until ``batches`` has run (pipeline.py counts as they come)."""
+        return self._rows  # type: ignore[return-value]
 
     def _records(self) -> Iterator[Sequence[Any] | BadRecord]:
         raise NotImplementedError

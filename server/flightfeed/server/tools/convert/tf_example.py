@@ -15,7 +15,7 @@ from __future__ import annotations
 import gzip
 import struct
 from collections.abc import Iterator
-from typing import BinaryIO
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 
@@ -44,7 +44,7 @@ class ExampleError(ValueError):
 def masked_crc(data: bytes | memoryview) -> int:
     import google_crc32c
 
-    crc = google_crc32c.value(bytes(data) if isinstance(data, memoryview) else data)
+    crc: int = google_crc32c.value(bytes(data) if isinstance(data, memoryview) else data)
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
@@ -134,7 +134,7 @@ def _signed(v: int) -> int:
 
 
 def _feature(buf: bytes) -> Feature:
-    kind, values = 0, []  # an empty Feature (no kind) holds no values
+    kind, values = 0, cast(Any, [])  # an empty Feature (no kind) holds no values
     for number, wire, value in _fields(buf):
         if number not in (1, 2, 3) or wire != 2:
             continue
@@ -160,7 +160,7 @@ def _feature(buf: bytes) -> Feature:
             elif w == 0:
                 assert isinstance(v, int)
                 values.append(_signed(v))
-    return kind, values
+    return kind, cast(Any, values)
 
 
 def parse_example(data: bytes) -> dict[str, Feature]:
@@ -174,7 +174,7 @@ def parse_example(data: bytes) -> dict[str, Feature]:
             if n != 1 or w != 2:
                 continue
             assert isinstance(entry, bytes)
-            name, feature = "", (0, [])
+            name, feature = "", cast(Feature, (0, []))
             for en, ew, ev in _fields(entry):
                 if en == 1 and ew == 2:
                     assert isinstance(ev, bytes)
