@@ -52,7 +52,13 @@ class LmdbSource(RecordSource):
             if decoder == "pickle":
                 raise ConfigError("--lmdb-decoder pickle is refused: flightfeed never unpickles; use msgpack or raw")
             raise ConfigError(f"--lmdb-decoder {decoder!r}: use msgpack or raw")
-        import lmdb
+        try:
+            import lmdb
+            import msgpack  # noqa: F401
+        except ImportError as exc:
+            raise ConfigError(
+                f"--from lmdb needs the lmdb and msgpack packages ({exc}): pip install 'flightfeed[formats]'"
+            ) from None
 
         self._decoder = decoder
         self._src = src
