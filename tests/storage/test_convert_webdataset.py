@@ -89,3 +89,19 @@ def test_a_sample_missing_a_member_is_a_named_bad_record(tmp_path: Path) -> None
         convert_to(tmp_path, tmp_path / "out", "webdataset")
     manifest = convert_to(tmp_path, tmp_path / "out2", "webdataset", on_bad_record="skip")
     assert manifest.rows == 2 and manifest.extra["bad_records"]["skipped"] == 1
+
+
+def test_the_jpg_column_takes_the_imagenet_transforms(tmp_path: Path) -> None:
+    from flightfeed.client import FlightDataset, ReadOptions
+    from flightfeed.server.testing import running_server
+
+    write_shards(tmp_path, shards=2, per=4)
+    convert_to(tmp_path, tmp_path / "out", "webdataset")
+    with running_server({"wds": str(tmp_path / "out")}) as server:
+        # the presets take the "image" column, else the request's only binary column: here "jpg"
+        ds = FlightDataset(server.location, "wds", columns=["jpg", "cls"], batch_size=4, transform="imagenet_val",
+                           options=ReadOptions(streams=1, report_interval=None))
+        batches = list(ds)
+    assert sum(len(b["cls"]) for b in batches) == 8
+    image = batches[0]["jpg"]
+    assert str(image.dtype) == "torch.uint8" and tuple(image.shape[1:]) in ((224, 224, 3), (3, 224, 224))

@@ -154,7 +154,7 @@ class LitDataSource(RecordSource):
         self.schema = pa.schema(fields)
         self.schema = self._typed(pa.schema(fields))
         self.description = f"LitData ({len(self._chunks)} chunk(s))"
-        self.first_record()
+        self.row_bytes = max(1, int(self._chunks[0]["chunk_bytes"]) // max(1, int(self._chunks[0]["chunk_size"])))
         self.extra = {"litdata": {"chunks": len(self._chunks)}}
 
     def _typed(self, schema: pa.Schema) -> pa.Schema:

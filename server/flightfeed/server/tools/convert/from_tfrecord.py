@@ -14,12 +14,13 @@ Files: ``*.tfrecord``, ``*.tfrecords``, ``*.tfrec``, ``*.tfrecord.gz`` (or any f
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
 
-from flightfeed.server.tools.convert.records import BadRecord, RecordSource
+from flightfeed.server.tools.convert.records import BadRecord, RecordSource, value_bytes
 from flightfeed.server.tools.convert.source_files import SourceFiles
 from flightfeed.server.tools.convert.tf_example import ExampleError, Feature, FrameError, parse_example, tfrecord_frames
 from flightfeed.wire.errors import ConfigError, DatasetError
@@ -37,8 +38,8 @@ class TFRecordSource(RecordSource):
         super().__init__(on_bad_record)
         self._files = files
         self.paths = files.find(lambda p: p.lower().endswith(TFRECORD_SUFFIXES))
-        if not self.paths and not files.remote and "{" not in src:
-            self.paths = files.find(lambda p: True) if not src.endswith("/") else []
+        if not self.paths and not files.remote and os.path.isfile(src):
+            self.paths = [src]  # one file named by the user, whatever its suffix
         if not self.paths:
             raise ConfigError(f"{src}: no TFRecord files found (looked for {', '.join(TFRECORD_SUFFIXES)})")
         self.description = f"TFRecord ({len(self.paths)} file(s))"
@@ -46,7 +47,6 @@ class TFRecordSource(RecordSource):
         self._kinds: tuple[int, ...] = ()
         self._scalar: tuple[bool, ...] = ()
         self.schema = self._probe()
-        self.first_record()
         self.extra = {"tfrecord": {"files": len(self.paths)}}
 
     def _examples(self) -> Iterator[tuple[str, int, dict[str, Feature]] | BadRecord]:
@@ -73,6 +73,7 @@ class TFRecordSource(RecordSource):
         if not seen:
             raise DatasetError(f"{self._files.src}: no readable tf.train.Example records")
         names = sorted(seen[0])
+        self.row_bytes = max(1, sum(value_bytes(v) for _, v in seen[0].values()))
         kinds, scalar = [], []
         for name in names:
             ks = {ex[name][0] for ex in seen if name in ex and ex[name][0]}

@@ -88,7 +88,6 @@ class WebDatasetSource(RecordSource):
             + [pa.field(ext, t) for ext, (t, _) in zip(self._exts, types, strict=True)],
             metadata={"flightfeed.source": "webdataset"},
         )
-        self.first_record()
         self.extra = {"webdataset": {"shards": len(self.shards), "json": "string column (not flattened)"}}
 
     def _first_sample(self) -> set[str]:
@@ -100,6 +99,7 @@ class WebDatasetSource(RecordSource):
                             raise sample.error()
                         continue
                     exts = set(sample[1])
+                    self.row_bytes = max(1, len(sample[0]) + sum(len(v) for v in sample[1].values()))
                     if "" in exts:
                         raise ConfigError(f"{shard}: member {sample[0]} has no extension; WebDataset names KEY.EXT")
                     return exts
