@@ -59,6 +59,17 @@ def value_bytes(value: object) -> int:
     return 8
 
 
+def _binary(values: list[bytes]) -> pa.Array[Any]:
+    """A binary array of ``values`` in one copy (``pa.array`` converts item by item, ~6x slower)."""
+    lengths = np.fromiter(map(len, values), np.int64, len(values))
+    if int(lengths.sum()) >= 1 << 31:
+        return pa.array(values, type=pa.large_binary()).cast(pa.binary())  # raises: the batch is too big
+    offsets = np.zeros(len(values) + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    buffers = [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(b"".join(values))]
+    return pa.Array.from_buffers(pa.binary(), len(values), buffers)
+
+
 class RecordSource:
     """Base of the streamed sources; subclasses set ``schema`` and ``description`` and implement
     ``_records``."""
@@ -120,6 +131,8 @@ class RecordSource:
         for field, values in zip(self.schema, columns, strict=True):
             if isinstance(field.type, pa.FixedShapeTensorType):
                 arrays.append(column_from_ndarray(np.stack(values), field.type))
+            elif field.type == pa.binary() and values and all(type(v) is bytes for v in values):
+                arrays.append(_binary(values))
             else:
                 arrays.append(pa.array(values, type=field.type))
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
