@@ -105,3 +105,32 @@ def test_the_jpg_column_takes_the_imagenet_transforms(tmp_path: Path) -> None:
     assert sum(len(b["cls"]) for b in batches) == 8
     image = batches[0]["jpg"]
     assert str(image.dtype) == "torch.uint8" and tuple(image.shape[1:]) in ((224, 224, 3), (3, 224, 224))
+
+
+def test_cli_counts_skipped_records_and_prints_throughput(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+
+    from flightfeed.server.tools.convert import cli as convert_cli
+
+    (tmp_path / "src").mkdir()
+    write_shards(tmp_path / "src", shards=2)
+    _truncate_last_member(tmp_path / "src" / "train-000001.tar")
+    parser = argparse.ArgumentParser()
+    convert_cli.add_arguments(parser)
+    args = parser.parse_args([str(tmp_path / "src"), str(tmp_path / "out"), "--no-progress"])
+    assert convert_cli.run(args) == 1  # --from auto finds the tars; the damage stops it
+    assert "member s1/000009.txt at byte" in capsys.readouterr().err
+    args = parser.parse_args([str(tmp_path / "src"), str(tmp_path / "o2"), "--no-progress", "--on-bad-record", "skip"])
+    assert convert_cli.run(args) == 0
+    captured = capsys.readouterr()
+    assert "wrote 9 rows" in captured.out and "rows/s" in captured.out and "MB/s" in captured.out
+    assert "skipped 2 bad record(s)" in captured.err and "s1/000009" in captured.err
+
+
+def test_auto_refuses_an_ambiguous_folder(tmp_path: Path) -> None:
+    from flightfeed.wire.errors import ConfigError
+
+    write_shards(tmp_path, shards=1)
+    (tmp_path / "x.tfrecord").write_bytes(b"")
+    with pytest.raises(ConfigError, match="name the kind with --from"):
+        convert_to(tmp_path, tmp_path / "out", "auto")
