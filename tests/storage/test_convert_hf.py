@@ -56,6 +56,11 @@ def test_plain_columns_of_a_save_to_disk_folder_are_served_directly(tmp_path: Pa
     data = save(tmp_path / "hf")
     got = served_rows(tmp_path / "hf", ["label", "score", "text"])
     assert got == {"label": data["label"], "score": data["score"], "text": data["text"]}
+    from flightfeed.client import FlightDataset, ReadOptions
+
+    with running_server({"d": str(tmp_path / "hf")}) as server:  # ClassLabel names from the HF metadata
+        ds = FlightDataset(server.location, "d", columns=["label"], options=ReadOptions(report_interval=None))
+        assert ds.classes == ["cat", "dog", "emu"]
 
 
 def test_hf_features_convert_to_client_columns(tmp_path: Path) -> None:
