@@ -32,9 +32,9 @@ LMDB_DECODERS = ("msgpack", "raw")
 _PY_TYPES: dict[type, pa.DataType] = {bytes: pa.binary(), int: pa.int64(), float: pa.float64(), str: pa.string()}
 
 
-def looks_like_pickle(value: bytes) -> bool:
+def looks_like_pickle(value: bytes | memoryview) -> bool:
     """A pickle of protocol 2..5 starts with PROTO (0x80, then the protocol) and ends with STOP."""
-    return len(value) > 2 and value[0] == 0x80 and 2 <= value[1] <= 5 and value.endswith(b".")
+    return len(value) > 2 and value[0] == 0x80 and 2 <= value[1] <= 5 and value[-1] == 0x2E
 
 
 def _pickle_error(where: str) -> ConfigError:
@@ -140,7 +140,7 @@ class LmdbSource(RecordSource):
             return pa.schema([pa.field(n, _PY_TYPES[type(v)]) for n, v in zip(self._names, decoded, strict=True)])
         raise AssertionError("unreachable")
 
-    def _decode(self, key: bytes, value: bytes) -> Sequence[Any] | BadRecord:
+    def _decode(self, key: bytes, value: bytes | memoryview) -> Sequence[Any] | BadRecord:
         import msgpack
 
         if looks_like_pickle(value):
@@ -169,14 +169,15 @@ class LmdbSource(RecordSource):
         return values
 
     def _records(self) -> Iterator[Sequence[Any] | BadRecord]:
-        with self._env.begin(buffers=False) as txn:
+        with self._env.begin(buffers=True) as txn:  # values are views into the map until decoded
             if self._decoder == "raw":
-                for key, value in txn.cursor():
+                for view, value in txn.cursor():
+                    key = bytes(view)
                     if key.startswith(b"__"):
                         continue
                     if looks_like_pickle(value):
                         raise _pickle_error(self._where(key))
-                    yield key, value
+                    yield key, bytes(value)
                 return
             get = txn.get
             for i in range(self._count):

@@ -41,10 +41,10 @@ class ExampleError(ValueError):
     pass
 
 
-def masked_crc(data: bytes | memoryview) -> int:
+def masked_crc(data: bytes) -> int:
     import google_crc32c
 
-    crc: int = google_crc32c.value(bytes(data) if isinstance(data, memoryview) else data)
+    crc: int = google_crc32c.value(data)
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
@@ -72,20 +72,20 @@ def tfrecord_frames(path: str) -> Iterator[tuple[int, bytes] | FrameError]:
             if masked_crc(head[:8]) != length_crc:
                 yield FrameError(offset, "length CRC mismatch (corrupt file, or not a TFRecord file)")
                 return
-            body = f.read(length + 4)
-            if len(body) < length + 4:
-                yield FrameError(offset, f"truncated record: {max(0, len(body) - 4)} of {length} data bytes")
+            data = f.read(length)
+            crc = f.read(4)
+            if len(data) < length or len(crc) < 4:
+                yield FrameError(offset, f"truncated record: {len(data)} of {length} data bytes")
                 return
-            data = body[:length]
             nxt = offset + 16 + length
-            if masked_crc(data) != _CRC.unpack_from(body, length)[0]:
+            if masked_crc(data) != _CRC.unpack(crc)[0]:
                 yield FrameError(offset, "data CRC mismatch (corrupt record)", resync=nxt)
             else:
                 yield offset, data
             offset = nxt
 
 
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+def _varint(buf: memoryview, pos: int) -> tuple[int, int]:
     result = shift = 0
     while True:
         if pos >= len(buf):
@@ -100,8 +100,8 @@ def _varint(buf: bytes, pos: int) -> tuple[int, int]:
             raise ExampleError("varint too long")
 
 
-def _fields(buf: bytes) -> Iterator[tuple[int, int, int | bytes]]:
-    """(field number, wire type, value) of a message: varints as int, length-delimited as bytes."""
+def _fields(buf: memoryview) -> Iterator[tuple[int, int, int | memoryview]]:
+    """(field number, wire type, value) of a message: varints as int, the others as views (no copy)."""
     pos, end = 0, len(buf)
     while pos < end:
         tag, pos = _varint(buf, pos)
@@ -133,26 +133,27 @@ def _signed(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
-def _feature(buf: bytes) -> Feature:
+def _feature(buf: memoryview) -> Feature:
     kind, values = 0, cast(Any, [])  # an empty Feature (no kind) holds no values
     for number, wire, value in _fields(buf):
         if number not in (1, 2, 3) or wire != 2:
             continue
-        assert isinstance(value, bytes)
+        assert isinstance(value, memoryview)
         kind = number
         values = []
         for n, w, v in _fields(value):
             if n != 1:
                 continue
             if number == 1:
-                values.append(v)
+                assert isinstance(v, memoryview)
+                values.append(v.tobytes())
             elif number == 2:
                 if w == 2:
                     values.extend(np.frombuffer(v, "<f4").tolist())  # type: ignore[arg-type]
                 elif w == 5:
                     values.append(struct.unpack("<f", v)[0])  # type: ignore[arg-type]
             elif w == 2:
-                assert isinstance(v, bytes)
+                assert isinstance(v, memoryview)
                 pos = 0
                 while pos < len(v):
                     x, pos = _varint(v, pos)
@@ -166,21 +167,21 @@ def _feature(buf: bytes) -> Feature:
 def parse_example(data: bytes) -> dict[str, Feature]:
     """The features of a serialized ``tf.train.Example``."""
     out: dict[str, Feature] = {}
-    for number, wire, features in _fields(data):
+    for number, wire, features in _fields(memoryview(data)):
         if number != 1 or wire != 2:
             continue
-        assert isinstance(features, bytes)
+        assert isinstance(features, memoryview)
         for n, w, entry in _fields(features):
             if n != 1 or w != 2:
                 continue
-            assert isinstance(entry, bytes)
+            assert isinstance(entry, memoryview)
             name, feature = "", cast(Feature, (0, []))
             for en, ew, ev in _fields(entry):
                 if en == 1 and ew == 2:
-                    assert isinstance(ev, bytes)
-                    name = ev.decode("utf-8")
+                    assert isinstance(ev, memoryview)
+                    name = ev.tobytes().decode("utf-8")
                 elif en == 2 and ew == 2:
-                    assert isinstance(ev, bytes)
+                    assert isinstance(ev, memoryview)
                     feature = _feature(ev)
             out[name] = feature
     return out
