@@ -151,3 +151,59 @@ def test_a_damaged_litdata_chunk_is_named(tmp_path: Path) -> None:
     chunk.write_bytes(chunk.read_bytes()[:-40])
     with pytest.raises(DatasetError, match=rf"{chunk.name}: item \d+: does not decode"):
         convert_to(tmp_path / "lit", tmp_path / "out", "litdata")
+
+
+def test_mds_text_number_and_image_list_encodings(tmp_path: Path) -> None:
+    from decimal import Decimal
+
+    writer = mds_writer()
+    columns = {"imgs": "list[jpeg]", "si": "str_int", "sf": "str_float", "sd": "str_decimal", "i64": "int64"}
+    frames = [Image.fromarray(np.full((4, 6, 3), k * 40, np.uint8)) for k in range(3)]
+    with writer(out=str(tmp_path / "mds"), columns=columns, compression="gz") as out:
+        for i in range(6):
+            out.write({"imgs": frames[: i % 3 + 1], "si": i * 11, "sf": i / 8, "sd": Decimal(f"{i}.25"),
+                       "i64": np.int64(-(2**40) - i)})
+    manifest = convert_to(tmp_path / "mds", tmp_path / "out", "mds")
+    table = arrow_rows(tmp_path / "out")
+    assert manifest.rows == 6 and str(manifest.schema.field("imgs").type) == "list<item: binary>"
+    assert table.column("si").to_pylist() == [i * 11 for i in range(6)]
+    assert table.column("sf").to_pylist() == [i / 8 for i in range(6)]
+    assert table.column("sd").to_pylist() == [f"{i}.25" for i in range(6)]
+    assert table.column("i64").to_pylist() == [-(2**40) - i for i in range(6)]
+    for i, images in enumerate(table.column("imgs").to_pylist()):
+        assert len(images) == i % 3 + 1 and all(b[:2] == b"\xff\xd8" for b in images)
+
+
+def test_a_damaged_mds_shard_is_named(tmp_path: Path) -> None:
+    writer = mds_writer()
+    with writer(out=str(tmp_path / "mds"), columns={"x": "bytes", "n": "int"}, size_limit=1 << 12) as out:
+        for i in range(40):
+            out.write({"x": bytes(100 + i), "n": i})
+    shard = tmp_path / "mds" / "shard.00001.mds"
+    shard.write_bytes(shard.read_bytes()[:-30])
+    with pytest.raises(DatasetError, match=r"shard\.00001\.mds: sample \d+: does not decode"):
+        convert_to(tmp_path / "mds", tmp_path / "out", "mds")
+    manifest = convert_to(tmp_path / "mds", tmp_path / "out2", "mds", on_bad_record="skip")
+    assert manifest.rows == 40 - manifest.extra["bad_records"]["skipped"] and manifest.rows < 40  # type: ignore[index]
+
+
+def test_litdata_numpy_and_tensor_leaves_keep_their_shapes(tmp_path: Path) -> None:
+    import torch
+
+    writer = litdata_writer.BinaryWriter(str(tmp_path / "lit"), chunk_bytes=4000)
+    items = []
+    for i in range(12):
+        item = {"grid": np.arange(6 * (i % 3 + 1), dtype=np.float32).reshape(i % 3 + 1, 6) + i,
+                "t": torch.arange(4, dtype=torch.int16).reshape(2, 2) * i, "ok": i % 2 == 0}
+        writer[i] = item
+        items.append(item)
+    writer.done()
+    writer.merge()
+    convert_to(tmp_path / "lit", tmp_path / "out", "litdata")
+    table = arrow_rows(tmp_path / "out")
+    for k, item in enumerate(items):
+        grid = np.array(table.column("grid")[k].as_py(), np.float32).reshape(table.column("grid_shape")[k].as_py())
+        assert np.array_equal(grid, item["grid"])
+        t = np.array(table.column("t")[k].as_py(), np.int16).reshape(table.column("t_shape")[k].as_py())
+        assert np.array_equal(t, item["t"].numpy())
+    assert table.column("ok").to_pylist() == [it["ok"] for it in items]
