@@ -114,3 +114,28 @@ def test_an_image_without_bytes_is_a_named_bad_record(tmp_path: Path) -> None:
         convert_to(tmp_path / "hf", tmp_path / "out", "hf")
     manifest = convert_to(tmp_path / "hf", tmp_path / "out2", "hf", on_bad_record="skip")
     assert manifest.rows == 1 and manifest.extra["bad_records"]["skipped"] == 1
+
+
+def test_an_audio_feature_becomes_bytes_and_path(tmp_path: Path) -> None:
+    import io
+    import wave
+
+    clips = []
+    for i in range(5):
+        buf = io.BytesIO()
+        with wave.open(buf, "wb") as w:
+            w.setnchannels(1)
+            w.setsampwidth(2)
+            w.setframerate(8000)
+            w.writeframes(bytes([i, 1]) * (50 + i))
+        clips.append(buf.getvalue())
+    struct = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    table = pa.table({"audio": pa.array([{"bytes": c, "path": f"{i}.wav"} for i, c in enumerate(clips)], struct),
+                      "n": list(range(5))})
+    # the table as datasets stores Audio() (encoding it through datasets needs torchcodec, not installed here)
+    features = hf.Features({"audio": hf.Audio(), "n": hf.Value("int64")})
+    hf.Dataset(table, info=hf.DatasetInfo(features=features)).save_to_disk(str(tmp_path / "hf"))
+    manifest = convert_to(tmp_path / "hf", tmp_path / "out", "auto")
+    assert [f.name for f in manifest.schema] == ["audio", "audio_path", "n"]
+    got = served_rows(tmp_path / "out")
+    assert got["audio"] == clips and got["audio_path"] == [f"{i}.wav" for i in range(5)] and got["n"] == [0, 1, 2, 3, 4]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from flightfeed.server.storage.local_s3 import LocalS3
 from flightfeed.wire.errors import DatasetError
 from tests.storage.format_roundtrip import convert_to, jpeg, served_rows
 
@@ -134,3 +135,22 @@ def test_auto_refuses_an_ambiguous_folder(tmp_path: Path) -> None:
     (tmp_path / "x.tfrecord").write_bytes(b"")
     with pytest.raises(ConfigError, match="name the kind with --from"):
         convert_to(tmp_path, tmp_path / "out", "auto")
+
+
+def test_gzipped_shards_and_a_brace_pattern_on_s3(s3: LocalS3, tmp_path: Path) -> None:
+    import gzip
+
+    from flightfeed.server.tools.convert import ConvertSettings, convert
+
+    (tmp_path / "src").mkdir()
+    samples = write_shards(tmp_path / "src", shards=3, per=4)
+    for tar in sorted((tmp_path / "src").glob("*.tar")):
+        tar.with_suffix(".tar.gz").write_bytes(gzip.compress(tar.read_bytes()))
+        tar.unlink()
+    bucket = s3.new_bucket()
+    s3.upload_dir(tmp_path / "src", f"s3://{bucket}/wds")
+    settings = ConvertSettings(progress=False, kind="webdataset", storage=s3.options())
+    manifest = convert(f"s3://{bucket}/wds/train-{{000001..000002}}.tar.gz", str(tmp_path / "out"), settings)
+    assert manifest.rows == 8
+    got = served_rows(tmp_path / "out", ["__key__", "jpg"])
+    assert got["__key__"] == [s["__key__"] for s in samples[4:]] and got["jpg"] == [s["jpg"] for s in samples[4:]]
