@@ -133,7 +133,7 @@ def test_auto_refuses_an_ambiguous_folder(tmp_path: Path) -> None:
 
     write_shards(tmp_path, shards=1)
     (tmp_path / "x.tfrecord").write_bytes(b"")
-    with pytest.raises(ConfigError, match="name the kind with --from"):
+    with pytest.raises(ConfigError, match=r"holds several layouts \(tfrecord, webdataset\); name the kind with --from"):
         convert_to(tmp_path, tmp_path / "out", "auto")
 
 

@@ -1,7 +1,7 @@
 """The sources other loaders left behind: ``--from webdataset|lmdb|tfrecord|mds|litdata|hf``.
 
 ``open_format_source`` opens one (local or ``s3://``); ``detect_format`` names the kind of a
-source for ``--from auto`` when exactly one of these layouts is found (else None):
+source for ``--from auto`` when exactly one of these layouts is found (none: None; several: an error):
 
 - ``lmdb``: a ``data.mdb`` (the directory holding it, or the file);
 - ``hf``: a ``datasets`` ``save_to_disk`` folder (``state.json`` + ``dataset_info.json`` + ``.arrow``);
@@ -75,7 +75,7 @@ def _index_kind(files: SourceFiles, path: str) -> str | None:
 
 
 def detect_format(src: str, storage: StorageOptions) -> str | None:
-    """The one layout of ``FORMAT_KINDS`` found at ``src``, or None (none, or several)."""
+    """The one layout of ``FORMAT_KINDS`` found at ``src``, None for none; several are an error."""
     if not src.startswith("s3://") and not os.path.exists(src) and "{" not in src and not any(c in src for c in "*?["):
         return None
     files = SourceFiles(src, storage)
@@ -99,4 +99,6 @@ def detect_format(src: str, storage: StorageOptions) -> str | None:
             kinds.add("webdataset")
         elif low.endswith((".tfrecord", ".tfrecords", ".tfrec", ".tfrecord.gz", ".tfrecords.gz")):
             kinds.add("tfrecord")
-    return kinds.pop() if len(kinds) == 1 else None
+    if len(kinds) > 1:
+        raise ConfigError(f"{src} holds several layouts ({', '.join(sorted(kinds))}); name the kind with --from")
+    return kinds.pop() if kinds else None
