@@ -154,3 +154,32 @@ def test_gzipped_shards_and_a_brace_pattern_on_s3(s3: LocalS3, tmp_path: Path) -
     assert manifest.rows == 8
     got = served_rows(tmp_path / "out", ["__key__", "jpg"])
     assert got["__key__"] == [s["__key__"] for s in samples[4:]] and got["jpg"] == [s["jpg"] for s in samples[4:]]
+
+
+def test_long_member_names_and_odd_keys(tmp_path: Path) -> None:
+    """Names over 100 bytes (pax/GNU headers written by tarfile) and dots in directories."""
+    keys = [f"dir.with.dots/{'k' * 120}{i}" for i in range(3)]
+    with wds.TarWriter(str(tmp_path / "long.tar")) as sink:
+        for i, key in enumerate(keys):
+            sink.write({"__key__": key, "seg.png": bytes([i]) * 10, "cls": i})
+    manifest = convert_to(tmp_path / "long.tar", tmp_path / "out", "webdataset")
+    assert [f.name for f in manifest.schema] == ["__key__", "cls", "seg.png"]
+    got = served_rows(tmp_path / "out")
+    assert got["__key__"] == keys and got["seg.png"] == [bytes([i]) * 10 for i in range(3)] and got["cls"] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("fmt", [tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT])
+def test_gnu_and_ustar_headers(tmp_path: Path, fmt: int) -> None:
+    import io
+
+    prefix = "p" * 90 + "/" if fmt == tarfile.USTAR_FORMAT else "q" * 150 + "/"  # ustar: the prefix field
+    with tarfile.open(tmp_path / "a.tar", "w", format=fmt) as tar:
+        for i in range(4):
+            for ext, data in (("bin", bytes(range(i + 1))), ("txt", f"t{i}".encode())):
+                info = tarfile.TarInfo(f"{prefix}{i:04d}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    convert_to(tmp_path / "a.tar", tmp_path / "out", "webdataset")
+    got = served_rows(tmp_path / "out")
+    assert got["__key__"] == [f"{prefix}{i:04d}" for i in range(4)]
+    assert got["bin"] == [bytes(range(i + 1)) for i in range(4)] and got["txt"] == [f"t{i}" for i in range(4)]

@@ -155,6 +155,7 @@ class LitDataSource(RecordSource):
         self.schema = self._typed(pa.schema(fields))
         self.description = f"LitData ({len(self._chunks)} chunk(s))"
         self.row_bytes = max(1, int(self._chunks[0]["chunk_bytes"]) // max(1, int(self._chunks[0]["chunk_size"])))
+        self._rows = sum(int(c["chunk_size"]) for c in self._chunks)  # the progress bar's total; final once read
         self.extra = {"litdata": {"chunks": len(self._chunks)}}
 
     def _typed(self, schema: pa.Schema) -> pa.Schema:

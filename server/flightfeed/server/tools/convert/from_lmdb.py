@@ -73,6 +73,7 @@ class LmdbSource(RecordSource):
             raise DatasetError(f"{src}: not a readable LMDB environment: {exc}") from None
         self.description = f"LMDB ({decoder})"
         self._count = self._check_len() if decoder == "msgpack" else 0
+        self._rows = self._count or None  # the progress bar's total; final once read
         self._names: list[str] = []
         self._types: list[type] = []
         first = self._first_value()

@@ -190,6 +190,7 @@ class MdsSource(RecordSource):
         self.schema = pa.schema(fields, metadata={"flightfeed.source": "mds"})
         self.description = f"MosaicML MDS ({len(self._shards)} shard(s))"
         self._expected = sum(int(s["samples"]) for s in self._shards)
+        self._rows = self._expected  # the progress bar's total; final once read
         sized = next((s for s in self._shards if s["samples"]), first)
         self.row_bytes = max(1, int(sized["raw_data"]["bytes"]) // max(1, int(sized["samples"])))
         self.extra = {"mds": {"shards": len(self._shards), "samples": self._expected}}

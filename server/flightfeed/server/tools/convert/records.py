@@ -7,8 +7,9 @@ offset of a record that cannot be read. ``batches(rows)`` turns them into record
 record's name; ``skip`` leaves it out, logs it and counts it (``manifest_extra`` puts the count
 and the first names into ``manifest.json``). Nothing is left out silently.
 
-The row count of a streamed source is known only once its records are read (``num_rows`` is
-None until then); its schema comes from the first record (``first_record``), and
+The row count of a streamed source is final only once its records are read (``num_rows`` is
+None until then, or the count its index promises: the progress bar's total); its schema comes
+from the first record or the index, and
 ``row_bytes`` (the first record's size) sizes the record batches without a second read.
 """
 
