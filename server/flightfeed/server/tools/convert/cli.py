@@ -27,8 +27,9 @@ __all__ = ["add_arguments", "run"]
 
 
 _DESCRIPTION = (
-    "Convert HDF5, Parquet, NumPy (.npy/.npz) or an image folder (CLASS/*.jpg|png) into sharded .arrow "
-    "files plus manifest.json; DST may be s3://bucket/prefix."
+    "Convert HDF5, Parquet, NumPy (.npy/.npz), an image folder (CLASS/*.jpg|png), WebDataset tars, LMDB, "
+    "TFRecord, MosaicML MDS, LitData or a Hugging Face save_to_disk folder into sharded .arrow files plus "
+    "manifest.json; DST (and SRC for those formats) may be s3://bucket/prefix."
 )
 
 
@@ -42,7 +43,8 @@ def _resize(text: str) -> tuple[int, int]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = _DESCRIPTION
     parser.add_argument(
-        "src", metavar="SRC", help="a file, directory or glob of HDF5/Parquet/NumPy, or an image folder"
+        "src", metavar="SRC",
+        help="a file, directory, glob or brace pattern (train-{000000..000146}.tar) of the source"
     )
     parser.add_argument("dst", metavar="DST", help="output directory or s3://bucket/prefix")
     parser.add_argument("--shard-size", type=size_argument, default="512MB", help="bytes per shard (default 512MB)")
