@@ -139,3 +139,13 @@ def test_an_audio_feature_becomes_bytes_and_path(tmp_path: Path) -> None:
     assert [f.name for f in manifest.schema] == ["audio", "audio_path", "n"]
     got = served_rows(tmp_path / "out")
     assert got["audio"] == clips and got["audio_path"] == [f"{i}.wav" for i in range(5)] and got["n"] == [0, 1, 2, 3, 4]
+
+
+def test_a_damaged_arrow_file_is_named(tmp_path: Path) -> None:
+    from flightfeed.wire.errors import DatasetError
+
+    save(tmp_path / "hf", n=30)
+    data = tmp_path / "hf" / "data-00001-of-00002.arrow"
+    data.write_bytes(data.read_bytes()[:-200])
+    with pytest.raises(DatasetError, match=r"data-00001-of-00002\.arrow: not a readable Arrow stream file"):
+        convert_to(tmp_path / "hf", tmp_path / "out", "hf")

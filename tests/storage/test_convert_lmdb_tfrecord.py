@@ -201,3 +201,14 @@ def test_s3_to_s3_for_tfrecord_and_lmdb(s3: LocalS3, tmp_path: Path) -> None:
         ConvertSettings(progress=False, kind="lmdb", storage=s3.options()),
     )
     assert served_rows(tmp_path / "lmdb-out", ["image"])["image"] == [r[0] for r in records]
+
+
+def test_files_that_are_not_tfrecords_or_tars_are_refused_by_name(tmp_path: Path) -> None:
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "x.tfrecord").write_bytes(b"this is not a tfrecord file at all" * 3)
+    with pytest.raises(DatasetError, match=r"x\.tfrecord at byte 0: length CRC mismatch"):
+        convert_to(tmp_path / "t", tmp_path / "out", "tfrecord")
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "x.tar").write_bytes(b"garbage" * 100)
+    with pytest.raises(DatasetError, match=r"x\.tar at byte 0: tar header checksum mismatch"):
+        convert_to(tmp_path / "w", tmp_path / "out", "webdataset")

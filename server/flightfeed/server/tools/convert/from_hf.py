@@ -33,6 +33,16 @@ __all__ = ["HfSource", "MEDIA_FEATURES"]
 MEDIA_FEATURES = ("Image", "Audio", "Video", "Pdf")
 
 
+def _stream(source: pa.NativeFile, uri: str) -> Iterator[Any]:
+    """The schema, then the record batches, of the Arrow stream file ``uri``; damage is named."""
+    try:
+        reader = ipc.open_stream(source)
+        yield reader.schema
+        yield from reader
+    except (pa.ArrowException, OSError) as exc:
+        raise DatasetError(f"{uri}: not a readable Arrow stream file (damaged or truncated?): {exc}") from None
+
+
 class HfSource:
     def __init__(self, src: str, files: SourceFiles, on_bad_record: str) -> None:
         if on_bad_record not in ("error", "skip"):
@@ -62,9 +72,11 @@ class HfSource:
         self._media = [n for n, f in features.items() if isinstance(f, dict) and f.get("_type") in MEDIA_FEATURES]
         labels = {n: f["names"] for n, f in features.items() if isinstance(f, dict) and f.get("_type") == "ClassLabel"}
         with files.local(self.paths[0]) as path, pa.memory_map(path) as source:
-            reader = ipc.open_stream(source)
-            stored = reader.schema
-            probe = next(iter(reader), None)
+            batches = _stream(source, self.paths[0])
+            stored = next(batches)
+            probe = next(batches, None)
+        assert isinstance(stored, pa.Schema)
+        self._stored = stored
         self.row_bytes = 1 if probe is None or not probe.num_rows else max(1, probe.nbytes // probe.num_rows)
         fields: list[pa.Field[Any]] = []
         for field in stored:
@@ -105,7 +117,11 @@ class HfSource:
         for uri in self.paths:
             with self._files.local(uri) as path, pa.memory_map(path) as source:
                 first = 0
-                for batch in ipc.open_stream(source):
+                stream = _stream(source, uri)
+                next(stream)  # the schema
+                for batch in stream:
+                    if not batch.schema.equals(self._stored, check_metadata=False):
+                        raise DatasetError(f"{uri} has another schema than {self.paths[0]}:\n{batch.schema}")
                     out = self._convert(batch, uri, first)
                     first += batch.num_rows
                     total += out.num_rows

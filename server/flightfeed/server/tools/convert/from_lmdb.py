@@ -148,7 +148,7 @@ class LmdbSource(RecordSource):
             raise _pickle_error(self._where(key))
         try:
             obj = msgpack.unpackb(value, raw=False)
-        except (ValueError, msgpack.UnpackException) as exc:
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
             return BadRecord(self._where(key), f"not a msgpack value ({type(exc).__name__}: {exc})")
         if isinstance(obj, dict):
             names, values = [str(k) for k in obj], list(obj.values())
@@ -170,6 +170,14 @@ class LmdbSource(RecordSource):
         return values
 
     def _records(self) -> Iterator[Sequence[Any] | BadRecord]:
+        import lmdb
+
+        try:
+            yield from self._read()
+        except lmdb.Error as exc:
+            raise DatasetError(f"{self._src}: the LMDB environment cannot be read ({exc}); is it damaged?") from None
+
+    def _read(self) -> Iterator[Sequence[Any] | BadRecord]:
         with self._env.begin(buffers=True) as txn:  # values are views into the map until decoded
             if self._decoder == "raw":
                 for view, value in txn.cursor():

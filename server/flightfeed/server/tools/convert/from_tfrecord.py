@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import struct
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -59,7 +60,7 @@ class TFRecordSource(RecordSource):
                     offset, data = frame
                     try:
                         yield uri, offset, parse_example(data)
-                    except (ExampleError, UnicodeDecodeError) as exc:
+                    except (ExampleError, ValueError, struct.error) as exc:
                         yield BadRecord(f"{uri} at byte {offset}", f"not a tf.train.Example ({exc})")
 
     def _probe(self) -> pa.Schema:

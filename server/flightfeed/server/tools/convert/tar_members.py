@@ -94,16 +94,20 @@ def tar_members(path: str, display: str) -> Iterator[Member | BadRecord]:
                 return  # a tar without its two zero blocks still ends cleanly at a member boundary
             if header == b"\0" * _BLOCK:
                 return
-            if not _checksum_ok(header):
+            try:
+                sound = _checksum_ok(header)
+                size = _octal(header[124:136])
+            except ValueError:
+                sound, size = False, 0
+            if not sound:
                 yield BadRecord(f"{display} at byte {offset}", "tar header checksum mismatch (corrupt file)")
                 return
-            size = _octal(header[124:136])
             kind = header[156:157]
             name = long_name
             long_name = None
             if name is None:
                 name = header[:100].split(b"\0", 1)[0].decode("utf-8", "replace")
-                if header[257:262] == b"ustar":
+                if header[257:263] == b"ustar\0":  # POSIX ustar/pax (GNU's "ustar  " has no prefix field)
                     prefix = header[345:500].split(b"\0", 1)[0].decode("utf-8", "replace")
                     if prefix:
                         name = f"{prefix}/{name}"
@@ -119,7 +123,11 @@ def tar_members(path: str, display: str) -> Iterator[Member | BadRecord]:
             if kind == b"L":
                 long_name = data.rstrip(b"\0").decode("utf-8", "replace")
             elif kind == b"x":
-                long_name = _pax_path(data)
+                try:
+                    long_name = _pax_path(data)
+                except (ValueError, IndexError, UnicodeDecodeError):
+                    yield BadRecord(f"{display} at byte {offset}", "damaged pax header")
+                    return
             elif kind in (b"0", b"\0", b"7"):
                 yield name, offset, data
             offset += _BLOCK + size + pad
