@@ -208,3 +208,18 @@ def test_litdata_numpy_and_tensor_leaves_keep_their_shapes(tmp_path: Path) -> No
         t = np.array(table.column("t")[k].as_py(), np.int16).reshape(table.column("t_shape")[k].as_py())
         assert np.array_equal(t, item["t"].numpy())
     assert table.column("ok").to_pylist() == [it["ok"] for it in items]
+
+
+def test_a_skipped_litdata_chunk_counts_every_item_it_held(tmp_path: Path) -> None:
+    write_litdata(tmp_path / "lit", 25)
+    chunks = sorted((tmp_path / "lit").glob("chunk-*.bin"))
+    import json
+
+    index = json.loads((tmp_path / "lit" / "index.json").read_text())
+    sizes = {c["filename"]: c["chunk_size"] for c in index["chunks"]}
+    chunks[0].write_bytes(b"\xff\xff\xff\xff" + chunks[0].read_bytes()[4:])  # its item count is damaged
+    with pytest.raises(DatasetError, match=rf"{chunks[0].name}: holds 4294967295 items, index.json says"):
+        convert_to(tmp_path / "lit", tmp_path / "out", "litdata")
+    manifest = convert_to(tmp_path / "lit", tmp_path / "out2", "litdata", on_bad_record="skip")
+    bad: Any = manifest.extra["bad_records"]
+    assert bad["skipped"] == sizes[chunks[0].name] and manifest.rows == 25 - bad["skipped"]

@@ -177,7 +177,9 @@ class LitDataSource(RecordSource):
                 data = f.read()
             n = struct.unpack_from("<I", data)[0] if len(data) >= 4 else -1
             if n != chunk["chunk_size"] or len(data) < 4 * (n + 2):
-                yield BadRecord(uri, f"holds {n} items, index.json says {chunk['chunk_size']} (damaged chunk)")
+                yield BadRecord(
+                    uri, f"holds {n} items, index.json says {chunk['chunk_size']} (damaged chunk)", chunk["chunk_size"]
+                )
                 continue
             offsets = np.frombuffer(data, "<u4", n + 1, 4)
             if n and offsets[0] == offsets[-1]:

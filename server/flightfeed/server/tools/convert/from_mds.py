@@ -214,7 +214,9 @@ class MdsSource(RecordSource):
             uri, data = self._shard_bytes(shard)
             n = struct.unpack_from("<I", data)[0] if len(data) >= 4 else -1
             if n != shard["samples"] or len(data) < 4 * (n + 2):
-                yield BadRecord(f"{uri}", f"holds {n} samples, index.json says {shard['samples']} (damaged shard)")
+                yield BadRecord(
+                    f"{uri}", f"holds {n} samples, index.json says {shard['samples']} (damaged shard)", shard["samples"]
+                )
                 continue
             offsets = np.frombuffer(data, "<u4", n + 1, 4)
             for i in range(n):

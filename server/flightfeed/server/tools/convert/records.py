@@ -34,13 +34,15 @@ _log = logging.getLogger(__name__)
 
 
 class BadRecord:
-    """A record that cannot be converted: ``where`` names file and key/offset, ``reason`` why."""
+    """A record that cannot be converted: ``where`` names file and key/offset, ``reason`` why;
+    ``records``: how many records it stands for (a damaged shard whose index promised that many)."""
 
-    __slots__ = ("reason", "where")
+    __slots__ = ("reason", "records", "where")
 
-    def __init__(self, where: str, reason: str) -> None:
+    def __init__(self, where: str, reason: str, records: int = 1) -> None:
         self.where = where
         self.reason = reason
+        self.records = records
 
     def error(self) -> DatasetError:
         return DatasetError(
@@ -141,7 +143,7 @@ class RecordSource:
     def _bad(self, record: BadRecord) -> None:
         if self.on_bad_record == "error":
             raise record.error()
-        self.skipped_count += 1
+        self.skipped_count += record.records
         if len(self.skipped) < MAX_NAMED_SKIPS:
             self.skipped[record.where] = record.reason
         _log.warning("skipping bad record %s: %s", record.where, record.reason)
