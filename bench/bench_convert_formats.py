@@ -10,12 +10,10 @@ plus an integer label, written by the real library (``webdataset.TarWriter``, ``
   ``webdataset``'s pipeline without decoding); an LMDB cursor over every value (and the same plus
   ``msgpack.unpackb``); the ``tfrecord`` package's framing iterator (and its Example loader);
 - ``convert(SRC, DST)`` into a fresh local directory (the whole pipeline: read, record batches,
-  ``.arrow`` shards, read-back check, sha256 + block checksums, manifest), with the source read
-  ahead on a second thread (the default) and inline (``convert_inline``: one thread).
+  ``.arrow`` shards, read-back check, sha256 + block checksums, manifest).
 
-Reports MB/s of source payload, CPU seconds per GB (this process), the
-ratio of the medians convert / plain read (target >= 0.8), the read-ahead's 2- vs 1-thread
-speedup, and the load average. Writes
+Reports MB/s of source payload, CPU seconds per GB (this process; convert is one thread), the
+ratio of the medians convert / plain read (target >= 0.8), and the load average. Writes
 bench/out/convert_formats.json.
 """
 
@@ -38,7 +36,7 @@ import pyarrow as pa
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import machine, median, write_json
-from flightfeed.server.tools.convert import ConvertSettings, convert, records
+from flightfeed.server.tools.convert import ConvertSettings, convert
 
 
 def payloads(samples: int, size: int) -> list[bytes]:
@@ -185,7 +183,6 @@ def timed(fn: Callable[[], object]) -> tuple[float, float]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    read_ahead = records.READ_AHEAD
     data = payloads(args.samples, args.bytes)
     payload_gb = sum(map(len, data)) / 1e9
     results: dict[str, Any] = {}
@@ -206,17 +203,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 continue
             for read in reads.values():
                 read(src)  # warm the page cache
-            times: dict[str, list[tuple[float, float]]] = {name: [] for name in [*reads, "convert", "convert_inline"]}
+            times: dict[str, list[tuple[float, float]]] = {name: [] for name in [*reads, "convert"]}
             for _ in range(args.repeats):
                 for name, read in reads.items():
                     times[name].append(timed(functools.partial(read, src)))
                 dst = root / f"out-{kind}"
                 settings = ConvertSettings(kind=kind, progress=False)  # type: ignore[arg-type]
                 times["convert"].append(timed(functools.partial(convert, str(src), str(dst), settings)))
-                shutil.rmtree(dst)
-                records.READ_AHEAD = 0  # the same on one thread: the read-ahead's speedup
-                times["convert_inline"].append(timed(functools.partial(convert, str(src), str(dst), settings)))
-                records.READ_AHEAD = read_ahead
                 shutil.rmtree(dst)
             figures: dict[str, Any] = {
                 name: {
@@ -231,7 +224,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for name in list(reads)[1:]:
                 figures["ratio_convert_over_" + name.replace(" ", "_").replace("+", "_")] = round(
                     figures["convert"]["mb_s"] / figures[name]["mb_s"], 3)
-            figures["read_ahead_speedup"] = round(figures["convert"]["mb_s"] / figures["convert_inline"]["mb_s"], 3)
             results[kind] = figures
             print(kind, figures, "load", os.getloadavg(), flush=True)
     return {

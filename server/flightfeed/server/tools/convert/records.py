@@ -16,8 +16,6 @@ from the first record or the index, and
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -27,11 +25,9 @@ import pyarrow as pa
 from flightfeed.server.readers.ndarray import column_from_ndarray
 from flightfeed.wire.errors import ConfigError, DatasetError
 
-__all__ = ["BadRecord", "RecordSource", "BAD_RECORD_POLICIES", "value_bytes", "MAX_NAMED_SKIPS", "READ_AHEAD"]
+__all__ = ["BadRecord", "RecordSource", "BAD_RECORD_POLICIES", "value_bytes", "MAX_NAMED_SKIPS"]
 
 BAD_RECORD_POLICIES = ("error", "skip")
-#: record batches read ahead of the writer
-READ_AHEAD = 2
 #: skipped records named in manifest.json (all are counted)
 MAX_NAMED_SKIPS = 1000
 _log = logging.getLogger(__name__)
@@ -114,44 +110,6 @@ class RecordSource:
         raise DatasetError(f"{self.description}: the source has no (good) records; nothing to convert")
 
     def batches(self, rows: int) -> Iterator[pa.RecordBatch]:
-        """Record batches of ``rows`` rows, read ahead on a thread (``READ_AHEAD`` batches): the
-        source's parsing overlaps the writer's IPC writes and hashing, which release the GIL; 0: inline."""
-        if READ_AHEAD <= 0:
-            yield from self._batches(rows)
-            return
-        done = threading.Event()
-        ready: queue.Queue[pa.RecordBatch | BaseException | None] = queue.Queue(maxsize=READ_AHEAD)
-
-        def put(item: pa.RecordBatch | BaseException | None) -> bool:
-            while not done.is_set():
-                try:
-                    ready.put(item, timeout=0.05)
-                    return True
-                except queue.Full:
-                    continue
-            return False
-
-        def produce() -> None:
-            try:
-                for batch in self._batches(rows):
-                    if not put(batch):
-                        return
-                put(None)
-            except BaseException as exc:  # handed to the consumer, raised there
-                put(exc)
-
-        reader = threading.Thread(target=produce, name="convert-read", daemon=True)
-        reader.start()
-        try:
-            while (item := ready.get()) is not None:
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            done.set()
-            reader.join()
-
-    def _batches(self, rows: int) -> Iterator[pa.RecordBatch]:
         self.skipped, self.skipped_count = {}, 0
         columns: list[list[Any]] = [[] for _ in self.schema]
         pending = total = 0
