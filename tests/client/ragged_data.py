@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
+import torch
 
 LAYOUT = [[45, 61, 30], [7, 90], [64, 33]]
 ROWS = sum(sum(s) for s in LAYOUT)  # 330
@@ -83,3 +84,34 @@ def write_ragged(root: Path, layout: Sequence[Sequence[int]] = LAYOUT) -> int:
                 writer.write_batch(batch_of(range(row, row + n)))
                 row += n
     return row
+
+
+def row_of(values: Any, lengths: Any, r: int) -> np.ndarray:
+    """Row ``r`` of a nested tensor (lengths None) or of a padded tensor (its lengths given)."""
+    if lengths is None:
+        return np.asarray(values[r].numpy())
+    return np.asarray(values[r, : int(lengths[r])].numpy())
+
+
+def check_batch(b: dict[str, Any], policy: dict[str, str], pad_value: float = 0) -> list[int]:
+    """Every ragged value of every row equals the source's, bit for bit; padding is ``pad_value``."""
+    idx = b["index"].tolist()
+    for col, expect in (("tokens", tokens_of), ("boxes", boxes_of), ("wide", wide_of)):
+        t = b[col]
+        lengths = b.get(col + "_lengths")
+        if policy.get(col, "nested") == "nested":
+            assert t.is_nested and t.layout == torch.jagged and lengths is None
+            assert t.offsets().dtype == torch.int64 and int(t.offsets()[0]) == 0
+        else:
+            assert not t.is_nested and t.shape[0] == len(idx)
+            assert lengths.dtype == torch.int64 and lengths.tolist() == [len(expect(i)) for i in idx]
+            assert t.shape[1] == max(lengths.tolist())
+            mask = torch.arange(t.shape[1]) >= lengths[:, None]
+            assert bool((t[mask] == pad_value).all())
+        for r, i in enumerate(idx):
+            want = expect(i)
+            got = row_of(t, lengths, r)
+            assert got.dtype == want.dtype and got.shape == want.shape, (col, i)
+            assert got.tobytes() == want.tobytes(), (col, i)
+    assert b["words"] == [words_of(i) for i in idx]
+    return idx

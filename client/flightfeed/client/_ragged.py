@@ -50,6 +50,7 @@ RaggedSpec = str | Mapping[str, str]
 _Arr = Any  # pyarrow arrays/fields (the stubs type them per scalar type)
 #: converts one non-ragged column (``_convert.column_to_torch``; passed in, so no import cycle)
 ColumnFn = Callable[[_Arr, _Arr], Any]
+_NUMPY_FILLED = (torch.uint16, torch.uint32, torch.uint64)
 
 
 def check_ragged(ragged: object, pad_value: object, columns: Sequence[str] = ()) -> None:
@@ -129,9 +130,14 @@ def _padded(name: str, values: torch.Tensor, offsets: np.ndarray[Any, Any], pad_
                 f"choose ReadOptions(pad_value=...) in [{info.min}, {info.max}]"
             )
         pad_value = int(pad_value)
-    out = torch.full((rows, longest, *values.shape[1:]), pad_value, dtype=dtype)
+    shape = (rows, longest, *values.shape[1:])
+    mask = torch.arange(longest) < lengths[:, None]  # row-major order = the jagged order
+    if dtype in _NUMPY_FILLED:  # torch has no index_put for these: numpy fills them
+        filled = np.full(shape, pad_value, dtype=values.numpy().dtype)
+        filled[mask.numpy()] = values.numpy()
+        return torch.from_numpy(filled)
+    out = torch.full(shape, pad_value, dtype=dtype)
     if values.numel():
-        mask = torch.arange(longest) < lengths[:, None]  # row-major order = the jagged order
         out[mask] = values
     return out
 
