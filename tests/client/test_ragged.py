@@ -9,7 +9,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pytest
 import torch
@@ -126,13 +125,16 @@ def test_null_lists_and_null_items_fail_naming_the_column() -> None:
     with pytest.raises(DatasetError, match="'tokens' has 1 null list"):
         batch_to_torch(pa.record_batch([lists], names=["tokens"]))
     items = pa.array([[1, None], [3]], pa.list_(pa.int32()))
-    with pytest.raises(DatasetError, match="column 'tokens'.*nulls"):
+    with pytest.raises(DatasetError, match=r"column 'tokens'.*nulls"):
         batch_to_torch(pa.record_batch([items], names=["tokens"]), "padded")
 
 
 def test_lists_of_strings_and_binary_are_lists_of_lists_and_lists_of_lists_fail() -> None:
     rb = pa.record_batch(
-        [pa.array([["a", "b"], []], pa.list_(pa.string())), pa.array([[b"x"], [b"", b"yz"]], pa.large_list(pa.binary()))],
+        [
+            pa.array([["a", "b"], []], pa.list_(pa.string())),
+            pa.array([[b"x"], [b"", b"yz"]], pa.large_list(pa.binary())),
+        ],
         names=["s", "b"],
     )
     for ragged in ("nested", "padded"):
@@ -148,7 +150,8 @@ def test_padded_bools_floats_and_a_lengths_name_that_is_taken() -> None:
         names=["flags", "score"],
     )
     out = batch_to_torch(rb, "padded", -1.5)
-    assert out["flags"].dtype == torch.bool and out["flags"].tolist() == [[True, False, True], [True, True, True], [True, True, True]]
+    assert out["flags"].dtype == torch.bool
+    assert out["flags"].tolist() == [[True, False, True], [True, True, True], [True, True, True]]
     assert out["score"].tolist() == [[0.5, -1.5], [1.5, 2.5], [-1.5, -1.5]]
     assert out["score_lengths"].tolist() == [1, 2, 0]
     nested = batch_to_torch(rb)["flags"]
