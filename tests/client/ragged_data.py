@@ -95,10 +95,10 @@ def row_of(values: Any, lengths: Any, r: int) -> np.ndarray:
 
 def check_batch(b: dict[str, Any], policy: dict[str, str], pad_value: float = 0) -> list[int]:
     """Every ragged value of every row equals the source's, bit for bit; padding is ``pad_value``."""
-    idx = b["index"].tolist()
+    idx: list[int] = b["index"].tolist()
     for col, expect in (("tokens", tokens_of), ("boxes", boxes_of), ("wide", wide_of)):
         t = b[col]
-        lengths = b.get(col + "_lengths")
+        lengths: Any = b.get(col + "_lengths")
         if policy.get(col, "nested") == "nested":
             assert t.is_nested and t.layout == torch.jagged and lengths is None
             assert t.offsets().dtype == torch.int64 and int(t.offsets()[0]) == 0

@@ -104,7 +104,7 @@ def test_nested_values_are_views_of_the_arrow_buffers_of_a_sliced_batch() -> Non
     rb = batch_of(range(100, 160)).slice(17, 25)  # the list arrays' own offset is 17
     out = batch_to_torch(rb)
     for col in ("tokens", "wide"):
-        arr = rb.column(col)
+        arr: Any = rb.column(col)
         lo, hi = _buffer_range(arr.values)
         values = out[col].values()
         assert lo <= values.data_ptr() < hi  # no copy of the values
@@ -114,7 +114,8 @@ def test_nested_values_are_views_of_the_arrow_buffers_of_a_sliced_batch() -> Non
         assert out[col]._max_seqlen == max(len(x) for x in arr.to_pylist())
     boxes = out["boxes"]
     assert boxes.shape[0] == 25 and boxes.shape[2] == 4
-    lo, hi = _buffer_range(rb.column("boxes").values.values)
+    box_column: Any = rb.column("boxes")
+    lo, hi = _buffer_range(box_column.values.values)
     assert lo <= boxes.values().data_ptr() < hi
     for r, i in enumerate(range(117, 142)):
         assert boxes[r].numpy().tobytes() == boxes_of(i).tobytes()
@@ -163,6 +164,7 @@ def test_padded_bools_floats_and_a_lengths_name_that_is_taken() -> None:
 
 
 def test_ragged_options_are_checked_when_made(ragged_server: RunningServer) -> None:
+    bad: Any
     for bad, match in (
         ("jagged", "ragged is 'jagged'"),
         ({"tokens": "dense"}, r"ragged\['tokens'\] is 'dense'"),
