@@ -19,6 +19,7 @@ from flightfeed.server.storage.cli_options import (
     storage_options_from_args,
 )
 from flightfeed.server.tools.convert.pipeline import ConvertSettings, convert
+from flightfeed.server.tools.convert.token_sources import add_token_arguments
 from flightfeed.wire.errors import ConfigError, FlightFeedError
 
 __all__ = ["add_arguments", "run"]
@@ -59,10 +60,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--from",
         dest="kind",
-        choices=("auto", "hdf5", "parquet", "numpy", "images"),
+        choices=("auto", "hdf5", "parquet", "numpy", "images", "nanogpt", "megatron"),
         default="auto",
         help="source kind (default: detected)",
     )
+    add_token_arguments(parser)
     parser.add_argument("--decode", action="store_true", help="images: store decoded uint8 HxWx3 tensors")
     parser.add_argument("--resize", type=_resize, metavar="WxH", help="images: resize to WxH (with --decode)")
     parser.add_argument(
@@ -98,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
             max_side=args.max_side,
             on_bad_image=args.on_bad_image,
             overwrite=args.overwrite,
+            eot=args.eot,
+            token_dtype=args.token_dtype,
             progress=not args.no_progress,
             storage=storage_options_from_args(args, os.environ),
         )

@@ -23,12 +23,13 @@ from flightfeed.server.tools.convert.sources import (
     find_files,
     require,
 )
+from flightfeed.server.tools.convert.token_sources import TOKEN_KINDS, open_token_source, refuse_token_options
 from flightfeed.server.tools.convert.writer import Compression, ShardWriter, rebatch
 from flightfeed.wire.errors import ConfigError, DatasetError, ShardError
 
 __all__ = ["ConvertSettings", "convert", "open_source", "SourceKind", "TARGET_BATCH_BYTES"]
 
-SourceKind = Literal["auto", "hdf5", "parquet", "numpy", "images"]
+SourceKind = Literal["auto", "hdf5", "parquet", "numpy", "images", "nanogpt", "megatron"]
 #: default record batch size: rows of about this many bytes (a served chunk)
 TARGET_BATCH_BYTES = 8 << 20
 _PROBE_ROWS = 64
@@ -49,6 +50,8 @@ class ConvertSettings:
     on_bad_image: str = "error"
     overwrite: bool = False
     progress: bool = True
+    eot: int | None = None  # nanogpt: the end-of-text token id after which a document ends
+    token_dtype: str | None = None  # nanogpt: the token files' dtype (None: uint16)
     storage: StorageOptions = field(default_factory=StorageOptions)
 
 
@@ -57,6 +60,9 @@ def open_source(src: str, settings: ConvertSettings) -> Source:
     kind = settings.kind
     if kind == "auto":
         kind = _detect(src)
+    if kind in TOKEN_KINDS:
+        return open_token_source(kind, src, settings.eot, settings.token_dtype)
+    refuse_token_options(kind, settings.eot, settings.token_dtype)
     if kind == "hdf5":
         files = require(find_files(src, HDF5_SUFFIXES), src, "HDF5/netCDF-4", HDF5_SUFFIXES)
         return Hdf5Source(files, settings.hdf5_group, settings.casts)
