@@ -22,6 +22,7 @@ from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.cli import main as flightfeed_main
 from flightfeed.server.testing import RunningServer, running_server
 from flightfeed.server.tools.convert import ConvertSettings, convert
+from flightfeed.server.tools.convert.pipeline import SourceKind
 from flightfeed.server.tools.convert.tokens_megatron import MAGIC
 from flightfeed.wire.errors import ConfigError, DatasetError
 
@@ -102,7 +103,7 @@ def corpora(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningS
     root = tmp_path_factory.mktemp("tokens")
     docs = _documents()
 
-    def quiet(kind: str, eot: int | None = None) -> ConvertSettings:
+    def quiet(kind: SourceKind, eot: int | None = None) -> ConvertSettings:
         return ConvertSettings(kind=kind, eot=eot, progress=False, rows_per_batch=37)
 
     # nanoGPT: documents end with EOT; a tail without one is a last document
