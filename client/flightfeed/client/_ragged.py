@@ -50,7 +50,6 @@ RaggedSpec = str | Mapping[str, str]
 _Arr = Any  # pyarrow arrays/fields (the stubs type them per scalar type)
 #: converts one non-ragged column (``_convert.column_to_torch``; passed in, so no import cycle)
 ColumnFn = Callable[[_Arr, _Arr], Any]
-_NUMPY_FILLED = (torch.uint16, torch.uint32, torch.uint64)
 
 
 def check_ragged(ragged: object, pad_value: object, columns: Sequence[str] = ()) -> None:
@@ -118,8 +117,11 @@ def _flat(name: str, field: _Arr, arr: _Arr, column: ColumnFn) -> tuple[torch.Te
 
 
 def _padded(name: str, values: torch.Tensor, offsets: np.ndarray[Any, Any], pad_value: float) -> torch.Tensor:
-    lengths = torch.from_numpy(np.diff(offsets))
-    rows = len(lengths)
+    """``(rows, longest, *inner)`` filled with ``pad_value``, each row's values at its start. Done in
+    numpy (one thread: torch's intra-op threads only spin on these memory-bound steps, and torch has
+    no index_put for uint16/32/64); Arrow's item types all have a numpy dtype."""
+    lengths = np.diff(offsets)
+    rows, total = len(lengths), int(offsets[-1])
     longest = int(lengths.max()) if rows else 0
     dtype = values.dtype
     if not dtype.is_floating_point and dtype != torch.bool:
@@ -130,16 +132,13 @@ def _padded(name: str, values: torch.Tensor, offsets: np.ndarray[Any, Any], pad_
                 f"choose ReadOptions(pad_value=...) in [{info.min}, {info.max}]"
             )
         pad_value = int(pad_value)
-    shape = (rows, longest, *values.shape[1:])
-    mask = torch.arange(longest) < lengths[:, None]  # row-major order = the jagged order
-    if dtype in _NUMPY_FILLED:  # torch has no index_put for these: numpy fills them
-        filled = np.full(shape, pad_value, dtype=values.numpy().dtype)
-        filled[mask.numpy()] = values.numpy()
-        return torch.from_numpy(filled)
-    out = torch.full(shape, pad_value, dtype=dtype)
-    if values.numel():
-        out[mask] = values
-    return out
+    flat = values.numpy()
+    out = np.full((rows * longest, *flat.shape[1:]), pad_value, dtype=flat.dtype)
+    if total:
+        # row r's values go to r * longest + (0 .. length_r - 1)
+        base = np.arange(rows, dtype=np.int64) * longest - offsets[:-1]
+        out[np.repeat(base, lengths) + np.arange(total, dtype=np.int64)] = flat
+    return torch.from_numpy(out.reshape(rows, longest, *flat.shape[1:]))
 
 
 def ragged_to_torch(
