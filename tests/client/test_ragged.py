@@ -9,9 +9,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.client._convert import batch_to_torch
@@ -201,3 +204,42 @@ def test_parquet_list_columns_are_served_too(tmp_path: Path) -> None:
         seen = [i for b in ds for i in check_batch(b, {})]
         ds.close()
     assert sorted(seen) == list(range(130))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lists=st.lists(st.lists(st.integers(-(2**31), 2**31 - 1), max_size=9), min_size=1, max_size=30),
+    cut=st.tuples(st.integers(0, 30), st.integers(0, 30)),
+    large=st.booleans(),
+    pad=st.integers(-5, 5),
+)
+def test_any_slice_of_any_lists_round_trips_in_both_policies(
+    lists: list[list[int]], cut: tuple[int, int], large: bool, pad: int
+) -> None:
+    typ = pa.large_list(pa.int32()) if large else pa.list_(pa.int32())
+    lo = min(cut[0], len(lists))
+    hi = max(lo, min(cut[1], len(lists)))
+    rb = pa.record_batch([pa.array(lists, typ)], names=["t"]).slice(lo, hi - lo)
+    want = lists[lo:hi]
+    nested = batch_to_torch(rb)["t"]
+    assert nested.offsets().tolist() == np.concatenate([[0], np.cumsum([len(x) for x in want])]).tolist()
+    assert [nested[r].tolist() for r in range(len(want))] == want
+    out = batch_to_torch(rb, "padded", pad)
+    longest = max((len(x) for x in want), default=0)
+    assert out["t"].tolist() == [x + [pad] * (longest - len(x)) for x in want]
+    assert out["t_lengths"].tolist() == [len(x) for x in want]
+
+
+def test_lists_of_fixed_shape_tensors_keep_their_shape() -> None:
+    matrix = pa.fixed_shape_tensor(pa.float32(), [2, 2])
+    storage = pa.FixedSizeListArray.from_arrays(pa.array(np.arange(12, dtype=np.float32)), 4)
+    items = pa.ExtensionArray.from_storage(matrix, storage)
+    column: Any = pa.ListArray.from_arrays(pa.array([0, 1, 1, 3], pa.int32()), items)
+    rb = pa.record_batch([column], names=["m"]).slice(1, 2)
+    nested = batch_to_torch(rb)["m"]
+    assert nested.shape[0] == 2 and nested.shape[2:] == (2, 2)
+    assert nested[0].shape == (0, 2, 2)
+    assert nested[1].tolist() == np.arange(4, 12, dtype=np.float32).reshape(2, 2, 2).tolist()
+    padded = batch_to_torch(rb, "padded", -1)
+    assert padded["m"].shape == (2, 2, 2, 2) and padded["m_lengths"].tolist() == [0, 2]
+    assert bool((padded["m"][0] == -1).all())
