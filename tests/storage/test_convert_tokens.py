@@ -201,3 +201,17 @@ def test_broken_megatron_pairs_fail_naming_the_file(tmp_path: Path) -> None:
     prefix.with_suffix(".bin").unlink()
     prefix.with_suffix(".idx").write_bytes(index)
     fails(r"c\.bin is missing")
+
+
+@pytest.mark.parametrize("scan", [1, 2, 7, 1 << 24])
+def test_document_bounds_do_not_depend_on_the_scan_chunk(monkeypatch: pytest.MonkeyPatch, scan: int) -> None:
+    from flightfeed.server.tools.convert import tokens_nanogpt
+
+    monkeypatch.setattr(tokens_nanogpt, "_SCAN_TOKENS", scan)
+    rng = np.random.default_rng(5)
+    for n in (0, 1, 2, 13, 50):
+        ids = rng.choice(np.array([1, 2, EOT], np.uint16), size=n, p=[0.4, 0.3, 0.3])
+        naive = [0] + [i + 1 for i in range(n) if ids[i] == EOT]
+        if naive[-1] != n:
+            naive.append(n)
+        assert tokens_nanogpt.document_bounds(ids, EOT).tolist() == naive, (scan, ids.tolist())
