@@ -35,7 +35,8 @@ def _loader(server: RunningServer, policy: dict[str, str]) -> StatefulDataLoader
     options = ReadOptions(streams=3, report_interval=None, message_rows=64, ragged=policy, as_tuple=False)
     ds = FlightDataset(server.location, NAME, batch_size=32, seed=5, options=options)
     ds.set_epoch(2)
-    return StatefulDataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="spawn", timeout=120)
+    # one spawned worker (seconds each on 2 cores): the fork test below splits the streams over two
+    return StatefulDataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context="spawn", timeout=120)
 
 
 def test_spawn_workers_deliver_nested_and_padded_columns_and_resume_exactly(ragged_server: RunningServer) -> None:
