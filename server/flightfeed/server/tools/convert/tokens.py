@@ -64,6 +64,10 @@ class TokenDocuments:
         self.schema = pa.schema([pa.field(TOKEN_COLUMN, pa.list_(pa.from_numpy_dtype(dtypes.pop())))])
         self.num_rows = sum(p.documents for p in self._parts)
         self.num_tokens = sum(int(p.bounds[-1]) for p in self._parts)
+        #: mean bytes per document over the whole corpus (tokens + one int32 offset): convert sizes
+        #: its record batches from it when it asks (a probe of the first documents can be far off)
+        itemsize = self._parts[0].tokens.dtype.itemsize if self._parts else 1
+        self.row_bytes = max(1, (self.num_tokens * itemsize + 4 * self.num_rows) // max(1, self.num_rows))
 
     def batches(self, rows: int) -> Iterator[pa.RecordBatch]:
         for part in self._parts:
