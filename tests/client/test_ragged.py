@@ -189,6 +189,13 @@ def test_ragged_options_are_checked_when_made(ragged_server: RunningServer) -> N
     assert opts.ragged == {"tokens": "padded"}  # a private copy
 
 
+def test_a_mapping_naming_a_column_that_is_no_list_fails_at_the_first_batch(make_ds: MakeDs) -> None:
+    with pytest.raises(ConfigError, match="'index', which is int64, not a list column"):
+        next(iter(make_ds(ragged={"index": "padded"})))
+    with pytest.raises(ConfigError, match="'nope', which the dataset does not have"):
+        next(iter(make_ds(ragged={"nope": "padded"})))
+
+
 def test_pad_value_out_of_an_integer_columns_range_fails_naming_it(make_ds: MakeDs) -> None:
     ds = make_ds(columns=["wide"], ragged="padded", pad_value=-1)
     with pytest.raises(DatasetError, match=r"'wide' holds torch.uint16.*\[0, 65535\]"):

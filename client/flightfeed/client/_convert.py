@@ -20,7 +20,7 @@ import pyarrow as pa
 import torch
 import torch.utils.dlpack
 
-from flightfeed.client._ragged import RaggedSpec, is_ragged, policy_of, ragged_to_torch
+from flightfeed.client._ragged import RaggedSpec, check_mapping, is_ragged, policy_of, ragged_to_torch
 from flightfeed.wire.errors import ConfigError
 
 _Arr = Any  # pyarrow arrays/fields (the stubs type them per scalar type)
@@ -79,6 +79,8 @@ def column_to_torch(field: _Arr, arr: _Arr) -> Any:
 
 
 def batch_to_torch(batch: pa.RecordBatch, ragged: RaggedSpec = "nested", pad_value: float = 0) -> dict[str, Any]:
+    if not isinstance(ragged, str):
+        check_mapping(ragged, batch.schema)
     out: dict[str, Any] = {}
     for i, f in enumerate(batch.schema):
         if not is_ragged(f.type):

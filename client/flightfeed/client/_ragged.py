@@ -34,6 +34,7 @@ __all__ = [
     "RAGGED_POLICIES",
     "LENGTHS_SUFFIX",
     "RaggedSpec",
+    "check_mapping",
     "check_ragged",
     "is_ragged",
     "policy_of",
@@ -78,6 +79,21 @@ def check_ragged(ragged: object, pad_value: object, columns: Sequence[str] = ())
     ok = isinstance(pad_value, int | float) and not isinstance(pad_value, bool)
     if not ok or (isinstance(pad_value, float) and math.isnan(pad_value)):
         raise ConfigError(f"pad_value is {pad_value!r}; it must be an int or a float (not NaN)")
+
+
+def check_mapping(ragged: Mapping[str, str], schema: pa.Schema) -> None:
+    """Every column a ``{column: policy}`` mapping names is a list column of the batch."""
+    for column in ragged:
+        index = schema.get_field_index(column)
+        if index < 0:
+            raise ConfigError(
+                f"ragged names column {column!r}, which the dataset does not have; drop it from the mapping"
+            )
+        if not is_ragged(schema.field(index).type):
+            raise ConfigError(
+                f"ragged names column {column!r}, which is {schema.field(index).type}, not a list column; "
+                "drop it from the mapping"
+            )
 
 
 def policy_of(ragged: RaggedSpec, column: str) -> str:
