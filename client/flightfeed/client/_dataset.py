@@ -29,6 +29,7 @@ from flightfeed.client._node import FlightNode
 from flightfeed.client._normalize import normalize_option
 from flightfeed.client._options import ConnectOptions, ReadOptions, checked_settings, refuse_moved
 from flightfeed.client._pool import ConnectionPool
+from flightfeed.client._ragged import tuple_of
 from flightfeed.client._report import _default_client_id, start_reporter
 from flightfeed.client._request import ReadJob, columns_arg, open_readers, read_command
 from flightfeed.client._skips import positions_of
@@ -286,6 +287,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         batches = split_batches(drop_rows(lanes.messages(), skip), self.batch_size)
         stage = _device_stage(self.device, self.meter)
         as_tuple = self.options.as_tuple
+        ragged, pad_value = self.options.ragged, self.options.pad_value
         post = image_stage(
             self.device, normalize_option(self.options.normalize), self.options.decode_on, self._image_decoder
         )
@@ -311,7 +313,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
                     if not rb.num_rows:  # every row of this batch was skipped
                         self._state = self._state.advanced(positions)
                         continue
-                tensors = batch_to_torch(rb)
+                tensors = batch_to_torch(rb, ragged, pad_value)
                 self.meter.spent("convert", time.perf_counter() - t1)
                 out = stage(tensors)  # the device stage reports its own time
                 if post is not None:
@@ -320,7 +322,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
                     self.meter.spent("images", time.perf_counter() - t2)
                 self.meter.waited(time.perf_counter() - t0, rb.num_rows, rb.nbytes)
                 self._state = self._state.advanced(positions)
-                yield tuple(out[c] for c in self.columns) if as_tuple else out
+                yield tuple_of(out, self.columns) if as_tuple else out
         finally:
             self.meter.stop()
             if reporter is not None:

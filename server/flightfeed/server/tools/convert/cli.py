@@ -21,6 +21,7 @@ from flightfeed.server.storage.cli_options import (
 )
 from flightfeed.server.tools.convert.formats import FORMAT_KINDS
 from flightfeed.server.tools.convert.pipeline import ConvertSettings, convert
+from flightfeed.server.tools.convert.token_sources import add_token_arguments
 from flightfeed.wire.errors import ConfigError, FlightFeedError
 
 __all__ = ["add_arguments", "run"]
@@ -63,10 +64,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--from",
         dest="kind",
-        choices=("auto", "hdf5", "parquet", "numpy", "images", *FORMAT_KINDS),
+        choices=("auto", "hdf5", "parquet", "numpy", "images", *FORMAT_KINDS, "nanogpt", "megatron"),
         default="auto",
         help="source kind (default: detected)",
     )
+    add_token_arguments(parser)
     parser.add_argument("--decode", action="store_true", help="images: store decoded uint8 HxWx3 tensors")
     parser.add_argument("--resize", type=_resize, metavar="WxH", help="images: resize to WxH (with --decode)")
     parser.add_argument(
@@ -114,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
             on_bad_record=args.on_bad_record,
             lmdb_decoder=args.lmdb_decoder,
             overwrite=args.overwrite,
+            eot=args.eot,
+            token_dtype=args.token_dtype,
             progress=not args.no_progress,
             storage=storage_options_from_args(args, os.environ),
         )

@@ -24,13 +24,15 @@ from flightfeed.server.tools.convert.sources import (
     find_files,
     require,
 )
+from flightfeed.server.tools.convert.token_sources import TOKEN_KINDS, open_token_source, refuse_token_options
 from flightfeed.server.tools.convert.writer import Compression, ShardWriter, rebatch
 from flightfeed.wire.errors import ConfigError, DatasetError, ShardError
 
 __all__ = ["ConvertSettings", "convert", "open_source", "SourceKind", "TARGET_BATCH_BYTES"]
 
 SourceKind = Literal[
-    "auto", "hdf5", "parquet", "numpy", "images", "webdataset", "lmdb", "tfrecord", "mds", "litdata", "hf"
+    "auto", "hdf5", "parquet", "numpy", "images", "webdataset", "lmdb", "tfrecord", "mds", "litdata", "hf",
+    "nanogpt", "megatron",
 ]
 #: default record batch size: rows of about this many bytes (a served chunk)
 TARGET_BATCH_BYTES = 8 << 20
@@ -54,6 +56,8 @@ class ConvertSettings:
     lmdb_decoder: str = "msgpack"
     overwrite: bool = False
     progress: bool = True
+    eot: int | None = None  # nanogpt: the end-of-text token id after which a document ends
+    token_dtype: str | None = None  # nanogpt: the token files' dtype (None: uint16)
     storage: StorageOptions = field(default_factory=StorageOptions)
 
 
@@ -62,6 +66,9 @@ def open_source(src: str, settings: ConvertSettings) -> Source:
     kind = settings.kind
     if kind == "auto":
         kind = _detect(src, settings)
+    if kind in TOKEN_KINDS:
+        return open_token_source(kind, src, settings.eot, settings.token_dtype)
+    refuse_token_options(kind, settings.eot, settings.token_dtype)
     if kind in FORMAT_KINDS:
         return open_format_source(
             kind, src, settings.storage, on_bad_record=settings.on_bad_record, lmdb_decoder=settings.lmdb_decoder
