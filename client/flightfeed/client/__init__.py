@@ -13,6 +13,7 @@ from flightfeed.client._datapipe import FlightDataPipe
 from flightfeed.client._dataset import FlightDataset
 from flightfeed.client._node import FlightNode
 from flightfeed.client._options import ConnectOptions, ReadOptions
+from flightfeed.client._pack import Pack
 from flightfeed.wire.errors import (
     ConfigError,
     DatasetNotFound,
@@ -28,6 +29,7 @@ __all__ = [
     "FlightDataset",
     "ConnectOptions",
     "ReadOptions",
+    "Pack",
     "FlightNode",
     "FlightDataPipe",
     "FlightFeedError",

@@ -28,6 +28,7 @@ from flightfeed.client._members import Members
 from flightfeed.client._node import FlightNode
 from flightfeed.client._normalize import normalize_option
 from flightfeed.client._options import ConnectOptions, ReadOptions, checked_settings, refuse_moved
+from flightfeed.client._pack import set_pack
 from flightfeed.client._pool import ConnectionPool
 from flightfeed.client._report import _default_client_id, start_reporter
 from flightfeed.client._request import ReadJob, columns_arg, open_readers, read_command
@@ -114,6 +115,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         # server-side transforms (see the class doc); checked here for shape, on the server in full
         self.transform = transform
         set_transform(ReadCommand(), transform, self.options.on_decode_error)
+        set_pack(ReadCommand(), self.options.pack, self.columns)  # a clear error now: columns vs pack
         # image output on the trainer (``_images``): decode on the trainer, normalised float32 CHW
         check_decode_on(self.options.decode_on, transform)
         self._image_decoder: Any = None  # decode_on="trainer": None = torchvision's (tests pass their own)
@@ -121,6 +123,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         self._worker_mark = 0  # WORKER_ITERATIONS when this process last read or loaded a state itself
         self._client_id = _default_client_id()  # one identity in the server's metrics for all epochs
         self._info: dict[str, Any] | None = None
+        self._windows: int | None = None  # with ReadOptions(pack=...): windows per epoch (``__len__``)
         self._state = ReadState.fresh(self._settings())
         self._resume: ReadState | None = None
         self._pool: ConnectionPool | None = None
@@ -148,6 +151,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
             "batch_size": self.batch_size,
             "drop_last": self.drop_last,
             "transform": json.loads(json.dumps(self.transform)),  # as a checkpoint stores it
+            "pack": self.options.pack.as_dict() if self.options.pack is not None else None,
         }
 
     @property
@@ -253,8 +257,18 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         state = self._resume if self._resume is not None else self._state
         if state.epoch != epoch:
             state = ReadState.fresh(self._settings(), epoch=epoch)
-        num_rows = state.num_rows or int(self.info()["rows"])
+        num_rows = state.num_rows or self._epoch_rows(topo, state)
         return state.epoch_batches(num_rows, topo.rank, topo.world_size)
+
+    def _epoch_rows(self, topo: Topology, state: ReadState) -> int:
+        """Rows of an epoch: the dataset's, or with ``pack`` its windows (the same in every epoch:
+        the tokens are), which the server counts when it plans the tickets."""
+        if self.options.pack is None:
+            return int(self.info()["rows"])
+        if self._windows is None:
+            readers = self.open_streams(topo, state, threading.Event(), state.epoch)
+            self._windows = int(readers[0].ticket.num_rows) if readers else 0
+        return self._windows
 
     def __iter__(self) -> Iterator[Any]:
         return self._iterate()

@@ -19,6 +19,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import pyarrow.flight as flight
 
 from flightfeed.client._normalize import NormalizeSpec, normalize_option
+from flightfeed.client._pack import Pack
 from flightfeed.client._retry import RetryPolicy
 from flightfeed.wire.errors import ConfigError
 from flightfeed.wire.messages import DECODE_ERROR_POLICIES
@@ -124,6 +125,8 @@ class ReadOptions:
     every message on the stream (and node) the plan put it on, as streams worked before work could
     move: the job then runs at its slowest node's pace, but each message is requested exactly once
     and always from the same place (what a sweep sharing one decode per message counts on).
+    ``pack``: ``Pack(column="tokens", seq_len=L)`` serves a document dataset's token column as fixed
+    windows: batches ``{column: int64 (B, L + 1), "position_ids": int32 (B, L + 1)}`` (``_pack``).
     """
 
     streams: int = 4
@@ -140,6 +143,7 @@ class ReadOptions:
     window_bytes: int | None = None
     hedge: bool = True
     move: bool = True
+    pack: Pack | None = None
 
     def __post_init__(self) -> None:
         _count("streams", self.streams, 1)
@@ -163,6 +167,8 @@ class ReadOptions:
             )
         if not isinstance(self.as_tuple, bool):
             raise ConfigError(f"as_tuple is {self.as_tuple!r}; it must be True or False")
+        if self.pack is not None and not isinstance(self.pack, Pack):
+            raise ConfigError(f"pack is a {type(self.pack).__name__}; pass pack=Pack(column=..., seq_len=...)")
 
 
 def checked_settings(

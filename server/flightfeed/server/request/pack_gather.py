@@ -1,0 +1,123 @@
+"""Windows of an epoch's token stream -> one RecordBatch (``data.packing`` defines the windows).
+
+A run of ``n`` consecutive windows from window ``w0`` covers stream tokens ``[w0 * L, (w0 + n) * L +
+1)``. The documents overlapping that range are found by binary search in the epoch plan's
+cumulative ends; each contributes one *piece* (a token range of one stored document, which lies in
+one chunk). Pieces are copied chunk by chunk with numpy (fancy indexing built by ``np.repeat`` for
+many short pieces, slices for few long ones), widened to int64 on the way, into one flat run of
+tokens; the windows are then strided out of it (each shares its last token with the next).
+
+Position ids (int32, ``L + 1`` per window): a token's position within its document *inside the
+window*: 0 at the window's first token and at every document start, counting up; -1 on padding.
+A document boundary at index ``i > 0`` of a window is where ``position_ids[i] == 0`` (what
+``cu_seqlens`` / varlen attention and Megatron's ``reset_position_ids`` need). No Python per token
+and none per document except the slice path (pieces averaging >= ``_SLICE_TOKENS`` tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from flightfeed.server.data.catalog import Dataset
+from flightfeed.server.data.packing import POSITION_IDS, EpochPlan, PackSpec
+from flightfeed.server.data.token_index import chunk_tokens_view
+
+__all__ = ["pack_schema", "pack_windows"]
+
+_I64 = npt.NDArray[np.int64]
+_SLICE_TOKENS = 512  # pieces at least this long on average are copied as slices
+
+
+def pack_schema(spec: PackSpec, metadata: dict[bytes, bytes] | None = None) -> pa.Schema:
+    width = spec.seq_len + 1
+    fields = [pa.field(spec.column, pa.list_(pa.int64(), width)), pa.field(POSITION_IDS, pa.list_(pa.int32(), width))]
+    return pa.schema(fields, metadata=metadata)  # type: ignore[arg-type]
+
+
+def _fill(
+    ds: Dataset, plan: EpochPlan, spec: PackSpec, a: int, b: int, flat: _I64, starts: npt.NDArray[np.bool_]
+) -> None:
+    """Stream tokens ``[a, b)`` into ``flat[: b - a]``; ``starts[i]`` set where a document begins."""
+    if b <= a:
+        return
+    ends = plan.ends
+    i0 = int(np.searchsorted(ends, a, side="right"))
+    i1 = int(np.searchsorted(ends, b - 1, side="right"))
+    docs = plan.perm[i0 : i1 + 1].astype(np.int64)
+    doc_end = ends[i0 : i1 + 1]
+    doc_starts = plan.index.doc_starts
+    length = doc_starts[docs + 1] - doc_starts[docs]
+    doc_begin = doc_end - length  # stream offset of each document's first token
+    lo = np.maximum(doc_begin, a)
+    hi = np.minimum(doc_end, b)
+    keep = hi > lo
+    docs, doc_begin, lo, hi = docs[keep], doc_begin[keep], lo[keep], hi[keep]
+    src = doc_starts[docs] + (lo - doc_begin)  # stored token of each piece's first token
+    dst = lo - a
+    n = hi - lo
+    starts[dst[lo == doc_begin]] = True
+    chunk_tokens = plan.index.chunk_tokens
+    cid = np.searchsorted(chunk_tokens, src, side="right") - 1
+    order = np.argsort(cid, kind="stable")
+    bounds = np.flatnonzero(np.diff(cid[order])) + 1
+    for g0, g1 in zip(np.r_[0, bounds].tolist(), np.r_[bounds, len(order)].tolist(), strict=True):
+        sel = order[g0:g1]
+        c = int(cid[sel[0]])
+        view = chunk_tokens_view(ds, c, spec.column)
+        s_local, d, k = src[sel] - chunk_tokens[c], dst[sel], n[sel]
+        total = int(k.sum())
+        if total >= _SLICE_TOKENS * len(sel):
+            for s0, d0, k0 in zip(s_local.tolist(), d.tolist(), k.tolist(), strict=True):
+                flat[d0 : d0 + k0] = view[s0 : s0 + k0]
+            continue
+        first = np.cumsum(k) - k  # each piece's place in this group's tokens
+        ramp = np.arange(total, dtype=np.int64) - np.repeat(first, k)
+        flat[np.repeat(d, k) + ramp] = view[np.repeat(s_local, k) + ramp]
+
+
+def pack_windows(ds: Dataset, plan: EpochPlan, spec: PackSpec, runs: Sequence[tuple[int, int]]) -> pa.RecordBatch:
+    """Windows ``[w, w + n)`` of each ``(w, n)`` run, in order, as one RecordBatch of
+    ``pack_schema(spec)``."""
+    step = spec.seq_len
+    width = step + 1
+    rows = sum(n for _, n in runs)
+    tok_buf = pa.allocate_buffer(max(1, rows * width * 8))
+    pos_buf = pa.allocate_buffer(max(1, rows * width * 4))
+    tok_mem: Any = tok_buf
+    pos_mem: Any = pos_buf
+    tokens = np.frombuffer(tok_mem, dtype=np.int64, count=rows * width).reshape(rows, width)
+    positions = np.frombuffer(pos_mem, dtype=np.int32, count=rows * width).reshape(rows, width)
+    total = plan.num_tokens
+    ramp = np.arange(width, dtype=np.int32)
+    row = 0
+    for w0, n in runs:
+        a = w0 * step
+        span = n * step + 1
+        b = min(a + span, total)
+        flat = np.full(span, spec.pad_id, dtype=np.int64)
+        starts = np.zeros(span, dtype=np.bool_)
+        _fill(ds, plan, spec, a, b, flat, starts)
+        windows = np.lib.stride_tricks.sliding_window_view(flat, width)[::step]
+        tokens[row : row + n] = windows
+        marks = np.lib.stride_tricks.sliding_window_view(starts, width)[::step].copy()
+        marks[:, 0] = True
+        last = np.where(marks, ramp, 0)
+        np.maximum.accumulate(last, axis=1, out=last)
+        out = positions[row : row + n]
+        np.subtract(ramp, last, out=out)
+        if b - a < span:  # padding: position -1
+            pad_from = np.arange(n, dtype=np.int64)[:, None] * step + np.arange(width, dtype=np.int64) >= b - a
+            out[pad_from] = -1
+        row += n
+    tok_arr = pa.FixedSizeListArray.from_arrays(
+        pa.Array.from_buffers(pa.int64(), rows * width, [None, tok_buf]), width
+    )
+    pos_arr = pa.FixedSizeListArray.from_arrays(
+        pa.Array.from_buffers(pa.int32(), rows * width, [None, pos_buf]), width
+    )
+    return pa.RecordBatch.from_arrays([tok_arr, pos_arr], schema=pack_schema(spec, ds.schema.metadata))
