@@ -11,6 +11,8 @@
 
 from flightfeed.client._datapipe import FlightDataPipe
 from flightfeed.client._dataset import FlightDataset
+from flightfeed.client._mix_plan import Mixture
+from flightfeed.client._mixture import MixtureDataset
 from flightfeed.client._node import FlightNode
 from flightfeed.client._options import ConnectOptions, ReadOptions
 from flightfeed.client._pack import Pack
@@ -30,6 +32,8 @@ __all__ = [
     "ConnectOptions",
     "ReadOptions",
     "Pack",
+    "Mixture",
+    "MixtureDataset",
     "FlightNode",
     "FlightDataPipe",
     "FlightFeedError",

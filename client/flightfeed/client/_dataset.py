@@ -13,7 +13,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch.utils.data
 
@@ -25,6 +25,7 @@ from flightfeed.client._images import check_decode_on, image_stage
 from flightfeed.client._info import dataset_info
 from flightfeed.client._lanes import Lane, Lanes, LaneSettings
 from flightfeed.client._members import Members
+from flightfeed.client._mix_plan import Mixture
 from flightfeed.client._node import FlightNode
 from flightfeed.client._normalize import normalize_option
 from flightfeed.client._options import ConnectOptions, ReadOptions, checked_settings, refuse_moved
@@ -84,7 +85,21 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
     on_decode_error, report_interval)``: stream and tuning knobs (see :class:`ReadOptions`).
     The former flat keywords (``streams=``, ``token=``, ...) raise ConfigError naming their new place.
     ``stats()`` counts ``retries`` and ``failovers``.
+
+    ``name`` may be a ``Mixture({"web": 0.7, "code": 0.2, "books": 0.1}, until=None, batches=None)``:
+    one reader over several datasets with weights (``_mixture``; the epoch's end in ``_mix_plan``).
     """
+
+    #: the reader of a ``Mixture`` name (``_mixture`` sets it; ``flightfeed.client`` imports that)
+    mixture_class: ClassVar[type[FlightDataset] | None] = None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> FlightDataset:
+        name = args[1] if len(args) > 1 else kwargs.get("name")
+        if cls is FlightDataset and isinstance(name, Mixture):
+            if FlightDataset.mixture_class is None:
+                raise ConfigError("mixtures need flightfeed.client._mixture; import flightfeed.client")
+            cls = FlightDataset.mixture_class
+        return super().__new__(cls)
 
     @refuse_moved
     def __init__(
