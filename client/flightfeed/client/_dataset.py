@@ -105,7 +105,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
     def __init__(
         self,
         location: str,
-        name: str,
+        name: str | Mixture,
         columns: str | Sequence[str] | None = None,
         batch_size: int = 256,
         shuffle: bool = True,
@@ -120,6 +120,8 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         options: ReadOptions | None = None,
     ) -> None:
         super().__init__()
+        if isinstance(name, Mixture):  # __new__ made a mixture reader for it
+            raise ConfigError("a Mixture is read by flightfeed.client.MixtureDataset")
         self.location, self.name = location, name
         self._members = Members(location)  # checks every comma-separated entry; learns the tier's others
         self.columns = columns_arg(columns)
