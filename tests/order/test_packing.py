@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
+import torch
 
 from flightfeed.client import ConfigError, FlightDataset, InvalidRequest, Pack, ReadOptions
 from flightfeed.server.data.catalog import Catalog
@@ -63,7 +64,8 @@ def _read_ranks(location: str, world: int, **kw: Any) -> list[list[dict[str, Any
         ds = _reader(location, r, world, **kw)
         batches = [{k: v.clone() for k, v in b.items()} for b in ds]
         assert len(ds) == len(batches)
-        assert all(b["tokens"].dtype.is_floating_point is False and b["tokens"].shape[1] == SEQ + 1 for b in batches)
+        assert all(b["tokens"].dtype == torch.int64 and b["tokens"].shape[1] == SEQ + 1 for b in batches)
+        assert all(b["position_ids"].dtype == torch.int32 for b in batches)
         out.append(batches)
     return out
 
@@ -184,18 +186,24 @@ def test_resume_from_two_ranks_at_three(server: Any) -> None:
 
 
 def test_token_types_and_large_lists(tmp_path: Path) -> None:
-    for k, (ltype, vtype) in enumerate([("list", pa.uint16()), ("large_list", pa.int64()), ("list", pa.uint32())]):
+    cases = [
+        ("list", pa.uint16(), 0), ("large_list", pa.int64(), 0), ("list", pa.uint32(), 0), ("list", pa.uint16(), -1)
+    ]
+    for k, (ltype, vtype, pad) in enumerate(cases):  # pad -1: no uint16 holds it (int64 on the wire)
         root = tmp_path / f"c{k}"
         lengths = write_token_corpus(root, [[5, 9], [13]], seed=k, max_len=60, list_type=ltype, value_type=vtype)
         # uint16: ids stay below 2**16 (27 documents x STRIDE)
         expected = np.concatenate([doc_tokens(d, int(n)) for d, n in enumerate(lengths)])
         with running_server({"tok": str(root)}) as srv:
             ds = FlightDataset(srv.location, "tok", batch_size=2, shuffle=False,
-                               options=ReadOptions(pack=Pack(seq_len=7, pad_tail=True), report_interval=None))
-            windows = np.concatenate([b["tokens"].numpy() for b in ds])
+                               options=ReadOptions(pack=Pack(seq_len=7, pad_tail=True, pad_id=pad),
+                                                   report_interval=None))
+            batches = list(ds)
+        assert all(b["tokens"].dtype == torch.int64 and b["position_ids"].dtype == torch.int32 for b in batches)
+        windows = np.concatenate([b["tokens"].numpy() for b in batches])
         stream = _stream(windows)
         np.testing.assert_array_equal(stream[: len(expected)], expected)
-        assert (stream[len(expected):] == 0).all()
+        assert len(stream) > len(expected) and (stream[len(expected):] == pad).all()
 
 
 def test_refusals(server: Any, tmp_path: Path) -> None:

@@ -29,7 +29,7 @@ from flightfeed.client._mix_plan import Mixture
 from flightfeed.client._node import FlightNode
 from flightfeed.client._normalize import normalize_option
 from flightfeed.client._options import ConnectOptions, ReadOptions, checked_settings, refuse_moved
-from flightfeed.client._pack import set_pack
+from flightfeed.client._pack import set_pack, widen
 from flightfeed.client._pool import ConnectionPool
 from flightfeed.client._report import _default_client_id, start_reporter
 from flightfeed.client._request import ReadJob, columns_arg, open_readers, read_command
@@ -320,6 +320,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         post = image_stage(
             self.device, normalize_option(self.options.normalize), self.options.decode_on, self._image_decoder
         )
+        pack = self.options.pack
         self.meter.start()
         reporter = start_reporter(  # to the member that answered this iteration's get_flight_info
             self._members.order()[0], self.meter.figures, interval=self.options.report_interval,
@@ -345,6 +346,8 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
                 tensors = batch_to_torch(rb)
                 self.meter.spent("convert", time.perf_counter() - t1)
                 out = stage(tensors)  # the device stage reports its own time
+                if pack is not None:
+                    out = widen(out, pack.column)  # int64 tokens, int32 positions (``_pack``)
                 if post is not None:
                     t2 = time.perf_counter()
                     out = post(out, rb)

@@ -26,10 +26,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from flightfeed.wire.errors import ConfigError
 from flightfeed.wire.messages import MAX_SEQ_LEN
 
-__all__ = ["Pack", "POSITION_IDS", "set_pack"]
+__all__ = ["Pack", "POSITION_IDS", "set_pack", "widen"]
 
 #: the name of the position-id column of packed batches
 POSITION_IDS = "position_ids"
@@ -77,3 +79,16 @@ def set_pack(cmd: Any, pack: Pack | None, columns: list[str]) -> None:
     cmd.pack.seq_len = pack.seq_len
     cmd.pack.pad_tail = pack.pad_tail
     cmd.pack.pad_id = pack.pad_id
+
+
+def widen(batch: dict[str, Any], column: str) -> dict[str, Any]:
+    """Tokens to int64 and position ids to int32 (the wire carries the column's own integer type
+    and int16 positions: fewer bytes to receive and copy); after the device stage, so a CUDA batch
+    crosses PCIe narrow and widens on the GPU."""
+    tokens = batch.get(column)
+    if isinstance(tokens, torch.Tensor) and tokens.dtype != torch.int64:
+        batch[column] = tokens.to(torch.int64)
+    positions = batch.get(POSITION_IDS)
+    if isinstance(positions, torch.Tensor) and positions.dtype != torch.int32:
+        batch[POSITION_IDS] = positions.to(torch.int32)
+    return batch

@@ -4,10 +4,14 @@ A run of ``n`` consecutive windows from window ``w0`` covers stream tokens ``[w0
 1)``. The documents overlapping that range are found by binary search in the epoch plan's
 cumulative ends; each contributes one *piece* (a token range of one stored document, which lies in
 one chunk). Pieces are copied chunk by chunk with numpy (fancy indexing built by ``np.repeat`` for
-many short pieces, slices for few long ones), widened to int64 on the way, into one flat run of
-tokens; the windows are then strided out of it (each shares its last token with the next).
+many short pieces, slices for few long ones) into one flat run of tokens; the windows are then
+strided out of it (each shares its last token with the next).
 
-Position ids (int32, ``L + 1`` per window): a token's position within its document *inside the
+On the wire tokens keep the column's integer type (int64 where ``pad_id`` does not fit it) and
+position ids are int16 (int32 for windows over 32,767 tokens): a quarter to a half of the bytes of
+int64 + int32, which the client widens after the copy (``client/_pack.widen``).
+
+Position ids (``L + 1`` per window): a token's position within its document *inside the
 window*: 0 at the window's first token and at every document start, counting up; -1 on padding.
 A document boundary at index ``i > 0`` of a window is where ``position_ids[i] == 0`` (what
 ``cu_seqlens`` / varlen attention and Megatron's ``reset_position_ids`` need). No Python per token
@@ -33,14 +37,25 @@ _I64 = npt.NDArray[np.int64]
 _SLICE_TOKENS = 512  # pieces at least this long on average are copied as slices
 
 
-def pack_schema(spec: PackSpec, metadata: dict[bytes, bytes] | None = None) -> pa.Schema:
+def wire_types(spec: PackSpec, value_type: pa.DataType) -> tuple[pa.DataType, pa.DataType]:
+    """``(token type, position type)`` on the wire for a token column of ``value_type``."""
+    info = np.iinfo(np.dtype(value_type.to_pandas_dtype()).name)
+    fits = not spec.pad_tail or info.min <= spec.pad_id <= info.max
+    tokens = value_type if fits and value_type.bit_width <= 32 else pa.int64()
+    positions = pa.int16() if spec.seq_len + 1 <= np.iinfo(np.int16).max else pa.int32()
+    return tokens, positions
+
+
+def pack_schema(spec: PackSpec, value_type: pa.DataType, metadata: dict[bytes, bytes] | None = None) -> pa.Schema:
     width = spec.seq_len + 1
-    fields = [pa.field(spec.column, pa.list_(pa.int64(), width)), pa.field(POSITION_IDS, pa.list_(pa.int32(), width))]
+    tokens, positions = wire_types(spec, value_type)
+    fields = [pa.field(spec.column, pa.list_(tokens, width)), pa.field(POSITION_IDS, pa.list_(positions, width))]
     return pa.schema(fields, metadata=metadata)  # type: ignore[arg-type]
 
 
 def _fill(
-    ds: Dataset, plan: EpochPlan, spec: PackSpec, a: int, b: int, flat: _I64, starts: npt.NDArray[np.bool_]
+    ds: Dataset, plan: EpochPlan, spec: PackSpec, a: int, b: int, flat: npt.NDArray[np.integer],
+    starts: npt.NDArray[np.bool_],
 ) -> None:
     """Stream tokens ``[a, b)`` into ``flat[: b - a]``; ``starts[i]`` set where a document begins."""
     if b <= a:
@@ -80,26 +95,30 @@ def _fill(
         flat[np.repeat(d, k) + ramp] = view[np.repeat(s_local, k) + ramp]
 
 
-def pack_windows(ds: Dataset, plan: EpochPlan, spec: PackSpec, runs: Sequence[tuple[int, int]]) -> pa.RecordBatch:
+def pack_windows(
+    ds: Dataset, plan: EpochPlan, spec: PackSpec, value_type: pa.DataType, runs: Sequence[tuple[int, int]]
+) -> pa.RecordBatch:
     """Windows ``[w, w + n)`` of each ``(w, n)`` run, in order, as one RecordBatch of
-    ``pack_schema(spec)``."""
+    ``pack_schema(spec, value_type)`` (``value_type``: the token column's integer type)."""
     step = spec.seq_len
     width = step + 1
     rows = sum(n for _, n in runs)
-    tok_buf = pa.allocate_buffer(max(1, rows * width * 8))
-    pos_buf = pa.allocate_buffer(max(1, rows * width * 4))
+    tok_type, pos_type = wire_types(spec, value_type)
+    tok_dtype, pos_dtype = np.dtype(tok_type.to_pandas_dtype()), np.dtype(pos_type.to_pandas_dtype())
+    tok_buf = pa.allocate_buffer(max(1, rows * width * tok_dtype.itemsize))
+    pos_buf = pa.allocate_buffer(max(1, rows * width * pos_dtype.itemsize))
     tok_mem: Any = tok_buf
     pos_mem: Any = pos_buf
-    tokens = np.frombuffer(tok_mem, dtype=np.int64, count=rows * width).reshape(rows, width)
-    positions = np.frombuffer(pos_mem, dtype=np.int32, count=rows * width).reshape(rows, width)
+    tokens = np.frombuffer(tok_mem, dtype=tok_dtype, count=rows * width).reshape(rows, width)
+    positions = np.frombuffer(pos_mem, dtype=pos_dtype, count=rows * width).reshape(rows, width)
     total = plan.num_tokens
-    ramp = np.arange(width, dtype=np.int32)
+    ramp = np.arange(width, dtype=pos_dtype)
     row = 0
     for w0, n in runs:
         a = w0 * step
         span = n * step + 1
         b = min(a + span, total)
-        flat = np.full(span, spec.pad_id, dtype=np.int64)
+        flat = np.full(span, spec.pad_id, dtype=tok_dtype) if b - a < span else np.empty(span, dtype=tok_dtype)
         starts = np.zeros(span, dtype=np.bool_)
         _fill(ds, plan, spec, a, b, flat, starts)
         windows = np.lib.stride_tricks.sliding_window_view(flat, width)[::step]
@@ -115,9 +134,11 @@ def pack_windows(ds: Dataset, plan: EpochPlan, spec: PackSpec, runs: Sequence[tu
             out[pad_from] = -1
         row += n
     tok_arr = pa.FixedSizeListArray.from_arrays(
-        pa.Array.from_buffers(pa.int64(), rows * width, [None, tok_buf]), width
+        pa.Array.from_buffers(tok_type, rows * width, [None, tok_buf]), width
     )
     pos_arr = pa.FixedSizeListArray.from_arrays(
-        pa.Array.from_buffers(pa.int32(), rows * width, [None, pos_buf]), width
+        pa.Array.from_buffers(pos_type, rows * width, [None, pos_buf]), width
     )
-    return pa.RecordBatch.from_arrays([tok_arr, pos_arr], schema=pack_schema(spec, ds.schema.metadata))
+    return pa.RecordBatch.from_arrays(
+        [tok_arr, pos_arr], schema=pack_schema(spec, value_type, ds.schema.metadata)
+    )

@@ -46,7 +46,8 @@ def check_pack(ds: Dataset, read: Any) -> PackSpec:
 
 
 def packed_schema(ds: Dataset, read: Any) -> pa.Schema:
-    return pack_schema(check_pack(ds, read), ds.schema.metadata)
+    spec = check_pack(ds, read)
+    return pack_schema(spec, check_token_column(ds, spec.column), ds.schema.metadata)
 
 
 def packed_row_bytes(read: Any) -> int:
@@ -149,6 +150,7 @@ def packed_batches(ds: Dataset, ticket: Any) -> Iterator[pa.RecordBatch]:
             "ask get_flight_info again"
         )
     part = _partition(windows, read)
+    value_type = check_token_column(ds, spec.column)
     span = span_of(ticket)
     if span.end_row != part.rows:
         raise InvalidRequest(
@@ -156,4 +158,4 @@ def packed_batches(ds: Dataset, ticket: Any) -> Iterator[pa.RecordBatch]:
         )
     for lo, hi in span.messages():
         ds.check_unchanged()
-        yield pack_windows(ds, plan, spec, list(part.runs(lo, hi)))
+        yield pack_windows(ds, plan, spec, value_type, list(part.runs(lo, hi)))
