@@ -29,7 +29,7 @@ from flightfeed.client._mix_plan import Mixture
 from flightfeed.client._node import FlightNode
 from flightfeed.client._normalize import normalize_option
 from flightfeed.client._options import ConnectOptions, ReadOptions, checked_settings, refuse_moved
-from flightfeed.client._pack import set_pack, widen
+from flightfeed.client._pack import packed_to_torch, set_pack, widen
 from flightfeed.client._pool import ConnectionPool
 from flightfeed.client._report import _default_client_id, start_reporter
 from flightfeed.client._request import ReadJob, columns_arg, open_readers, read_command
@@ -343,7 +343,10 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
                     if not rb.num_rows:  # every row of this batch was skipped
                         self._state = self._state.advanced(positions)
                         continue
-                tensors = batch_to_torch(rb)
+                if pack is not None and self.device is None:  # CPU: one widening copy (``_pack``)
+                    tensors = packed_to_torch(rb, pack.column)
+                else:
+                    tensors = batch_to_torch(rb)
                 self.meter.spent("convert", time.perf_counter() - t1)
                 out = stage(tensors)  # the device stage reports its own time
                 if pack is not None:

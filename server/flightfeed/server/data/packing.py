@@ -45,7 +45,7 @@ __all__ = ["PackSpec", "EpochPlan", "epoch_plan", "pack_spec", "POSITION_IDS"]
 
 #: the name of the position-id column of packed batches
 POSITION_IDS = "position_ids"
-_PLANS = 4
+_PLANS = 2
 _I64 = npt.NDArray[np.int64]
 
 
@@ -112,9 +112,11 @@ def _document_order(order: EpochOrder) -> npt.NDArray[np.integer]:
 
 def _make(index: TokenIndex, order: EpochOrder) -> EpochPlan:
     perm = _document_order(order)
-    starts = index.doc_starts
-    lengths = starts[1:][perm] - starts[:-1][perm]
-    ends = np.cumsum(lengths, out=lengths)
+    lengths = np.diff(index.doc_starts)
+    if len(lengths) and int(lengths.max()) < 2**31:
+        lengths = lengths.astype(np.int32)  # the temporaries stay at 4 bytes per document
+    ends = np.cumsum(lengths[perm], dtype=np.int64)
+    del lengths
     perm.flags.writeable = False
     ends.flags.writeable = False
     return EpochPlan(index, perm, ends)
