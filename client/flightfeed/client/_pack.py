@@ -111,7 +111,7 @@ def _fixed_rows(arr: Any) -> npt.NDArray[Any]:
     """A FixedSizeList column of a (possibly sliced) RecordBatch as a 2-d numpy view of its values
     (the child's own offset plus the list offset times the width: ``.values`` ignores the latter)."""
     width = arr.type.list_size
-    values = np.frombuffer(arr.buffers()[-1], dtype=np.dtype(arr.type.value_type.to_pandas_dtype()))
+    values = np.frombuffer(arr.buffers()[-1], dtype=np.dtype(str(arr.type.value_type)))
     lo = arr.values.offset + arr.offset * width
     return values[lo : lo + len(arr) * width].reshape(len(arr), width)
 

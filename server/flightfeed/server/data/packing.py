@@ -103,10 +103,9 @@ def _document_order(order: EpochOrder) -> npt.NDArray[np.integer]:
     perm: npt.NDArray[np.integer] = np.arange(n, dtype=dtype)
     if not order.shuffle:
         return perm
-    step = max(1, order.buffer_rows)  # one shuffle window per call: its positions map in one pass
-    for lo in range(0, n, step):
-        hi = min(n, lo + step)
-        perm[lo:hi] = order.rows(np.arange(lo, hi, dtype=np.int64))
+    step = max(1, order.buffer_rows)  # one shuffle window per call
+    for w, lo in enumerate(range(0, n, step)):
+        perm[lo : lo + step] = order.window_rows(w)
     return perm
 
 

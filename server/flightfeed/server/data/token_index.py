@@ -81,7 +81,10 @@ def _list_offsets(arr: Any) -> _I64:
     """The chunk's list offsets as int64 (they honour a sliced array's offset)."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
-    offsets: _I64 = np.asarray(arr.offsets.to_numpy(zero_copy_only=False), dtype=np.int64)
+    # straight from the buffer (Array.to_numpy imports pandas: seconds at a server's first request)
+    dtype = np.int64 if pa.types.is_large_list(arr.type) else np.int32
+    raw = np.frombuffer(arr.buffers()[1], dtype=dtype)[arr.offset : arr.offset + len(arr) + 1]
+    offsets: _I64 = raw.astype(np.int64)
     return offsets
 
 
@@ -154,7 +157,9 @@ def chunk_tokens_view(ds: Dataset, cid: int, column: str) -> npt.NDArray[np.inte
             f"dataset {ds.name!r}: column {column!r} has null token ids in chunk {cid} ({ds.chunk_shard(cid).uri}); "
             "token ids cannot be null"
         )
-    view: npt.NDArray[np.integer] = values.to_numpy(zero_copy_only=True)
+    view: npt.NDArray[np.integer] = np.frombuffer(values.buffers()[1], dtype=np.dtype(str(values.type)))[
+        values.offset : values.offset + len(values)
+    ]
     if cacheable:
         ds.keep_view(key, view, _VIEW_ENTRIES)
     return view

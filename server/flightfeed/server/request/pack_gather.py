@@ -39,7 +39,7 @@ _SLICE_TOKENS = 128  # pieces at least this long on average are copied as slices
 
 def wire_types(spec: PackSpec, value_type: pa.DataType) -> tuple[pa.DataType, pa.DataType]:
     """``(token type, position type)`` on the wire for a token column of ``value_type``."""
-    info = np.iinfo(np.dtype(value_type.to_pandas_dtype()).name)
+    info = np.iinfo(str(value_type))
     fits = not spec.pad_tail or info.min <= spec.pad_id <= info.max
     tokens = value_type if fits and value_type.bit_width <= 32 else pa.int64()
     positions = pa.int16() if spec.seq_len + 1 <= np.iinfo(np.int16).max else pa.int32()
@@ -107,7 +107,7 @@ def pack_windows(
     width = step + 1
     rows = sum(n for _, n in runs)
     tok_type, pos_type = wire_types(spec, value_type)
-    tok_dtype, pos_dtype = np.dtype(tok_type.to_pandas_dtype()), np.dtype(pos_type.to_pandas_dtype())
+    tok_dtype, pos_dtype = np.dtype(str(tok_type)), np.dtype(str(pos_type))  # integer types: numpy's names
     tok_buf = pa.allocate_buffer(max(1, rows * width * tok_dtype.itemsize))
     pos_buf = pa.allocate_buffer(max(1, rows * width * pos_dtype.itemsize))
     tok_mem: Any = tok_buf
