@@ -172,6 +172,18 @@ def test_image_rows_mix_by_budget(tmp_path: Path) -> None:
         assert stats["a.batches"] + stats["b.batches"] == 20
         assert stats["a.rows"] + stats["b.rows"] == 100
         assert all(b["image"].shape[1:] == (4, 4, 3) for b in batches)
+        # which source: "a" and "b" rows carry the same index column, so tell them apart by position
+        ref = FlightDataset(srv.location, Mixture({"a": 1, "b": 1}, batches=20), batch_size=5, seed=1,
+                            options=ReadOptions(report_interval=None))
+        steps = source_steps(ref.mixture, 1, 0, 0, 20).tolist()  # type: ignore[attr-defined]
+        for k, (name, rows) in enumerate([("a", 50), ("b", 30)]):
+            seen = [i for s, b in zip(steps, batches, strict=True) if s == k for i in b["index"].tolist()]
+            assert len(seen) == stats[f"{name}.rows"]
+            for lo in range(0, len(seen), rows):  # each pass: every row once (the last may be partial)
+                chunk = seen[lo : lo + rows]
+                assert len(set(chunk)) == len(chunk) and set(chunk) <= set(range(rows))
+                if len(chunk) == rows:
+                    assert sorted(chunk) == list(range(rows))
 
 
 def test_refusals() -> None:
