@@ -64,10 +64,6 @@ class PackSpec:
             return -(-num_tokens // self.seq_len)
         return (num_tokens - 1) // self.seq_len
 
-    @property
-    def row_bytes(self) -> int:
-        """Bytes of one window as sent: int64 tokens + int32 position ids."""
-        return (self.seq_len + 1) * 12
 
 
 def pack_spec(read: Any) -> PackSpec | None:

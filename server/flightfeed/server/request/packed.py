@@ -20,7 +20,7 @@ from flightfeed.server.data.order import EpochOrder
 from flightfeed.server.data.packing import EpochPlan, PackSpec, epoch_plan, pack_spec
 from flightfeed.server.data.shuffle_sizing import shuffle_defaults
 from flightfeed.server.data.token_index import check_token_column
-from flightfeed.server.request.pack_gather import pack_schema, pack_windows
+from flightfeed.server.request.pack_gather import pack_schema, pack_windows, wire_types
 from flightfeed.wire.errors import InvalidRequest, StaleState
 from flightfeed.wire.messages import WIRE_VERSION, ReadCommand, StreamTicket, span_of
 from flightfeed.wire.plan import Partition, default_message_rows, split_streams, spread_message_rows
@@ -50,9 +50,15 @@ def packed_schema(ds: Dataset, read: Any) -> pa.Schema:
     return pack_schema(spec, check_token_column(ds, spec.column), ds.schema.metadata)
 
 
-def packed_row_bytes(read: Any) -> int:
-    spec = pack_spec(read)
-    return spec.row_bytes if spec is not None else 1
+def packed_row_bytes(ds: Dataset, read: Any) -> int:
+    """Bytes of one window as sent (tokens in the wire type + positions): what message sizes count."""
+    spec = check_pack(ds, read)
+    return _wire_row_bytes(ds, spec)
+
+
+def _wire_row_bytes(ds: Dataset, spec: PackSpec) -> int:
+    tokens, positions = wire_types(spec, check_token_column(ds, spec.column))
+    return (spec.seq_len + 1) * (tokens.bit_width + positions.bit_width) // 8
 
 
 def _order(ds: Dataset, read: Any) -> EpochOrder:
@@ -104,13 +110,14 @@ def pack_tickets(ds: Dataset, cmd: Any, message_bytes: int, readahead_windows: i
     part = _partition(windows, resolved)
     if cmd.start_row > part.rows:
         raise InvalidRequest(f"start_row {cmd.start_row} is past this rank's {part.rows} windows", field="start_row")
+    row_bytes = _wire_row_bytes(ds, spec)
     message_rows = resolved.message_rows or spread_message_rows(
-        default_message_rows(resolved.batch_rows, spec.row_bytes, resolved.num_workers, message_bytes),
+        default_message_rows(resolved.batch_rows, row_bytes, resolved.num_workers, message_bytes),
         int(resolved.batch_rows),
         part.rows - int(cmd.start_row),
         int(resolved.streams),
         nodes,
-        spec.row_bytes,
+        row_bytes,
     )
     resolved.message_rows = message_rows
     spans = split_streams(

@@ -182,7 +182,7 @@ class FlightFeedServer(flight.FlightServerBase):
     def _row_bytes(self, ds: Dataset, read: Any) -> int:
         """Bytes of one row as sent (after the request's transforms): what message sizes count."""
         if read.HasField("pack"):
-            return packed_row_bytes(read)
+            return packed_row_bytes(ds, read)
         return message_row_bytes(ds, list(read.columns), transform_plan(ds, read, self.transformer))
 
     @schema_errors
