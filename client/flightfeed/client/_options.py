@@ -19,8 +19,8 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import pyarrow.flight as flight
 
 from flightfeed.client._normalize import NormalizeSpec, normalize_option
-from flightfeed.client._ragged import RaggedSpec, check_ragged
 from flightfeed.client._pack import Pack
+from flightfeed.client._ragged import RaggedSpec, check_ragged
 from flightfeed.client._retry import RetryPolicy
 from flightfeed.wire.errors import ConfigError
 from flightfeed.wire.messages import DECODE_ERROR_POLICIES
