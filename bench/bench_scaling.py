@@ -93,17 +93,16 @@ class NativeClock:
 
     @contextlib.contextmanager
     def wrapped(self) -> Iterator[None]:
-        import cv2
-        import deflate
-        import pyarrow.compute as pc
-        import xxhash
+        import importlib
 
-        from flightfeed.server.transforms import native
-
-        targets = [
-            (pc, "cast"), (deflate, "zlib_decompress"), (xxhash, "xxh3_128_hexdigest"),
-            (native, "_decode"), (cv2, "resize"), (cv2, "warpAffine"), (Sink, "write"),
+        names = [
+            ("pyarrow.compute", "cast"), ("deflate", "zlib_decompress"), ("xxhash", "xxh3_128_hexdigest"),
+            ("flightfeed.server.transforms.native", "_decode"), ("cv2", "resize"), ("cv2", "warpAffine"),
         ]
+        targets: list[tuple[Any, str]] = [(Sink, "write")]
+        for module, name in names:
+            with contextlib.suppress(ImportError):  # an extra not installed: its stage is not run either
+                targets.append((importlib.import_module(module), name))
         saved = [(obj, name, getattr(obj, name)) for obj, name in targets]
         for obj, name, fn in saved:
             setattr(obj, name, self._timed(fn))
