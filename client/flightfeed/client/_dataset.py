@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch.utils.data
@@ -20,11 +20,12 @@ import torch.utils.data
 from flightfeed.client._assemble import split_batches
 from flightfeed.client._convert import batch_to_torch
 from flightfeed.client._datapipe import FlightDataPipe
-from flightfeed.client._device import DeviceStage
+from flightfeed.client._device import CopyEngine, DeviceStage
 from flightfeed.client._images import check_decode_on, image_stage
 from flightfeed.client._info import dataset_info
 from flightfeed.client._lanes import Lane, Lanes, LaneSettings
 from flightfeed.client._members import Members
+from flightfeed.client._mover import DevicePath, device_batches
 from flightfeed.client._node import FlightNode
 from flightfeed.client._normalize import normalize_option
 from flightfeed.client._options import ConnectOptions, ReadOptions, checked_settings, refuse_moved
@@ -45,7 +46,7 @@ from flightfeed.client._workers import (
     skip_delivered,
     worker_start,
 )
-from flightfeed.wire.errors import ConfigError
+from flightfeed.wire.errors import ConfigError, StreamError
 from flightfeed.wire.messages import ReadCommand
 from flightfeed.wire.transforms import TransformSpec, set_transform
 
@@ -117,6 +118,8 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         # image output on the trainer (``_images``): decode on the trainer, normalised float32 CHW
         check_decode_on(self.options.decode_on, transform)
         self._image_decoder: Any = None  # decode_on="trainer": None = torchvision's (tests pass their own)
+        self._copy_engine: Callable[[torch.device], CopyEngine] | None = None  # tests/benches: a CpuEngine
+        self._devices: list[DevicePath] = []  # the device path's engine + pinned ring, kept across epochs
         self._shared = SharedSlots()  # the epoch and worker activity, shared with DataLoader workers
         self._worker_mark = 0  # WORKER_ITERATIONS when this process last read or loaded a state itself
         self._client_id = _default_client_id()  # one identity in the server's metrics for all epochs
@@ -278,13 +281,21 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         readers = self.open_streams(topo, start, stop, epoch)
         self._state = start.pinned(readers[0].ticket if readers else None, topo.rank, topo.world_size)
         skip = skip_delivered(readers, start.worker_rows) if topo.num_workers > 1 else 0
-        lanes = Lanes(readers, prefetch=self.options.prefetch, settings=self._lane_settings, count=self.meter.count)
+        path = self._device_path() if topo.num_workers == 1 else None
+        hooks = path.hooks(readers, self.options.prefetch, self._lane_settings) if path is not None else {}
+        lanes = Lanes(
+            readers, prefetch=self.options.prefetch, settings=self._lane_settings, count=self.meter.count, **hooks
+        )
         self.meter.set("nodes", lanes.nodes)
         running = (stop, lanes.lanes)
         self._running.append(running)
         lanes.start()
-        batches = split_batches(drop_rows(lanes.messages(), skip), self.batch_size)
-        stage = _device_stage(self.device, self.meter)
+        mover = path.start(lanes) if path is not None else None
+        batches: Iterator[tuple[Any, Any]] = (
+            device_batches(mover, self.batch_size) if mover is not None
+            else ((rb, None) for rb in split_batches(drop_rows(lanes.messages(), skip), self.batch_size))
+        )
+        stage = _device_stage(self.device if path is None else None, self.meter)
         as_tuple = self.options.as_tuple
         post = image_stage(
             self.device, normalize_option(self.options.normalize), self.options.decode_on, self._image_decoder
@@ -300,9 +311,10 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         try:
             while True:
                 t0 = time.perf_counter()
-                rb = next(batches, None)
-                if rb is None:
+                item = next(batches, None)
+                if item is None:
                     break
+                rb, staged = item
                 t1 = time.perf_counter()
                 self.meter.spent("fetch", t1 - t0)
                 positions = positions_of(rb)
@@ -311,9 +323,12 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
                     if not rb.num_rows:  # every row of this batch was skipped
                         self._state = self._state.advanced(positions)
                         continue
-                tensors = batch_to_torch(rb)
-                self.meter.spent("convert", time.perf_counter() - t1)
-                out = stage(tensors)  # the device stage reports its own time
+                if staged is None:
+                    tensors = batch_to_torch(rb)
+                    self.meter.spent("convert", time.perf_counter() - t1)
+                    out = stage(tensors)  # the device stage reports its own time
+                else:  # on the device already (``_mover``)
+                    out = staged
                 if post is not None:
                     t2 = time.perf_counter()
                     out = post(out, rb)
@@ -326,13 +341,25 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
             if reporter is not None:
                 reporter.close(final=True)
             stop.set()
+            if mover is not None:
+                lanes.board.fail(StreamError("the iteration was closed"))  # wakes the mover
+                mover.close()
             for lane in lanes.lanes:
                 lane.cancel()
             for lane in lanes.lanes:
                 lane.join(timeout=5)
             stage.close()
+            if path is not None:
+                path.finish(lanes)
             if running in self._running:
                 self._running.remove(running)
+
+    def _device_path(self) -> DevicePath | None:
+        """The device path (lanes stage into a pinned ring: ``_mover``), or None: batches stay on
+        Arrow memory (``device=None``/``"cpu"`` without a test engine)."""
+        if self.device is None or (self.device.type == "cpu" and self._copy_engine is None):
+            return None
+        return _unused_path(self._devices, self.device, self._copy_engine)
 
     # -- adapters -------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -341,6 +368,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         state["meter"] = None
         state["_running"] = []
         state["_info"] = None
+        state["_devices"] = []
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -367,6 +395,18 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         if self._pool is not None:
             self._pool.close()
             self._pool = None
+        for path in self._devices:
+            if not path.busy:
+                path.close()
+
+
+def _unused_path(paths: list[DevicePath], device: torch.device, make: Any) -> DevicePath:
+    """An idle device path (its ring is reused), or a new one for a concurrent iteration."""
+    for p in paths:
+        if not p.busy:
+            return p
+    paths.append(DevicePath(device, make))
+    return paths[-1]
 
 
 def _device_stage(device: torch.device | None, meter: StallMeter) -> DeviceStage:
