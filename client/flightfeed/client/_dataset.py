@@ -289,8 +289,8 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         self.meter.set("nodes", lanes.nodes)
         running = (stop, lanes.lanes)
         self._running.append(running)
-        lanes.start()
         mover = path.start(lanes) if path is not None else None
+        lanes.start()
         batches: Iterator[tuple[Any, Any]] = (
             device_batches(mover, self.batch_size) if mover is not None
             else ((rb, None) for rb in split_batches(drop_rows(lanes.messages(), skip), self.batch_size))

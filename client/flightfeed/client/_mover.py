@@ -58,6 +58,8 @@ class DevicePath:
         self.engine: CopyEngine | None = None
         self.ring: PinnedRing | None = None
         self.busy = False
+        self.mover: Mover | None = None  # the latest iteration's
+        self.messages = 1 << 30  # the iteration's messages (a bound on the slots worth having)
 
     def hooks(self, readers: Sequence[Any], prefetch: int, settings: LaneSettings) -> dict[str, Any]:
         """Open the engine (in the consumer's thread: a ConfigError says why there is none) and the
@@ -72,7 +74,7 @@ class DevicePath:
             """Every message the board's window admits, those the lanes receive, those on their way
             to the device, and one: the lanes then never find the ring full (``spilled`` stays 0)."""
             window = max(depth, budget // max(1, nbytes)) if budget else depth
-            return window + k + DEFAULT_DEPTH + 1
+            return min(window, self.messages) + k + DEFAULT_DEPTH + 1
 
         if self.ring is None or self.ring.closed:
             self.ring = PinnedRing(self.engine.host_buffer, slots)
@@ -86,10 +88,12 @@ class DevicePath:
         return {"stage": lambda parts: stage_message(ring, parts), "discard": discard}
 
     def start(self, lanes: Lanes) -> Mover:
+        """Start the mover (call before ``lanes.start()``: the ring's size counts the epoch's messages)."""
         assert self.engine is not None and self.ring is not None
-        mover = Mover(lanes.messages(), self.engine, self.ring)
-        mover.start()
-        return mover
+        self.messages = len(lanes.board.rows)
+        self.mover = Mover(lanes.messages(), self.engine, self.ring)
+        self.mover.start()
+        return self.mover
 
     def finish(self, lanes: Lanes) -> None:
         """The iteration is over (its lanes joined): every slot is free again, unless a lane is
@@ -243,8 +247,9 @@ def _join(pieces: list[list[tuple[str, str, Any]]]) -> dict[str, Any]:
             host: list[int] = [0]
             offs: list[torch.Tensor] = []
             for _, o, h in parts:
-                offs.append(o[1:] + host[-1] if offs else o)
-                host.extend(x + host[-1] for x in h[1:])
+                base = host[-1]
+                offs.append(o[1:] + base if offs else o)
+                host.extend([x + base for x in h[1:]])
             offsets = offs[0] if len(offs) == 1 else torch.cat(offs)
             lengths = [b - a for a, b in itertools.pairwise(host)]
             out[name] = torch.nested.nested_tensor_from_jagged(

@@ -107,6 +107,9 @@ class PinnedRing:
                 self.count = max(1, self._slots_for(nbytes))
                 self.slot_bytes = _align(max(ALIGN, int(nbytes * _HEADROOM)))
                 self.buffer = self._allocate(self.count * self.slot_bytes)
+                if self.buffer.dtype != torch.uint8 or self.buffer.dim() != 1:
+                    shape = tuple(self.buffer.shape)
+                    raise TypeError(f"the ring's host buffer is {self.buffer.dtype} {shape}; it must be 1-d uint8")
                 self._free = list(range(self.count - 1, -1, -1))
             if nbytes > self.slot_bytes:
                 return None
@@ -172,9 +175,12 @@ class PinnedRing:
             self._free = []
 
 
-def _columns(parts: Sequence[pa.RecordBatch]) -> list[Column]:
+Convert = Callable[[pa.RecordBatch], dict[str, Any]]
+
+
+def _columns(parts: Sequence[pa.RecordBatch], convert: Convert) -> list[Column]:
     """The message's columns as host tensors / lists, parts concatenated (usually one part)."""
-    converted = [batch_to_torch(rb) for rb in parts]
+    converted = [convert(rb) for rb in parts]
     names = list(converted[0]) if converted else []
     out = []
     for name in names:
@@ -200,10 +206,13 @@ def _columns(parts: Sequence[pa.RecordBatch]) -> list[Column]:
     return out
 
 
-def stage_message(ring: PinnedRing | None, parts: list[pa.RecordBatch]) -> StagedMessage:
-    """Convert ``parts`` (one message) and copy its tensors into a free slot of ``ring`` (on the
-    calling lane's thread); without a slot the message goes on unstaged (the mover copies it)."""
-    columns = _columns(parts)
+def stage_message(
+    ring: PinnedRing | None, parts: list[pa.RecordBatch], convert: Convert = batch_to_torch
+) -> StagedMessage:
+    """Convert ``parts`` (one message; ``_convert`` by default, which knows every column type the
+    client reads) and copy its tensors into a free slot of ``ring`` (on the calling lane's thread);
+    without a slot the message goes on unstaged (the mover copies it)."""
+    columns = _columns(parts, convert)
     rows = sum(rb.num_rows for rb in parts)
     tensors = [t for c in columns for t in c.buffers]
     sizes = [_align(t.numel() * t.element_size()) for t in tensors]
