@@ -118,6 +118,8 @@ def test_a_slow_consumer_keeps_every_bound(make_ds: MakeDs) -> None:
     assert max(depths) <= path.mover.depth
     assert path.ring.spilled == 0
     assert path.ring.count <= 3 * 2 + 3 + 2 + 1  # window + lanes + mover depth + 1
+    engine = path.engine
+    assert isinstance(engine, CpuEngine) and engine.reused > 0  # batches dropped: their buffers come back
 
 
 class Failing(CpuEngine):

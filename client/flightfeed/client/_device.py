@@ -116,16 +116,33 @@ class CpuEngine:
     calling thread (the mover's, on the device path) with ``numpy.copyto`` (no GIL). It drives the
     identical ring, threads and fences without a GPU (tests, ``bench_gpu.py`` on a CPU machine)."""
 
+    POOL = 8  # "device" buffers kept for reuse
+
     def __init__(self, device: torch.device | None = None) -> None:
         self.device = device or torch.device("cpu")
         self.copies = 0
+        self.reused = 0  # copies into a buffer that an earlier message used
         self.closed = False
+        self._pool: list[torch.Tensor] = []
 
     def host_buffer(self, nbytes: int) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8)
 
+    def _device_buffer(self, nbytes: int) -> torch.Tensor:
+        """A buffer of ``nbytes`` that no batch views any more (as the caching allocator hands a
+        block back), else a new one: no fresh pages, no page faults, message after message."""
+        for buf in self._pool:
+            if buf.numel() == nbytes and _unreferenced(buf):
+                self.reused += 1
+                return buf
+        buf = torch.empty(nbytes, dtype=torch.uint8)
+        if len(self._pool) >= self.POOL:
+            self._pool.pop(0)
+        self._pool.append(buf)
+        return buf
+
     def copy_slot(self, host: torch.Tensor) -> tuple[torch.Tensor, Fence]:
-        out = torch.empty(host.numel(), dtype=torch.uint8)
+        out = self._device_buffer(host.numel())
         if host.numel():
             np.copyto(out.numpy(), host.numpy())
         self.copies += 1
@@ -137,6 +154,16 @@ class CpuEngine:
 
     def close(self) -> None:
         self.closed = True
+        self._pool.clear()
+
+
+def _unreferenced(buf: torch.Tensor) -> bool:
+    """Only ``buf`` itself holds its storage (no view of it is alive); False where torch cannot say."""
+    use_count = getattr(torch._C, "_storage_Use_Count", None)
+    if use_count is None:
+        return False
+    # the pool's tensor and the temporary storage object below: two references
+    return int(use_count(buf.untyped_storage()._cdata)) <= 2
 
 
 @dataclass
