@@ -20,6 +20,7 @@ from flightfeed.client._device import CopyEngine, CpuEngine
 from flightfeed.client._mover import DevicePath, Mover, device_batches
 from flightfeed.client._ring import PinnedRing, StagedMessage, stage_message
 from tests.client.support import ROWS, check_content, eventually, flat, indices
+from tests.client.test_board import board, claim, clock, receive
 from tests.client.test_client_ring import LazyEngine
 
 MakeDs = Callable[..., FlightDataset]
@@ -229,3 +230,24 @@ def test_messages_of_several_parts_are_concatenated_in_the_slot() -> None:
         (4, [4, 5, 6, 7], ["r4", "r5", "r6", "r7"]),
     ]
     mover.join()
+
+
+def test_the_losing_copy_of_a_hedged_message_gives_its_slot_back() -> None:
+    """Both copies of a hedged message arrive staged: the board keeps the first and hands the
+    second to ``discard`` (the device path frees its ring slot there)."""
+    b = board(n=2, lanes=2, window=2)
+    discarded: list[Any] = []
+    b.discard = discarded.append
+    a, c = claim(b, 0), claim(b, 1)
+    receive(b, a, 0.01)
+    clock(b).now += 5.0
+    it = b.messages()
+    assert next(it) == "m0"
+    hedge = claim(b, 0)
+    assert hedge.indices == [1] and hedge.hedge
+    assert b.progress(hedge, 10)
+    b.deliver(hedge, "hedged copy", 100)
+    b.progress(c, 10)  # the original still arrives in full (it says: another copy won)
+    b.deliver(c, "late original", 100)
+    assert list(it) == ["hedged copy"]
+    assert discarded == ["late original"]
