@@ -65,6 +65,7 @@ def test_device_batches_are_byte_exact_and_in_canonical_order(make_ds: MakeDs, s
         if epoch == 0:
             first = ring
     assert path_of(ds).ring is first
+    assert ds.stats()["stage_s"] > 0 and ds.stats()["device_s"] > 0  # the streams' copies, the mover's
     assert sorted(flat(indices(got))) == list(range(ROWS))
 
 

@@ -282,14 +282,14 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         self._state = start.pinned(readers[0].ticket if readers else None, topo.rank, topo.world_size)
         skip = skip_delivered(readers, start.worker_rows) if topo.num_workers > 1 else 0
         path = self._device_path() if topo.num_workers == 1 else None
-        hooks = path.hooks(readers, self.options.prefetch, self._lane_settings) if path is not None else {}
+        hooks = path.hooks(readers, self.options.prefetch, self._lane_settings, self.meter.spent) if path else {}
         lanes = Lanes(
             readers, prefetch=self.options.prefetch, settings=self._lane_settings, count=self.meter.count, **hooks
         )
         self.meter.set("nodes", lanes.nodes)
         running = (stop, lanes.lanes)
         self._running.append(running)
-        mover = path.start(lanes) if path is not None else None
+        mover = path.start(lanes, self.meter.spent) if path is not None else None
         lanes.start()
         batches: Iterator[tuple[Any, Any]] = (
             device_batches(mover, self.batch_size) if mover is not None

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -61,7 +62,13 @@ class DevicePath:
         self.mover: Mover | None = None  # the latest iteration's
         self.messages = 1 << 30  # the iteration's messages (a bound on the slots worth having)
 
-    def hooks(self, readers: Sequence[Any], prefetch: int, settings: LaneSettings) -> dict[str, Any]:
+    def hooks(
+        self,
+        readers: Sequence[Any],
+        prefetch: int,
+        settings: LaneSettings,
+        timer: Callable[[str, float], None] | None = None,
+    ) -> dict[str, Any]:
         """Open the engine (in the consumer's thread: a ConfigError says why there is none) and the
         ring; the lanes' ``stage`` and ``discard`` hooks (``Lanes``)."""
         if self.engine is None:
@@ -85,13 +92,20 @@ class DevicePath:
             if isinstance(payload, StagedMessage) and payload.slot is not None:
                 ring.release(payload.slot)
 
-        return {"stage": lambda parts: stage_message(ring, parts), "discard": discard}
+        def stage(parts: list[pa.RecordBatch]) -> StagedMessage:
+            t0 = time.perf_counter()
+            staged = stage_message(ring, parts)
+            if timer is not None:  # summed over the streams' threads (``stats()["stage_s"]``)
+                timer("stage", time.perf_counter() - t0)
+            return staged
 
-    def start(self, lanes: Lanes) -> Mover:
+        return {"stage": stage, "discard": discard}
+
+    def start(self, lanes: Lanes, timer: Callable[[str, float], None] | None = None) -> Mover:
         """Start the mover (call before ``lanes.start()``: the ring's size counts the epoch's messages)."""
         assert self.engine is not None and self.ring is not None
         self.messages = len(lanes.board.rows)
-        self.mover = Mover(lanes.messages(), self.engine, self.ring)
+        self.mover = Mover(lanes.messages(), self.engine, self.ring, timer=timer)
         self.mover.start()
         return self.mover
 
@@ -121,10 +135,17 @@ class Mover(threading.Thread):
     the device; :meth:`get` hands them to the consumer in that order."""
 
     def __init__(
-        self, messages: Iterator[StagedMessage], engine: CopyEngine, ring: PinnedRing, *, depth: int = DEFAULT_DEPTH
+        self,
+        messages: Iterator[StagedMessage],
+        engine: CopyEngine,
+        ring: PinnedRing,
+        *,
+        depth: int = DEFAULT_DEPTH,
+        timer: Callable[[str, float], None] | None = None,
     ) -> None:
         super().__init__(name="flightfeed-mover", daemon=True)
         self.messages, self.engine, self.ring = messages, engine, ring
+        self.timer = timer  # ``device`` seconds: issuing the copies (``stats()["device_s"]``)
         self.depth = max(1, depth)
         self.cond = threading.Condition()
         self.queue: deque[DeviceMessage] = deque()
@@ -141,7 +162,10 @@ class Mover(threading.Thread):
                         self.cond.wait()
                     if self.closing:
                         return
+                t0 = time.perf_counter()
                 moved = self._move(staged)
+                if self.timer is not None:
+                    self.timer("device", time.perf_counter() - t0)
                 with self.cond:
                     self.queue.append(moved)
                     self.moved += 1
