@@ -89,7 +89,7 @@ def test_the_lanes_ring_and_the_mover_on_the_gpu() -> None:
     mover = Mover(staged(), engine, ring)
     mover.start()
     outs = []
-    for _, b in device_batches(mover, 4):
+    for _, b, _ in device_batches(mover, 4):
         torch.cuda._sleep(1_000_000)  # type: ignore[no-untyped-call]  # the consumer's stream is busy
         outs.append((b["x"] * 1, b["tok"].values() * 1))
     mover.join()

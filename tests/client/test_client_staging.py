@@ -51,7 +51,8 @@ def same(a: dict[str, Any], b: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize(("shuffle", "streams"), [(True, 3), (False, 1), (False, 4)])
 def test_device_batches_are_byte_exact_and_in_canonical_order(make_ds: MakeDs, shuffle: bool, streams: int) -> None:
-    host = list(make_ds(shuffle=shuffle, seed=5, streams=streams))
+    plain = make_ds(shuffle=shuffle, seed=5, streams=streams)
+    host = list(plain)
     ds = on_cpu_engine(make_ds(shuffle=shuffle, seed=5, streams=streams, device="cpu"))
     for epoch in range(2):  # the ring is allocated once and reused by the next epoch
         got = list(ds)
@@ -66,6 +67,8 @@ def test_device_batches_are_byte_exact_and_in_canonical_order(make_ds: MakeDs, s
             first = ring
     assert path_of(ds).ring is first
     assert ds.stats()["stage_s"] > 0 and ds.stats()["device_s"] > 0  # the streams' copies, the mover's
+    assert ds.stats()["rows"] == 2 * ROWS  # bytes: a batch counts its share of its message (slices of
+    assert ds.stats()["bytes"] == pytest.approx(2 * plain.stats()["bytes"], rel=0.01)  # strings differ a little)
     assert sorted(flat(indices(got))) == list(range(ROWS))
 
 
@@ -180,7 +183,7 @@ def test_a_full_ring_hands_the_message_over_unstaged() -> None:
     assert held.slot is not None and spilled.slot is None and ring.spilled == 1
     mover = Mover(iter([held, spilled]), CpuEngine(), ring, depth=1)
     mover.start()
-    got = [b["index"].tolist() for _, b in device_batches(mover, 4)]
+    got = [b["index"].tolist() for _, b, _ in device_batches(mover, 4)]
     mover.join()
     assert got == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
 
@@ -207,7 +210,7 @@ def test_a_jagged_nested_column_is_staged_as_values_and_offsets() -> None:
     assert all(s.slot is not None for s in staged)
     mover = Mover(iter(staged), CpuEngine(), ring)
     mover.start()
-    batches = [b for _, b in device_batches(mover, 4)]
+    batches = [b for _, b, _ in device_batches(mover, 4)]
     mover.join()
     assert [b["index"].tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
     for b in batches:
@@ -225,8 +228,8 @@ def test_messages_of_several_parts_are_concatenated_in_the_slot() -> None:
     staged: list[StagedMessage] = [stage_message(ring, [message(0, 3), message(3, 5)])]
     mover = Mover(iter(staged), CpuEngine(), ring)
     mover.start()
-    got: Iterator[tuple[pa.RecordBatch, dict[str, Any]]] = device_batches(mover, 4)
-    assert [(rb.num_rows, b["index"].tolist(), b["name"]) for rb, b in got] == [
+    got: Iterator[tuple[pa.RecordBatch, dict[str, Any], int]] = device_batches(mover, 4)
+    assert [(rb.num_rows, b["index"].tolist(), b["name"]) for rb, b, _ in got] == [
         (4, [0, 1, 2, 3], ["r0", "r1", "r2", "r3"]),
         (4, [4, 5, 6, 7], ["r4", "r5", "r6", "r7"]),
     ]

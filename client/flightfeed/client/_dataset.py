@@ -282,7 +282,10 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         self._state = start.pinned(readers[0].ticket if readers else None, topo.rank, topo.world_size)
         skip = skip_delivered(readers, start.worker_rows) if topo.num_workers > 1 else 0
         path = self._device_path() if topo.num_workers == 1 else None
-        hooks = path.hooks(readers, self.options.prefetch, self._lane_settings, self.meter.spent) if path else {}
+        keep_arrow = self.options.decode_on == "trainer"  # the trainer decode reads the Arrow batch
+        hooks = {} if path is None else path.hooks(
+            readers, self.options.prefetch, self._lane_settings, self.meter.spent, keep_arrow=keep_arrow
+        )
         lanes = Lanes(
             readers, prefetch=self.options.prefetch, settings=self._lane_settings, count=self.meter.count, **hooks
         )
@@ -291,9 +294,9 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         self._running.append(running)
         mover = path.start(lanes, self.meter.spent) if path is not None else None
         lanes.start()
-        batches: Iterator[tuple[Any, Any]] = (
+        batches: Iterator[tuple[Any, Any, int]] = (
             device_batches(mover, self.batch_size) if mover is not None
-            else ((rb, None) for rb in split_batches(drop_rows(lanes.messages(), skip), self.batch_size))
+            else ((rb, None, rb.nbytes) for rb in split_batches(drop_rows(lanes.messages(), skip), self.batch_size))
         )
         stage = _device_stage(self.device if path is None else None, self.meter)
         as_tuple = self.options.as_tuple
@@ -314,7 +317,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
                 item = next(batches, None)
                 if item is None:
                     break
-                rb, staged = item
+                rb, staged, nbytes = item
                 t1 = time.perf_counter()
                 self.meter.spent("fetch", t1 - t0)
                 positions = positions_of(rb)
@@ -333,7 +336,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
                     t2 = time.perf_counter()
                     out = post(out, rb)
                     self.meter.spent("images", time.perf_counter() - t2)
-                self.meter.waited(time.perf_counter() - t0, rb.num_rows, rb.nbytes)
+                self.meter.waited(time.perf_counter() - t0, rb.num_rows, nbytes)
                 self._state = self._state.advanced(positions)
                 yield tuple(out[c] for c in self.columns) if as_tuple else out
         finally:

@@ -49,6 +49,7 @@ class DeviceMessage:
 
     parts: list[pa.RecordBatch]
     columns: list[tuple[str, str, Any]]  # (name, kind, tensor | (values, offsets, host offsets) | list)
+    part_bytes: list[int]  # each part's Arrow bytes as received
 
 
 class DevicePath:
@@ -68,6 +69,8 @@ class DevicePath:
         prefetch: int,
         settings: LaneSettings,
         timer: Callable[[str, float], None] | None = None,
+        *,
+        keep_arrow: bool = False,
     ) -> dict[str, Any]:
         """Open the engine (in the consumer's thread: a ConfigError says why there is none) and the
         ring; the lanes' ``stage`` and ``discard`` hooks (``Lanes``)."""
@@ -94,7 +97,7 @@ class DevicePath:
 
         def stage(parts: list[pa.RecordBatch]) -> StagedMessage:
             t0 = time.perf_counter()
-            staged = stage_message(ring, parts)
+            staged = stage_message(ring, parts, keep_arrow=keep_arrow)
             if timer is not None:  # summed over the streams' threads (``stats()["stage_s"]``)
                 timer("stage", time.perf_counter() - t0)
             return staged
@@ -196,7 +199,8 @@ class Mover(threading.Thread):
             def place(buf: Any) -> torch.Tensor:
                 return out[str(next(order))]
 
-        return DeviceMessage(staged.parts, [_device_column(c, place) for c in staged.columns])
+        columns = [_device_column(c, place) for c in staged.columns]
+        return DeviceMessage(staged.parts, columns, staged.part_bytes or [rb.nbytes for rb in staged.parts])
 
     def get(self) -> DeviceMessage | None:
         """The next message on the device (None: the epoch is over); raises the iteration's error."""
@@ -284,30 +288,32 @@ def _join(pieces: list[list[tuple[str, str, Any]]]) -> dict[str, Any]:
     return out
 
 
-def device_batches(mover: Mover, batch_rows: int) -> Iterator[tuple[pa.RecordBatch, dict[str, Any]]]:
-    """``(Arrow batch, device batch)`` pairs in canonical order, cut as ``_assemble.split_batches``
-    cuts the Arrow messages (the Arrow batch gives rows, positions and the image stage's inputs)."""
-    pending: list[tuple[DeviceMessage, int, int, pa.RecordBatch]] = []
+def device_batches(mover: Mover, batch_rows: int) -> Iterator[tuple[pa.RecordBatch, dict[str, Any], int]]:
+    """``(Arrow batch, device batch, bytes)`` in canonical order, cut as ``_assemble.split_batches``
+    cuts the Arrow messages (the Arrow batch gives rows and positions, and the image stage's inputs
+    where the lanes kept them; bytes: the batch's share of its messages' received bytes)."""
+    pending: list[tuple[DeviceMessage, int, int, pa.RecordBatch, int]] = []
     need = batch_rows
 
-    def emit() -> tuple[pa.RecordBatch, dict[str, Any]]:
+    def emit() -> tuple[pa.RecordBatch, dict[str, Any], int]:
         rbs = [p[3] for p in pending]
         rb = rbs[0] if len(rbs) == 1 else _concat_batches(rbs)
-        return rb, _join([_cut(m, s, n) for m, s, n, _ in pending])
+        return rb, _join([_cut(m, s, n) for m, s, n, _, _ in pending]), sum(p[4] for p in pending)
 
     while (msg := mover.get()) is not None:
         base = 0
-        for part in msg.parts:
+        for part, nbytes in zip(msg.parts, msg.part_bytes, strict=True):
             if positions_of(part) != part.num_rows:  # a whole client batch that lost rows (_skips)
                 if pending:
                     raise StreamError("a batch with skipped rows does not start at a batch boundary")
-                yield part, _join([_cut(msg, base, part.num_rows)])
+                yield part, _join([_cut(msg, base, part.num_rows)]), nbytes
                 base += part.num_rows
                 continue
             off = 0
             while off < part.num_rows:
                 take = min(need, part.num_rows - off)
-                pending.append((msg, base + off, take, part if take == part.num_rows else part.slice(off, take)))
+                piece = part if take == part.num_rows else part.slice(off, take)
+                pending.append((msg, base + off, take, piece, nbytes * take // max(1, part.num_rows)))
                 off += take
                 need -= take
                 if need == 0:

@@ -58,14 +58,17 @@ class Column:
 
 @dataclass
 class StagedMessage:
-    """A message as the lane left it: its Arrow parts (kept for batch metadata and the image stage),
-    its columns, and the slot holding them (None: not staged, the buffers are host tensors)."""
+    """A message as the lane left it: its Arrow parts (whole where the image stage reads them, else
+    without columns: rows and metadata only, so the received memory goes back at once), their
+    bytes as received, its columns, and the slot holding them (None: not staged, the buffers are
+    host tensors viewing the Arrow memory)."""
 
     parts: list[pa.RecordBatch]
     columns: list[Column]
     slot: int | None
     nbytes: int  # staged bytes (the slot's used length)
     rows: int
+    part_bytes: list[int] = field(default_factory=list)  # each part's Arrow bytes as received
 
 
 def _align(n: int) -> int:
@@ -207,13 +210,15 @@ def _columns(parts: Sequence[pa.RecordBatch], convert: Convert) -> list[Column]:
 
 
 def stage_message(
-    ring: PinnedRing | None, parts: list[pa.RecordBatch], convert: Convert = batch_to_torch
+    ring: PinnedRing | None, parts: list[pa.RecordBatch], convert: Convert = batch_to_torch, *, keep_arrow: bool = True
 ) -> StagedMessage:
     """Convert ``parts`` (one message; ``_convert`` by default, which knows every column type the
     client reads) and copy its tensors into a free slot of ``ring`` (on the calling lane's thread);
     without a slot the message goes on unstaged (the mover copies it)."""
     columns = _columns(parts, convert)
     rows = sum(rb.num_rows for rb in parts)
+    part_bytes = [rb.nbytes for rb in parts]
+    kept = list(parts) if keep_arrow else [rb.select([]) for rb in parts]
     tensors = [t for c in columns for t in c.buffers]
     sizes = [_align(t.numel() * t.element_size()) for t in tensors]
     total = sum(sizes)
@@ -222,7 +227,7 @@ def stage_message(
         if ring is not None and tensors:
             with ring.lock:
                 ring.spilled += 1
-        return StagedMessage(list(parts), columns, None, total, rows)
+        return StagedMessage(kept, columns, None, total, rows, part_bytes)
     assert ring is not None
     dst = ring.view(slot, total).numpy()
     at = 0
@@ -236,4 +241,4 @@ def stage_message(
         c.buffers = placed
     with ring.lock:
         ring.staged += 1
-    return StagedMessage(list(parts), columns, slot, total, rows)
+    return StagedMessage(kept, columns, slot, total, rows, part_bytes)
