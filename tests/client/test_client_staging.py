@@ -255,3 +255,10 @@ def test_the_losing_copy_of_a_hedged_message_gives_its_slot_back() -> None:
     b.deliver(c, "late original", 100)
     assert list(it) == ["hedged copy"]
     assert discarded == ["late original"]
+
+
+def test_slots_fit_the_largest_planned_message_when_a_short_one_comes_first() -> None:
+    ring = PinnedRing(CpuEngine().host_buffer, lambda nbytes: 3, max_rows=16)
+    short = stage_message(ring, [message(16, 4)])  # the epoch's short last message arrives first
+    full = stage_message(ring, [message(0, 16)])
+    assert short.slot is not None and full.slot is not None and ring.spilled == 0

@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 import torch
 
-from flightfeed.client._device import CopyEngine, open_engine
+from flightfeed.client._device import CopyEngine, CudaEngine, open_engine
 from flightfeed.client._lanes import WINDOW_MESSAGE_BYTES, Lanes, LaneSettings
 from flightfeed.client._ring import Column, PinnedRing, StagedMessage, stage_message
 from flightfeed.client._skips import positions_of
@@ -76,6 +76,8 @@ class DevicePath:
         ring; the lanes' ``stage`` and ``discard`` hooks (``Lanes``)."""
         if self.engine is None:
             self.engine = open_engine(self.device, self._make, consumer=True)
+        elif isinstance(self.engine, CudaEngine):  # the stream current now uses this iteration's batches
+            self.engine.consumer = torch.cuda.current_stream(self.engine.device)
         k = max(1, len(readers))
         depth = k * (max(1, prefetch) + 1)
         budget = settings.window_bytes if settings.window_bytes is not None else depth * WINDOW_MESSAGE_BYTES
@@ -108,6 +110,8 @@ class DevicePath:
         """Start the mover (call before ``lanes.start()``: the ring's size counts the epoch's messages)."""
         assert self.engine is not None and self.ring is not None
         self.messages = len(lanes.board.rows)
+        if self.ring.buffer is None:
+            self.ring.max_rows = max(lanes.board.rows, default=0)
         self.mover = Mover(lanes.messages(), self.engine, self.ring, timer=timer)
         self.mover.start()
         return self.mover

@@ -84,8 +84,13 @@ def _flat(t: torch.Tensor) -> np.ndarray[Any, Any]:
 class PinnedRing:
     """``count`` slots of ``slot_bytes`` in one buffer from ``allocate`` (pinned for CUDA)."""
 
-    def __init__(self, allocate: Callable[[int], torch.Tensor], slots: Callable[[int], int]) -> None:
+    def __init__(
+        self, allocate: Callable[[int], torch.Tensor], slots: Callable[[int], int], *, max_rows: int = 0
+    ) -> None:
         self._allocate, self._slots_for = allocate, slots
+        #: rows of the largest message the iteration plans (0: unknown): the slots are sized for it,
+        #: whichever message comes first (a short last message may well arrive first)
+        self.max_rows = max_rows
         self.lock = threading.Lock()
         self.buffer: torch.Tensor | None = None
         self.slot_bytes = 0
@@ -101,14 +106,16 @@ class PinnedRing:
     def host_bytes(self) -> int:
         return 0 if self.buffer is None else self.buffer.numel()
 
-    def acquire(self, nbytes: int) -> int | None:
-        """A free slot for ``nbytes`` (the ring is allocated on the first call), or None."""
+    def acquire(self, nbytes: int, rows: int = 0) -> int | None:
+        """A free slot for ``nbytes`` of a message of ``rows`` rows (the ring is allocated on the
+        first call), or None."""
         with self.lock:
             if self.closed:
                 return None
             if self.buffer is None:
-                self.count = max(1, self._slots_for(nbytes))
-                self.slot_bytes = _align(max(ALIGN, int(nbytes * _HEADROOM)))
+                largest = nbytes * self.max_rows / rows if rows and self.max_rows > rows else nbytes
+                self.count = max(1, self._slots_for(int(largest)))
+                self.slot_bytes = _align(max(ALIGN, int(largest * _HEADROOM)))
                 self.buffer = self._allocate(self.count * self.slot_bytes)
                 if self.buffer.dtype != torch.uint8 or self.buffer.dim() != 1:
                     shape = tuple(self.buffer.shape)
@@ -222,7 +229,7 @@ def stage_message(
     tensors = [t for c in columns for t in c.buffers]
     sizes = [_align(t.numel() * t.element_size()) for t in tensors]
     total = sum(sizes)
-    slot = ring.acquire(total) if ring is not None and tensors else None
+    slot = ring.acquire(total, rows) if ring is not None and tensors else None
     if slot is None:
         if ring is not None and tensors:
             with ring.lock:
