@@ -11,6 +11,12 @@ memory: ``slots`` x one batch). Non-tensor columns (lists of bytes) pass through
 The ring logic talks to a :class:`CopyEngine`; :class:`CudaEngine` is the real one, and tests
 drive the ring on CPU with their own engine. ``device=None``/``"cpu"`` has no stage at all: the
 batch stays on Arrow memory (no pinned memory without CUDA).
+
+``FlightDataset`` itself now stages on the streams' threads, per message, into one ring
+(``_ring``) and copies with one mover thread (``_mover``) through the same engines'
+:meth:`CopyEngine.copy_slot`; :class:`CpuEngine` is the GPU-less engine of that path. The
+per-batch :class:`StagingRing` / :class:`DeviceStage` here remain for callers that stage batches
+themselves (and say why there is no CUDA path, :func:`open_engine`).
 """
 
 from __future__ import annotations
