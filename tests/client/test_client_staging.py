@@ -155,7 +155,7 @@ def test_an_exception_while_staging_or_moving_reaches_the_consumer(make_ds: Make
 # -- the ring and the mover on their own -------------------------------------------------------------
 def message(lo: int, rows: int) -> pa.RecordBatch:
     idx = list(range(lo, lo + rows))
-    return pa.record_batch({"index": pa.array(idx, pa.int64()), "name": pa.array([f"r{i}" for i in idx])})
+    return pa.record_batch({"index": pa.array(idx, pa.int64()), "name": pa.array([f"r{i}" for i in idx], pa.string())})
 
 
 def test_a_slot_is_refilled_only_after_its_copy_read_it() -> None:
@@ -262,3 +262,11 @@ def test_slots_fit_the_largest_planned_message_when_a_short_one_comes_first() ->
     short = stage_message(ring, [message(16, 4)])  # the epoch's short last message arrives first
     full = stage_message(ring, [message(0, 16)])
     assert short.slot is not None and full.slot is not None and ring.spilled == 0
+
+
+def test_an_empty_message_neither_sizes_the_ring_nor_counts_as_spilled() -> None:
+    ring = PinnedRing(CpuEngine().host_buffer, lambda nbytes: 2, max_rows=8)
+    empty = stage_message(ring, [message(0, 0)])
+    assert empty.slot is None and ring.buffer is None and ring.spilled == 0
+    full = stage_message(ring, [message(0, 8)])
+    assert full.slot is not None and ring.slot_bytes >= full.nbytes

@@ -229,9 +229,10 @@ def stage_message(
     tensors = [t for c in columns for t in c.buffers]
     sizes = [_align(t.numel() * t.element_size()) for t in tensors]
     total = sum(sizes)
-    slot = ring.acquire(total, rows) if ring is not None and tensors else None
+    worth = ring is not None and tensors and rows > 0  # an empty message (every row skipped) is not staged
+    slot = ring.acquire(total, rows) if ring is not None and worth else None
     if slot is None:
-        if ring is not None and tensors:
+        if ring is not None and worth:
             with ring.lock:
                 ring.spilled += 1
         return StagedMessage(kept, columns, None, total, rows, part_bytes)
