@@ -270,3 +270,32 @@ def test_an_empty_message_neither_sizes_the_ring_nor_counts_as_spilled() -> None
     assert empty.slot is None and ring.buffer is None and ring.spilled == 0
     full = stage_message(ring, [message(0, 8)])
     assert full.slot is not None and ring.slot_bytes >= full.nbytes
+
+
+def test_a_padded_column_is_cut_to_each_batchs_longest_row() -> None:
+    """``ragged="padded"`` pads per converted unit: the lanes convert whole messages, so each batch
+    is cut back to its own longest row (as the host path pads a batch), also across two messages."""
+    lengths = [1, 3, 0, 2, 5, 1, 2, 2, 1, 0, 4, 1]
+
+    def padded(rows: list[int]) -> torch.Tensor:
+        width = max(lengths[i] for i in rows)
+        out = torch.full((len(rows), width), 9, dtype=torch.int16)
+        for r, i in enumerate(rows):
+            out[r, : lengths[i]] = torch.arange(lengths[i], dtype=torch.int16) + 10 * i
+        return out
+
+    def convert(rb: pa.RecordBatch) -> dict[str, Any]:
+        idx = [int(i) for i in rb.column(0).to_pylist() if i is not None]
+        return {"tok": padded(idx), "tok_lengths": torch.tensor([lengths[i] for i in idx]), "index": torch.tensor(idx)}
+
+    ring = PinnedRing(CpuEngine().host_buffer, lambda nbytes: 4)
+    staged = [stage_message(ring, [message(lo, 6)], convert, pad_value=9) for lo in (0, 6)]
+    mover = Mover(iter(staged), CpuEngine(), ring)
+    mover.start()
+    batches = [b for _, b, _ in device_batches(mover, 4)]
+    mover.join()
+    for b in batches:
+        rows = b["index"].tolist()
+        assert torch.equal(b["tok"], padded(rows)), rows
+        assert b["tok_lengths"].tolist() == [lengths[i] for i in rows]
+    assert [b["index"].tolist() for b in batches] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]

@@ -9,6 +9,7 @@ sequence, even against a restarted server.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -30,6 +31,7 @@ from flightfeed.client._node import FlightNode
 from flightfeed.client._normalize import normalize_option
 from flightfeed.client._options import ConnectOptions, ReadOptions, checked_settings, refuse_moved
 from flightfeed.client._pool import ConnectionPool
+from flightfeed.client._ragged import tuple_of
 from flightfeed.client._report import _default_client_id, start_reporter
 from flightfeed.client._request import ReadJob, columns_arg, open_readers, read_command
 from flightfeed.client._skips import positions_of
@@ -283,8 +285,10 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         skip = skip_delivered(readers, start.worker_rows) if topo.num_workers > 1 else 0
         path = self._device_path() if topo.num_workers == 1 else None
         keep_arrow = self.options.decode_on == "trainer"  # the trainer decode reads the Arrow batch
+        convert = functools.partial(batch_to_torch, ragged=self.options.ragged, pad_value=self.options.pad_value)
         hooks = {} if path is None else path.hooks(
-            readers, self.options.prefetch, self._lane_settings, self.meter.spent, keep_arrow=keep_arrow
+            readers, self.options.prefetch, self._lane_settings, self.meter.spent, keep_arrow=keep_arrow,
+            convert=convert, pad_value=self.options.pad_value,
         )
         lanes = Lanes(
             readers, prefetch=self.options.prefetch, settings=self._lane_settings, count=self.meter.count, **hooks
@@ -300,6 +304,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         )
         stage = _device_stage(self.device if path is None else None, self.meter)
         as_tuple = self.options.as_tuple
+        ragged, pad_value = self.options.ragged, self.options.pad_value
         post = image_stage(
             self.device, normalize_option(self.options.normalize), self.options.decode_on, self._image_decoder
         )
@@ -327,7 +332,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
                         self._state = self._state.advanced(positions)
                         continue
                 if staged is None:
-                    tensors = batch_to_torch(rb)
+                    tensors = batch_to_torch(rb, ragged, pad_value)
                     self.meter.spent("convert", time.perf_counter() - t1)
                     out = stage(tensors)  # the device stage reports its own time
                 else:  # on the device already (``_mover``)
@@ -338,7 +343,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
                     self.meter.spent("images", time.perf_counter() - t2)
                 self.meter.waited(time.perf_counter() - t0, rb.num_rows, nbytes)
                 self._state = self._state.advanced(positions)
-                yield tuple(out[c] for c in self.columns) if as_tuple else out
+                yield tuple_of(out, self.columns) if as_tuple else out
         finally:
             self.meter.stop()
             if reporter is not None:

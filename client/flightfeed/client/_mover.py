@@ -30,9 +30,10 @@ from typing import Any
 import pyarrow as pa
 import torch
 
+from flightfeed.client._convert import batch_to_torch
 from flightfeed.client._device import CopyEngine, CudaEngine, open_engine
 from flightfeed.client._lanes import WINDOW_MESSAGE_BYTES, Lanes, LaneSettings
-from flightfeed.client._ring import Column, PinnedRing, StagedMessage, stage_message
+from flightfeed.client._ring import Column, Convert, PinnedRing, StagedMessage, stage_message
 from flightfeed.client._skips import positions_of
 from flightfeed.wire.errors import StreamError
 
@@ -71,6 +72,8 @@ class DevicePath:
         timer: Callable[[str, float], None] | None = None,
         *,
         keep_arrow: bool = False,
+        convert: Convert = batch_to_torch,
+        pad_value: float = 0,
     ) -> dict[str, Any]:
         """Open the engine (in the consumer's thread: a ConfigError says why there is none) and the
         ring; the lanes' ``stage`` and ``discard`` hooks (``Lanes``)."""
@@ -99,7 +102,7 @@ class DevicePath:
 
         def stage(parts: list[pa.RecordBatch]) -> StagedMessage:
             t0 = time.perf_counter()
-            staged = stage_message(ring, parts, keep_arrow=keep_arrow)
+            staged = stage_message(ring, parts, convert, keep_arrow=keep_arrow, pad_value=pad_value)
             if timer is not None:  # summed over the streams' threads (``stats()["stage_s"]``)
                 timer("stage", time.perf_counter() - t0)
             return staged
@@ -240,6 +243,8 @@ def _device_column(c: Column, place: Callable[[Any], torch.Tensor]) -> tuple[str
         return c.name, "tensor", place(c.buffers[0])
     if c.kind == "jagged":
         return c.name, "jagged", (place(c.buffers[0]), place(c.buffers[1]), c.host_offsets)
+    if c.kind == "padded":
+        return c.name, "padded", (place(c.buffers[0]), c.host_offsets, c.value)
     return c.name, "host", c.value
 
 
@@ -258,6 +263,12 @@ def _cut(msg: DeviceMessage, start: int, rows: int) -> list[tuple[str, str, Any]
             sub = offsets[start : start + rows + 1]
             rebased = [o - lo for o in host[start : start + rows + 1]]
             out.append((name, kind, (values[lo:hi], sub - lo if lo else sub, rebased)))
+        elif kind == "padded":  # cut back to the batch's longest row, as the host path pads it
+            tensor, lengths, pad = value
+            sub = lengths[start : start + rows]
+            width = max(sub, default=0)
+            cut = tensor[start : start + rows]
+            out.append((name, kind, (cut[:, :width].contiguous() if width < cut.shape[1] else cut, sub, pad)))
         else:
             out.append((name, kind, value[start : start + rows]))
     return out
@@ -287,8 +298,23 @@ def _join(pieces: list[list[tuple[str, str, Any]]]) -> dict[str, Any]:
             out[name] = torch.nested.nested_tensor_from_jagged(
                 values, offsets, min_seqlen=min(lengths, default=0), max_seqlen=max(lengths, default=0)
             )
+        elif kind == "padded":
+            out[name] = parts[0][0] if len(parts) == 1 else _pad_join(parts)
         else:
             out[name] = parts[0] if len(parts) == 1 else [x for p in parts for x in p]
+    return out
+
+
+def _pad_join(parts: list[Any]) -> torch.Tensor:
+    """Padded pieces of one batch (from two messages) padded to their common longest row."""
+    width = max(int(t.shape[1]) for t, _, _ in parts)
+    pad = parts[0][2]
+    first: torch.Tensor = parts[0][0]
+    out = first.new_full((sum(int(t.shape[0]) for t, _, _ in parts), width, *first.shape[2:]), pad)
+    at = 0
+    for t, _, _ in parts:
+        out[at : at + t.shape[0], : t.shape[1]] = t
+        at += t.shape[0]
     return out
 
 

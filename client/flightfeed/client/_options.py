@@ -19,6 +19,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import pyarrow.flight as flight
 
 from flightfeed.client._normalize import NormalizeSpec, normalize_option
+from flightfeed.client._ragged import RaggedSpec, check_ragged
 from flightfeed.client._retry import RetryPolicy
 from flightfeed.wire.errors import ConfigError
 from flightfeed.wire.messages import DECODE_ERROR_POLICIES
@@ -124,6 +125,10 @@ class ReadOptions:
     every message on the stream (and node) the plan put it on, as streams worked before work could
     move: the job then runs at its slowest node's pace, but each message is requested exactly once
     and always from the same place (what a sweep sharing one decode per message counts on).
+    ``ragged``: what ``list``/``large_list`` columns become: ``"nested"`` (default: a
+    ``torch.nested`` jagged tensor whose values are a view of the Arrow buffer), ``"padded"``
+    (``(rows, longest, *inner)`` filled with ``pad_value``, plus an int64 column ``NAME_lengths``)
+    or a ``{column: policy}`` mapping (columns not named are ``"nested"``); see ``_ragged``.
     """
 
     streams: int = 4
@@ -140,8 +145,13 @@ class ReadOptions:
     window_bytes: int | None = None
     hedge: bool = True
     move: bool = True
+    ragged: RaggedSpec = "nested"
+    pad_value: float = 0
 
     def __post_init__(self) -> None:
+        check_ragged(self.ragged, self.pad_value)
+        if not isinstance(self.ragged, str):  # a private copy: a caller's later edits change nothing
+            object.__setattr__(self, "ragged", dict(self.ragged))
         _count("streams", self.streams, 1)
         _count("prefetch", self.prefetch, 1)
         for name in ("message_rows", "block_rows", "buffer_rows"):
@@ -176,6 +186,7 @@ def checked_settings(
     if options is not None and not isinstance(options, ReadOptions):
         raise ConfigError(f"options is a {type(options).__name__}; pass options=ReadOptions(...)")
     read = options if options is not None else ReadOptions()
+    check_ragged(read.ragged, read.pad_value, columns)
     if read.as_tuple and not columns:
         raise ConfigError(
             "ReadOptions(as_tuple=True) yields the columns in the order of columns=[...]: name them, "

@@ -28,7 +28,7 @@ import torch
 
 from flightfeed.client._convert import batch_to_torch
 
-__all__ = ["ALIGN", "Column", "Fence", "PinnedRing", "StagedMessage", "stage_message"]
+__all__ = ["ALIGN", "Column", "Convert", "Fence", "PinnedRing", "StagedMessage", "stage_message"]
 
 ALIGN = 64  # bytes: every staged buffer starts on a 64-byte boundary of its slot
 _HEADROOM = 1.25  # a slot holds this much more than the first message (later ones vary a little)
@@ -46,7 +46,8 @@ class Fence(Protocol):
 class Column:
     """One column of a staged message. ``kind``: ``"tensor"`` (``buffers[0]`` holds it),
     ``"jagged"`` (``buffers``: values, offsets; ``host_offsets`` to cut batches without asking the
-    device) or ``"host"`` (``value``: a list that stays on the host). A buffer is ``(offset into the
+    device), ``"padded"`` (``buffers[0]``; ``host_offsets``: each row's length, ``value``: the pad
+    value) or ``"host"`` (``value``: a list that stays on the host). A buffer is ``(offset into the
     slot, dtype, shape)``, or a host tensor while the message is not staged."""
 
     name: str
@@ -188,7 +189,7 @@ class PinnedRing:
 Convert = Callable[[pa.RecordBatch], dict[str, Any]]
 
 
-def _columns(parts: Sequence[pa.RecordBatch], convert: Convert) -> list[Column]:
+def _columns(parts: Sequence[pa.RecordBatch], convert: Convert, pad_value: float) -> list[Column]:
     """The message's columns as host tensors / lists, parts concatenated (usually one part)."""
     converted = [convert(rb) for rb in parts]
     names = list(converted[0]) if converted else []
@@ -208,6 +209,8 @@ def _columns(parts: Sequence[pa.RecordBatch], convert: Convert) -> list[Column]:
                 [v[int(o[0]) : int(o[-1])] for v, o in zip(vals, offs, strict=True)]
             )
             out.append(Column(name, "jagged", [flat_values, offsets], host_offsets=host))
+        elif isinstance(first, torch.Tensor) and first.dim() >= 2 and f"{name}_lengths" in converted[0]:
+            out.append(_padded(name, values, [c[f"{name}_lengths"] for c in converted], pad_value))
         elif isinstance(first, torch.Tensor):
             out.append(Column(name, "tensor", [first if len(values) == 1 else torch.cat(values)]))
         else:
@@ -216,13 +219,35 @@ def _columns(parts: Sequence[pa.RecordBatch], convert: Convert) -> list[Column]:
     return out
 
 
+def _padded(name: str, values: list[torch.Tensor], lengths: list[torch.Tensor], pad: float) -> Column:
+    """A padded ragged column (``ReadOptions(ragged="padded")``: ``(rows, longest, ...)`` plus
+    ``NAME_lengths``): padded to the message's longest row here; each batch is cut back to its own
+    longest (``_mover``), with the per-row lengths and the pad value kept on the host for that."""
+    rows = [int(x) for t in lengths for x in t.tolist()]
+    width = max(int(t.shape[1]) for t in values)
+    if len(values) == 1:
+        merged = values[0]
+    else:
+        merged = values[0].new_full((len(rows), width, *values[0].shape[2:]), pad)
+        at = 0
+        for t in values:
+            merged[at : at + t.shape[0], : t.shape[1]] = t
+            at += t.shape[0]
+    return Column(name, "padded", [merged], value=pad, host_offsets=rows)
+
+
 def stage_message(
-    ring: PinnedRing | None, parts: list[pa.RecordBatch], convert: Convert = batch_to_torch, *, keep_arrow: bool = True
+    ring: PinnedRing | None,
+    parts: list[pa.RecordBatch],
+    convert: Convert = batch_to_torch,
+    *,
+    keep_arrow: bool = True,
+    pad_value: float = 0,
 ) -> StagedMessage:
     """Convert ``parts`` (one message; ``_convert`` by default, which knows every column type the
     client reads) and copy its tensors into a free slot of ``ring`` (on the calling lane's thread);
     without a slot the message goes on unstaged (the mover copies it)."""
-    columns = _columns(parts, convert)
+    columns = _columns(parts, convert, pad_value)
     rows = sum(rb.num_rows for rb in parts)
     part_bytes = [rb.nbytes for rb in parts]
     kept = list(parts) if keep_arrow else [rb.select([]) for rb in parts]
