@@ -19,6 +19,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import pyarrow.flight as flight
 
 from flightfeed.client._normalize import NormalizeSpec, normalize_option
+from flightfeed.client._pack import Pack
 from flightfeed.client._ragged import RaggedSpec, check_ragged
 from flightfeed.client._retry import RetryPolicy
 from flightfeed.wire.errors import ConfigError
@@ -129,6 +130,8 @@ class ReadOptions:
     ``torch.nested`` jagged tensor whose values are a view of the Arrow buffer), ``"padded"``
     (``(rows, longest, *inner)`` filled with ``pad_value``, plus an int64 column ``NAME_lengths``)
     or a ``{column: policy}`` mapping (columns not named are ``"nested"``); see ``_ragged``.
+    ``pack``: ``Pack(column="tokens", seq_len=L)`` serves a document dataset's token column as fixed
+    windows: batches ``{column: int64 (B, L + 1), "position_ids": int32 (B, L + 1)}`` (``_pack``).
     """
 
     streams: int = 4
@@ -147,6 +150,7 @@ class ReadOptions:
     move: bool = True
     ragged: RaggedSpec = "nested"
     pad_value: float = 0
+    pack: Pack | None = None
 
     def __post_init__(self) -> None:
         check_ragged(self.ragged, self.pad_value)
@@ -173,6 +177,8 @@ class ReadOptions:
             )
         if not isinstance(self.as_tuple, bool):
             raise ConfigError(f"as_tuple is {self.as_tuple!r}; it must be True or False")
+        if self.pack is not None and not isinstance(self.pack, Pack):
+            raise ConfigError(f"pack is a {type(self.pack).__name__}; pass pack=Pack(column=..., seq_len=...)")
 
 
 def checked_settings(
