@@ -119,8 +119,8 @@ class PinnedRing:
                 self.slot_bytes = _align(max(ALIGN, int(largest * _HEADROOM)))
                 self.buffer = self._allocate(self.count * self.slot_bytes)
                 if self.buffer.dtype != torch.uint8 or self.buffer.dim() != 1:
-                    shape = tuple(self.buffer.shape)
-                    raise TypeError(f"the ring's host buffer is {self.buffer.dtype} {shape}; it must be 1-d uint8")
+                    shape, dtype, self.buffer = tuple(self.buffer.shape), self.buffer.dtype, None
+                    raise TypeError(f"the ring's host buffer is {dtype} {shape}; it must be 1-d uint8")
                 self._free = list(range(self.count - 1, -1, -1))
             if nbytes > self.slot_bytes:
                 return None
