@@ -9,10 +9,11 @@ sequence, even against a restarted server.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
 import torch.utils.data
@@ -20,12 +21,13 @@ import torch.utils.data
 from flightfeed.client._assemble import split_batches
 from flightfeed.client._convert import batch_to_torch
 from flightfeed.client._datapipe import FlightDataPipe
-from flightfeed.client._device import DeviceStage
+from flightfeed.client._device import CopyEngine, DeviceStage
 from flightfeed.client._images import check_decode_on, image_stage
 from flightfeed.client._info import dataset_info
 from flightfeed.client._lanes import Lane, Lanes, LaneSettings
 from flightfeed.client._members import Members
 from flightfeed.client._mix_plan import Mixture
+from flightfeed.client._mover import DevicePath, device_batches
 from flightfeed.client._node import FlightNode
 from flightfeed.client._normalize import normalize_option
 from flightfeed.client._options import ConnectOptions, ReadOptions, checked_settings, refuse_moved
@@ -48,7 +50,7 @@ from flightfeed.client._workers import (
     skip_delivered,
     worker_start,
 )
-from flightfeed.wire.errors import ConfigError
+from flightfeed.wire.errors import ConfigError, StreamError
 from flightfeed.wire.messages import ReadCommand
 from flightfeed.wire.transforms import TransformSpec, set_transform
 
@@ -137,6 +139,8 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         # image output on the trainer (``_images``): decode on the trainer, normalised float32 CHW
         check_decode_on(self.options.decode_on, transform)
         self._image_decoder: Any = None  # decode_on="trainer": None = torchvision's (tests pass their own)
+        self._copy_engine: Callable[[torch.device], CopyEngine] | None = None  # tests/benches: a CpuEngine
+        self._devices: list[DevicePath] = []  # the device path's engine + pinned ring, kept across epochs
         self._shared = SharedSlots()  # the epoch and worker activity, shared with DataLoader workers
         self._worker_mark = 0  # WORKER_ITERATIONS when this process last read or loaded a state itself
         self._client_id = _default_client_id()  # one identity in the server's metrics for all epochs
@@ -310,13 +314,26 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         readers = self.open_streams(topo, start, stop, epoch)
         self._state = start.pinned(readers[0].ticket if readers else None, topo.rank, topo.world_size)
         skip = skip_delivered(readers, start.worker_rows) if topo.num_workers > 1 else 0
-        lanes = Lanes(readers, prefetch=self.options.prefetch, settings=self._lane_settings, count=self.meter.count)
+        path = self._device_path() if topo.num_workers == 1 else None
+        keep_arrow = self.options.decode_on == "trainer"  # the trainer decode reads the Arrow batch
+        convert = functools.partial(batch_to_torch, ragged=self.options.ragged, pad_value=self.options.pad_value)
+        hooks = {} if path is None else path.hooks(
+            readers, self.options.prefetch, self._lane_settings, self.meter.spent, keep_arrow=keep_arrow,
+            convert=convert, pad_value=self.options.pad_value,
+        )
+        lanes = Lanes(
+            readers, prefetch=self.options.prefetch, settings=self._lane_settings, count=self.meter.count, **hooks
+        )
         self.meter.set("nodes", lanes.nodes)
         running = (stop, lanes.lanes)
         self._running.append(running)
+        mover = path.start(lanes, self.meter.spent) if path is not None else None
         lanes.start()
-        batches = split_batches(drop_rows(lanes.messages(), skip), self.batch_size)
-        stage = _device_stage(self.device, self.meter)
+        batches: Iterator[tuple[Any, Any, int]] = (
+            device_batches(mover, self.batch_size) if mover is not None
+            else ((rb, None, rb.nbytes) for rb in split_batches(drop_rows(lanes.messages(), skip), self.batch_size))
+        )
+        stage = _device_stage(self.device if path is None else None, self.meter)
         as_tuple = self.options.as_tuple
         ragged, pad_value = self.options.ragged, self.options.pad_value
         post = image_stage(
@@ -334,9 +351,10 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         try:
             while True:
                 t0 = time.perf_counter()
-                rb = next(batches, None)
-                if rb is None:
+                item = next(batches, None)
+                if item is None:
                     break
+                rb, staged, nbytes = item
                 t1 = time.perf_counter()
                 self.meter.spent("fetch", t1 - t0)
                 positions = positions_of(rb)
@@ -345,19 +363,22 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
                     if not rb.num_rows:  # every row of this batch was skipped
                         self._state = self._state.advanced(positions)
                         continue
-                if pack is not None and self.device is None:  # CPU: one widening copy (``_pack``)
-                    tensors = packed_to_torch(rb, pack.column)
-                else:
-                    tensors = batch_to_torch(rb, ragged, pad_value)
-                self.meter.spent("convert", time.perf_counter() - t1)
-                out = stage(tensors)  # the device stage reports its own time
+                if staged is None:
+                    if pack is not None and self.device is None:  # CPU: one widening copy (``_pack``)
+                        tensors = packed_to_torch(rb, pack.column)
+                    else:
+                        tensors = batch_to_torch(rb, ragged, pad_value)
+                    self.meter.spent("convert", time.perf_counter() - t1)
+                    out = stage(tensors)  # the device stage reports its own time
+                else:  # on the device already (``_mover``)
+                    out = staged
                 if pack is not None:
                     out = widen(out, pack.column)  # int64 tokens, int32 positions (``_pack``)
                 if post is not None:
                     t2 = time.perf_counter()
                     out = post(out, rb)
                     self.meter.spent("images", time.perf_counter() - t2)
-                self.meter.waited(time.perf_counter() - t0, rb.num_rows, rb.nbytes)
+                self.meter.waited(time.perf_counter() - t0, rb.num_rows, nbytes)
                 self._state = self._state.advanced(positions)
                 yield tuple_of(out, self.columns) if as_tuple else out
         finally:
@@ -365,13 +386,25 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
             if reporter is not None:
                 reporter.close(final=True)
             stop.set()
+            if mover is not None:
+                lanes.board.fail(StreamError("the iteration was closed"))  # wakes the mover
+                mover.close()
             for lane in lanes.lanes:
                 lane.cancel()
             for lane in lanes.lanes:
                 lane.join(timeout=5)
             stage.close()
+            if path is not None:
+                path.finish(lanes)
             if running in self._running:
                 self._running.remove(running)
+
+    def _device_path(self) -> DevicePath | None:
+        """The device path (lanes stage into a pinned ring: ``_mover``), or None: batches stay on
+        Arrow memory (``device=None``/``"cpu"`` without a test engine)."""
+        if self.device is None or (self.device.type == "cpu" and self._copy_engine is None):
+            return None
+        return _unused_path(self._devices, self.device, self._copy_engine)
 
     # -- adapters -------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -380,6 +413,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         state["meter"] = None
         state["_running"] = []
         state["_info"] = None
+        state["_devices"] = []
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -406,6 +440,18 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         if self._pool is not None:
             self._pool.close()
             self._pool = None
+        for path in self._devices:
+            if not path.busy:
+                path.close()
+
+
+def _unused_path(paths: list[DevicePath], device: torch.device, make: Any) -> DevicePath:
+    """An idle device path (its ring is reused), or a new one for a concurrent iteration."""
+    for p in paths:
+        if not p.busy:
+            return p
+    paths.append(DevicePath(device, make))
+    return paths[-1]
 
 
 def _device_stage(device: torch.device | None, meter: StallMeter) -> DeviceStage:
