@@ -23,6 +23,7 @@ from flightfeed.client._datapipe import FlightDataPipe
 from flightfeed.client._device import DeviceStage
 from flightfeed.client._images import check_decode_on, image_stage
 from flightfeed.client._info import dataset_info
+from flightfeed.client._info_helper import helper_needed, info_via_helper
 from flightfeed.client._lanes import Lane, Lanes, LaneSettings
 from flightfeed.client._members import Members
 from flightfeed.client._node import FlightNode
@@ -46,7 +47,7 @@ from flightfeed.client._workers import (
     worker_start,
 )
 from flightfeed.wire.errors import ConfigError
-from flightfeed.wire.messages import ReadCommand
+from flightfeed.wire.messages import INDEX_COLUMN, ReadCommand
 from flightfeed.wire.transforms import TransformSpec, set_transform
 
 __all__ = ["FlightDataset"]
@@ -151,6 +152,11 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         }
 
     @property
+    def _tuple_columns(self) -> list[str]:
+        """What ``as_tuple`` yields, in order: ``columns``, then ``row_index`` with ``with_index``."""
+        return [*self.columns, INDEX_COLUMN] if self.options.with_index else self.columns
+
+    @property
     def epoch(self) -> int:
         """The epoch the next iteration reads (shared with DataLoader workers, persistent ones too)."""
         return self._shared.get(SharedSlots.EPOCH)
@@ -196,9 +202,15 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
 
     def info(self) -> dict[str, Any]:
         """What the server says about the dataset: ``name``, ``rows``, ``columns`` (name -> Arrow
-        type), ``classes`` (class names of a converted image folder, else None) and ``schema``."""
+        type), ``classes`` (class names of a converted image folder, else None) and ``schema``.
+
+        In a process that has not used Flight yet, a helper process asks (``_info_helper``), so
+        ``len(ds)`` before ``fork``-started DataLoader workers leaves them working."""
         if self._info is None:
-            self._info = dataset_info(self._get_pool(), self._members, self.connect, self.name, self.columns)
+            if helper_needed():  # keep this process gRPC-free: fork-started DataLoader workers may follow
+                self._info = info_via_helper(self._members, self.connect, self.name, self.columns)
+            else:
+                self._info = dataset_info(self._get_pool(), self._members, self.connect, self.name, self.columns)
         return self._info
 
     @property
@@ -320,7 +332,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
                     self.meter.spent("images", time.perf_counter() - t2)
                 self.meter.waited(time.perf_counter() - t0, rb.num_rows, rb.nbytes)
                 self._state = self._state.advanced(positions)
-                yield tuple(out[c] for c in self.columns) if as_tuple else out
+                yield tuple(out[c] for c in self._tuple_columns) if as_tuple else out
         finally:
             self.meter.stop()
             if reporter is not None:

@@ -124,6 +124,10 @@ class ReadOptions:
     every message on the stream (and node) the plan put it on, as streams worked before work could
     move: the job then runs at its slowest node's pace, but each message is requested exactly once
     and always from the same place (what a sweep sharing one decode per message counts on).
+    ``with_index``: each batch also holds ``row_index``, an int64 tensor of every row's global stored
+    row index (shards sorted by path, rows in file order: the row ``flightfeed inspect`` and h5py
+    number), in the batch's order whatever the shuffle, streams, workers or resume; with
+    ``as_tuple=True`` it is the tuple's last element.
     """
 
     streams: int = 4
@@ -140,6 +144,7 @@ class ReadOptions:
     window_bytes: int | None = None
     hedge: bool = True
     move: bool = True
+    with_index: bool = False
 
     def __post_init__(self) -> None:
         _count("streams", self.streams, 1)
@@ -154,7 +159,7 @@ class ReadOptions:
         normalize_option(self.normalize)  # a clear error now rather than at the first batch
         if self.window_bytes is not None:
             _count("window_bytes", self.window_bytes, 0)
-        for flag in ("hedge", "move"):
+        for flag in ("hedge", "move", "with_index"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(f"{flag} is {getattr(self, flag)!r}; it must be True or False")
         if self.decode_on not in DECODE_ON:

@@ -26,6 +26,7 @@ __all__ = [
     "TransformStep",
     "SkipInfo",
     "DECODE_ERROR_POLICIES",
+    "INDEX_COLUMN",
     "decode_command",
     "decode_ticket",
     "decode_report",
@@ -47,6 +48,7 @@ ClientReport: Any = feed_pb2.ClientReport
 TransformStep: Any = feed_pb2.TransformStep
 SkipInfo: Any = feed_pb2.SkipInfo
 DECODE_ERROR_POLICIES = ("", "raise", "skip")
+INDEX_COLUMN = "row_index"  # ReadCommand.with_index: int64, each row's global stored row index
 
 
 def _parse(cls: Any, data: bytes, what: str) -> Any:
@@ -110,6 +112,11 @@ def check_command(cmd: Any) -> None:
     _check_transforms(cmd)
     if len(set(cmd.columns)) != len(cmd.columns):
         raise InvalidRequest(f"columns {list(cmd.columns)} name a column twice", field="columns")
+    if cmd.with_index and INDEX_COLUMN in cmd.columns:
+        raise InvalidRequest(
+            f"columns name {INDEX_COLUMN!r}, the column with_index adds: drop it from columns (or with_index)",
+            field="columns",
+        )
 
 
 def _check_transforms(cmd: Any) -> None:
