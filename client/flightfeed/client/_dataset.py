@@ -42,6 +42,7 @@ from flightfeed.client._workers import (
     SharedSlots,
     drop_rows,
     hint_once,
+    process_slots,
     refuse_worker_state_here,
     skip_delivered,
     worker_start,
@@ -119,6 +120,8 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         check_decode_on(self.options.decode_on, transform)
         self._image_decoder: Any = None  # decode_on="trainer": None = torchvision's (tests pass their own)
         self._shared = SharedSlots()  # the epoch and worker activity, shared with DataLoader workers
+        self._job_slots = process_slots()  # what is said once per job (all its datasets)
+        self._states_asked = False  # a DataLoader worker's copy: its loader collects states (StatefulDataLoader)
         self._worker_mark = 0  # WORKER_ITERATIONS when this process last read or loaded a state itself
         self._client_id = _default_client_id()  # one identity in the server's metrics for all epochs
         self._info: dict[str, Any] | None = None
@@ -181,13 +184,33 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         Raises ConfigError in the main process while DataLoader workers read this dataset: the
         position lives in the workers (torchdata's StatefulDataLoader collects their states)."""
         in_main = torch.utils.data.get_worker_info() is None
-        if in_main and self._shared.get(SharedSlots.WORKER_ITERATIONS) != self._worker_mark:
+        if not in_main:
+            self._states_asked = True  # StatefulDataLoader asks each worker before its first batch
+        if in_main:
+            self._refuse_while_workers_read("state_dict()")
+        return self._state.to_dict()
+
+    @property
+    def position(self) -> int:
+        """Batches this rank has already delivered in the current epoch (``set_epoch``): after
+        ``load_state_dict``, the batches before the checkpoint (so ``enumerate(loader, ds.position)``
+        numbers a resumed epoch's batches as the whole epoch does, out of ``len(ds)``); 0 before an
+        epoch starts; ``len(ds)`` when it is done. Like ``state_dict()``, it raises ConfigError in
+        the main process while DataLoader workers read this dataset (the position lives in them)."""
+        if torch.utils.data.get_worker_info() is None:
+            self._refuse_while_workers_read("position")
+        state = self._resume if self._resume is not None else self._state
+        if state.epoch != self.epoch:
+            return 0
+        return state.batches_done()
+
+    def _refuse_while_workers_read(self, what: str) -> None:
+        if self._shared.get(SharedSlots.WORKER_ITERATIONS) != self._worker_mark:
             raise ConfigError(
                 f"FlightDataset {self.name!r} is being read by DataLoader worker processes, so this "
-                "process's state_dict() would not say what they delivered (resuming from it would replay "
+                f"process's {what} would not say what they delivered (resuming from it would replay "
                 f"the epoch); {STATEFUL_HINT}"
             )
-        return self._state.to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue exactly where ``state`` left off on the next iteration."""
@@ -283,7 +306,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
             start = worker_start(start, topo)
         if in_worker:
             self._shared.bump(SharedSlots.WORKER_ITERATIONS)
-            hint_once(self._shared, topo)
+            hint_once(self._shared, self._job_slots, topo, self.name, self._states_asked)
         else:
             self._worker_mark = self._shared.get(SharedSlots.WORKER_ITERATIONS)
         stop = threading.Event()
