@@ -18,7 +18,10 @@ from flightfeed.server.storage.cli_options import (
     size_argument,
     storage_options_from_args,
 )
+from flightfeed.server.storage.manifest import Manifest
+from flightfeed.server.tools.convert.images import split_folders
 from flightfeed.server.tools.convert.pipeline import ConvertSettings, convert
+from flightfeed.server.tools.convert.splits import convert_splits, split_destination
 from flightfeed.wire.errors import ConfigError, FlightFeedError
 
 __all__ = ["add_arguments", "run"]
@@ -74,6 +77,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="images: a file that does not decode stops the conversion naming it (error, default) or is left "
         "out and counted (skip)",
     )
+    parser.add_argument(
+        "--no-source-path", action="store_true",
+        help="images: no source_path column (by default each row keeps its file's path relative to SRC)",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace a dataset already converted into DST")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_reader_arguments(parser)
@@ -100,18 +107,32 @@ def run(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             progress=not args.no_progress,
             storage=storage_options_from_args(args, os.environ),
+            source_path=not args.no_source_path,
         )
-        manifest = convert(args.src, args.dst, settings)
+        splits = split_folders(args.src) if args.kind in ("auto", "images") else []
+        if splits:  # ROOT/train, ROOT/val: one dataset per split, never classes named after splits
+            print(f"{args.src} holds the splits {', '.join(splits)}: converting each into its own dataset")
+            manifests = convert_splits(args.src, args.dst, settings)
+        else:
+            manifests = {"": convert(args.src, args.dst, settings)}
     except FlightFeedError as exc:
         print(f"flightfeed convert: error: {exc}", file=sys.stderr)
         return 1
+    for split, manifest in manifests.items():
+        _report(manifest, split_destination(args.dst, split) if split else args.dst)
+    if splits:
+        serve = " ".join(f"{s}={split_destination(args.dst, s)}" for s in splits)
+        print(f"serve them with: flightfeed serve {serve}")
+    return 0
+
+
+def _report(manifest: Manifest, dst: str) -> None:
     print(
         f"wrote {manifest.rows} rows in {len(manifest.shards)} shard(s), {manifest.nbytes / 1e6:.1f} MB, "
-        f"to {args.dst} (manifest.json)"
+        f"to {dst} (manifest.json)"
     )
     skipped = manifest.extra.get("skipped_images") or {}
     if skipped:
         shown = "; ".join(f"{path} ({why})" for path, why in list(skipped.items())[:5])
         more = f" and {len(skipped) - 5} more (all in manifest.json)" if len(skipped) > 5 else ""
         print(f"skipped {len(skipped)} image(s) that do not decode: {shown}{more}", file=sys.stderr)
-    return 0

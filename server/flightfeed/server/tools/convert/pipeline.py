@@ -14,7 +14,7 @@ from flightfeed.server.readers.blocks import BLOCK_BYTES
 from flightfeed.server.storage.manifest import Manifest
 from flightfeed.server.storage.options import StorageOptions
 from flightfeed.server.tools.convert.destination import open_destination
-from flightfeed.server.tools.convert.images import ImageFolderSource, looks_like_image_folder
+from flightfeed.server.tools.convert.images import ImageFolderSource, looks_like_image_folder, split_folders
 from flightfeed.server.tools.convert.sources import (
     Hdf5Source,
     NumpySource,
@@ -48,6 +48,9 @@ class ConvertSettings:
     max_side: int | None = None
     on_bad_image: str = "error"
     overwrite: bool = False
+    source_path: bool = True  # images: the source_path column (--no-source-path: none)
+    classes: list[str] | None = None  # images: the class list (a split: the union over the splits)
+    source_base: str | None = None  # images: source_path is relative to this (default: SRC)
     progress: bool = True
     storage: StorageOptions = field(default_factory=StorageOptions)
 
@@ -68,12 +71,24 @@ def open_source(src: str, settings: ConvertSettings) -> Source:
         return ParquetSource(require(find_files(src, (".parquet",)), src, "Parquet", (".parquet",)))
     if kind == "numpy":
         return NumpySource(require(find_files(src, (".npy", ".npz")), src, "NumPy", (".npy", ".npz")))
+    splits = split_folders(src)
+    if splits and settings.classes is None:
+        raise ConfigError(
+            f"{src} holds dataset splits ({', '.join(s + '/' for s in splits)}), not classes: converting it as one "
+            f"dataset would make {len(splits)} classes named after the splits. `flightfeed convert {src} DST` "
+            f"converts each split into DST/<split> (labels agree across splits; in Python: convert_splits); "
+            f"or convert one split: "
+            f"`flightfeed convert {os.path.join(src, splits[0])} DST/{splits[0]}`"
+        )
     return ImageFolderSource(
         src,
         decode=settings.decode,
         size=settings.resize,
         max_side=settings.max_side,
         on_bad_image=settings.on_bad_image,
+        classes=settings.classes,
+        source_path=settings.source_path,
+        base=settings.source_base,
     )
 
 
