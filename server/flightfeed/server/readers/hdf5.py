@@ -183,6 +183,8 @@ class Hdf5Shard(ShardFields):
             try:
                 if column.select or column.text is not None:  # compound, pandas block or strings: h5py converts
                     out: npt.NDArray[Any] = ds[start:stop]
+                elif ds.dtype.subdtype is not None:  # an HDF5 ARRAY element type, e.g. (3,)<f4: h5py unfolds it
+                    out = np.asarray(ds[start:stop], dtype=column.stored_dtype)
                 else:
                     out = np.empty((stop - start, *column.row_shape), dtype=column.stored_dtype)
                     if out.size:

@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from flightfeed.server.readers.hdf5_column import FIELD_SEPARATOR, Column, Text
+from flightfeed.server.readers.hdf5_filters import missing_filters
 from flightfeed.server.readers.ndarray import arrow_type_for, unsupported_dtype_reason
 from flightfeed.wire.errors import ConfigError, DatasetError
 
@@ -64,6 +65,9 @@ def dataset_columns(
     """The columns of dataset ``ds`` (member ``key`` at link ``path``). Compound fields are named by
     field path, prefixed with ``key`` when ``prefix``. Raises Refusal naming the dataset or field."""
     dtype = dataset_dtype(ds)
+    missing = missing_filters(ds)
+    if missing:
+        raise Refusal(f"{key}: " + "; ".join(missing))
     pickled = ds.attrs.get("PSEUDOATOM")
     if isinstance(pickled, bytes) and pickled == b"object":
         raise Refusal(
