@@ -14,6 +14,7 @@ from flightfeed.server.storage.cli_options import (
     add_reader_arguments,
     add_s3_arguments,
     parse_casts,
+    parse_hdf5_columns,
     parse_hdf5_groups,
     size_argument,
     storage_options_from_args,
@@ -92,6 +93,9 @@ def run(args: argparse.Namespace) -> int:
         group, per_dataset = parse_hdf5_groups(args.hdf5_group)
         if per_dataset:
             raise ConfigError("convert reads one source: give its group as --hdf5-group GROUP (no NAME=)")
+        picked, picked_per = parse_hdf5_columns(args.hdf5_columns)
+        if picked_per:
+            raise ConfigError("convert reads one source: give its datasets as --hdf5-columns DS1,DS2 (no NAME=)")
         settings = ConvertSettings(
             shard_bytes=args.shard_size,
             block_bytes=args.block_size,
@@ -99,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
             rows_per_batch=args.rows_per_batch,
             kind=args.kind,
             hdf5_group=group,
+            hdf5_columns=picked,
             casts=parse_casts(args.cast),
             decode=args.decode,
             resize=args.resize,

@@ -42,6 +42,7 @@ class ConvertSettings:
     rows_per_batch: int | None = None
     kind: SourceKind = "auto"
     hdf5_group: str | None = None
+    hdf5_columns: tuple[str, ...] | None = None  # --hdf5-columns: the group's datasets that become columns
     casts: dict[str, str] = field(default_factory=dict)
     decode: bool = False
     resize: tuple[int, int] | None = None
@@ -62,8 +63,11 @@ def open_source(src: str, settings: ConvertSettings) -> Source:
         kind = _detect(src)
     if kind == "hdf5":
         files = require(find_files(src, HDF5_SUFFIXES), src, "HDF5/netCDF-4", HDF5_SUFFIXES)
-        return Hdf5Source(files, settings.hdf5_group, settings.casts)
-    given = [flag for flag, on in (("--hdf5-group", settings.hdf5_group), ("--cast", settings.casts)) if on]
+        return Hdf5Source(files, settings.hdf5_group, settings.casts, settings.hdf5_columns)
+    flags = (
+        ("--hdf5-group", settings.hdf5_group), ("--hdf5-columns", settings.hdf5_columns), ("--cast", settings.casts)
+    )
+    given = [flag for flag, on in flags if on]
     if given:
         verb = "applies" if len(given) == 1 else "apply"
         raise ConfigError(f"{' and '.join(given)} {verb} only to HDF5 sources; {src} is {kind}: drop the option")
