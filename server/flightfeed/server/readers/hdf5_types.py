@@ -30,6 +30,10 @@ from flightfeed.wire.errors import ConfigError, DatasetError
 __all__ = ["dataset_columns", "dataset_dtype", "Refusal", "refuse"]
 
 
+#: PyTables' variable-length text atoms (``PSEUDOATOM``): ragged numbers on disk, text to PyTables
+_PYTABLES_VL_TEXT = {b"vlunicode": "VLUnicode", b"vlstring": "VLString"}
+
+
 class Refusal(Exception):
     """A dataset (or field) that cannot be served; ``str()`` is the reason and what to do."""
 
@@ -69,6 +73,12 @@ def dataset_columns(
     if missing:
         raise Refusal(f"{key}: " + "; ".join(missing))
     pickled = ds.attrs.get("PSEUDOATOM")
+    if isinstance(pickled, bytes) and pickled in _PYTABLES_VL_TEXT:
+        raise Refusal(
+            f"{key}: PyTables {_PYTABLES_VL_TEXT[pickled]} strings (variable-length text that PyTables stores as "
+            "ragged arrays of numbers, a PyTables convention): store them as fixed-width strings (PyTables "
+            "StringAtom, or an h5py string dtype) to have them served, or leave them out with --hdf5-columns"
+        )
     if isinstance(pickled, bytes) and pickled == b"object":
         raise Refusal(
             f"{key}: pickled Python objects (PyTables/pandas store `object` columns so; flightfeed never unpickles): "
@@ -130,6 +140,13 @@ def _leaf(
     common = dict(name=name, path=path, select=fields, rows=rows, chunk_rows=chunk_rows, compression=compression,
                   link=link)
     if text is not None:
+        if value.kind == "S" and value.itemsize == 1 and len(row_shape) == 1 and row_shape[0] > 1:
+            raise Refusal(
+                f"a character array: {row_shape[0]} single characters per row (a netCDF `char` variable, i.e. one "
+                f"text of up to {row_shape[0]} characters per row); flightfeed serves strings, not character "
+                "arrays: store it as a string variable (netCDF NC_STRING, or fixed-length strings), or leave it "
+                "out with --hdf5-columns"
+            )
         if math.prod(row_shape) != 1:
             raise Refusal(
                 f"{math.prod(row_shape)} strings per row (shape {row_shape}): one string per row is served; store "
@@ -225,6 +242,6 @@ def refuse(uri: str, group: str, problems: list[str]) -> DatasetError:
     """One error for every dataset of ``group`` that cannot be served."""
     return DatasetError(
         f"HDF5 shard {uri}, group {group}: {'; '.join(problems)}. flightfeed serves every row-aligned dataset of "
-        "the group, so each must be servable: fix them as said, move them to another group, or serve another "
-        "group with --hdf5-group"
+        "the group, so each must be servable: fix them as said, leave them out with --hdf5-columns DS1,DS2 (the "
+        "datasets to serve), move them to another group, or serve another group with --hdf5-group"
     )
