@@ -79,6 +79,13 @@ def dataset_columns(
             "ragged arrays of numbers, a PyTables convention): store them as fixed-width strings (PyTables "
             "StringAtom, or an h5py string dtype) to have them served, or leave them out with --hdf5-columns"
         )
+    if dtype.kind == "S" and dtype.itemsize == 1 and ds.ndim == 2 and "DIMENSION_LIST" in ds.attrs:
+        width = int(ds.shape[1])  # a netCDF char variable (time, strlen): one text per row, as characters
+        raise Refusal(
+            f"{key}: a netCDF character array: {width} single characters per row (a `char` variable, i.e. one "
+            f"text of up to {width} characters per row); flightfeed serves strings, not character arrays: store "
+            "it as a string variable (netCDF NC_STRING, or fixed-length strings), or leave it out with --hdf5-columns"
+        )
     if isinstance(pickled, bytes) and pickled == b"object":
         raise Refusal(
             f"{key}: pickled Python objects (PyTables/pandas store `object` columns so; flightfeed never unpickles): "
@@ -140,13 +147,6 @@ def _leaf(
     common = dict(name=name, path=path, select=fields, rows=rows, chunk_rows=chunk_rows, compression=compression,
                   link=link)
     if text is not None:
-        if value.kind == "S" and value.itemsize == 1 and len(row_shape) == 1 and row_shape[0] > 1:
-            raise Refusal(
-                f"a character array: {row_shape[0]} single characters per row (a netCDF `char` variable, i.e. one "
-                f"text of up to {row_shape[0]} characters per row); flightfeed serves strings, not character "
-                "arrays: store it as a string variable (netCDF NC_STRING, or fixed-length strings), or leave it "
-                "out with --hdf5-columns"
-            )
         if math.prod(row_shape) != 1:
             raise Refusal(
                 f"{math.prod(row_shape)} strings per row (shape {row_shape}): one string per row is served; store "
