@@ -101,6 +101,7 @@ class ImageFolderSource:
             raise ConfigError("--decode needs --resize WxH (decoded images become fixed-shape tensors)")
         if size is not None and not decode:
             raise ConfigError("--resize needs --decode (encoded images are stored as they are)")
+        self._base = base if base is not None else root  # source_path is relative to it
         present = class_folders(root)
         if classes is None:
             classes = present
@@ -110,10 +111,10 @@ class ImageFolderSource:
             if name not in present:
                 continue  # a class of another split
             found = len(items)
-            for base, dirs, names in os.walk(os.path.join(root, name)):
+            for here, dirs, names in os.walk(os.path.join(root, name)):
                 dirs[:] = sorted(d for d in dirs if not d.startswith("."))
                 items.extend(
-                    (os.path.join(base, n), label) for n in sorted(names) if n.lower().endswith(IMAGE_SUFFIXES)
+                    (os.path.join(here, n), label) for n in sorted(names) if n.lower().endswith(IMAGE_SUFFIXES)
                 )
             if len(items) == found:
                 empty.append(name)
@@ -148,7 +149,6 @@ class ImageFolderSource:
             metadata["flightfeed.image_layout"] = "encoded"
         self._image_type = image_type
         fields = [pa.field("image", image_type), pa.field("label", pa.int64())]
-        self._base = base if base is not None else root
         self._source_path = source_path
         if source_path:
             fields.append(pa.field(SOURCE_PATH, pa.string()))
