@@ -69,9 +69,9 @@ def test_convert_makes_one_dataset_per_split_with_shared_labels(served: tuple[Ru
         assert table.num_rows == per * len(CLASSES)
         assert ds.schema.metadata[b"flightfeed.classes"] == json.dumps(list(CLASSES)).encode()
         paths = table.column("source_path").to_pylist()  # relative to ROOT: traceable to the file
-        labels = table.column("label").to_pylist()
+        labels: list[int] = table.column("label").to_pylist()  # type: ignore[assignment]
         assert paths[0] == f"{split}/cat/cat_0.jpg"
-        assert all(str(p).split("/")[1] == CLASSES[int(label)] for p, label in zip(paths, labels, strict=True))
+        assert all(str(p).split("/")[1] == CLASSES[label] for p, label in zip(paths, labels, strict=True))
 
 
 def _runs(location: str, tmp: Path, runs: dict[str, list[str]]) -> dict[str, list[dict[str, Any]]]:
