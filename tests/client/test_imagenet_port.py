@@ -87,6 +87,11 @@ def _runs(location: str, tmp: Path, runs: dict[str, list[str]]) -> dict[str, lis
         assert proc.returncode == 0, f"{name}:\n{stdout[-2000:]}\n{stderr[-4000:]}"
         assert "forked from process" not in stderr
         out[name] = [json.loads(line) for line in (tmp / f"{name}.jsonl").read_text().splitlines()]
+        # plain DataLoader workers: the checkpoint note at the first batch, once per dataset (the
+        # StatefulDataLoader of --stateful collects states: no note for train there)
+        notes = stderr.count("read by the workers of a plain DataLoader")
+        assert notes == (0 if "-j" in runs[name] and runs[name][runs[name].index("-j") + 1] == "0"
+                         else 1 if "--stateful" in runs[name] else 2), (name, stderr[-3000:])
     return out
 
 
