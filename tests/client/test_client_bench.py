@@ -53,8 +53,9 @@ def test_a_rerun_served_from_the_share_window_says_so(pics_dir: Path, capsys: py
         args = parse(srv.location, NAME, "--batch-size", "40", "--epochs", "1", "--streams", "2", "--json")
         assert _bench.run(args) == 0
         first = json.loads(capsys.readouterr().out)
-        assert first["shared_hits"] == 0 and "note" not in first
-        assert metrics_snapshot(srv.metrics)["shared"]["note"] is None
+        assert first["shared_hits"] < first["shared_messages"]  # made, not served from the window
+        if first["shared_hits"] == 0:  # (a hedged message would be a hit: possible on a loaded machine)
+            assert "note" not in first and metrics_snapshot(srv.metrics)["shared"]["note"] is None
         assert _bench.run(args) == 0
         second = json.loads(capsys.readouterr().out)
         messages = second["shared_messages"]
