@@ -13,7 +13,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import torch.utils.data
 
@@ -26,10 +26,13 @@ from flightfeed.client._info import dataset_info
 from flightfeed.client._info_helper import helper_needed, info_via_helper
 from flightfeed.client._lanes import Lane, Lanes, LaneSettings
 from flightfeed.client._members import Members
+from flightfeed.client._mix_plan import Mixture
 from flightfeed.client._node import FlightNode
 from flightfeed.client._normalize import normalize_option
 from flightfeed.client._options import ConnectOptions, ReadOptions, checked_settings, refuse_moved
+from flightfeed.client._pack import packed_to_torch, set_pack, widen
 from flightfeed.client._pool import ConnectionPool
+from flightfeed.client._ragged import tuple_of
 from flightfeed.client._report import _default_client_id, start_reporter
 from flightfeed.client._request import ReadJob, columns_arg, open_readers, read_command
 from flightfeed.client._skips import positions_of
@@ -85,13 +88,27 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
     on_decode_error, report_interval)``: stream and tuning knobs (see :class:`ReadOptions`).
     The former flat keywords (``streams=``, ``token=``, ...) raise ConfigError naming their new place.
     ``stats()`` counts ``retries`` and ``failovers``.
+
+    ``name`` may be a ``Mixture({"web": 0.7, "code": 0.2, "books": 0.1}, until=None, batches=None)``:
+    one reader over several datasets with weights (``_mixture``; the epoch's end in ``_mix_plan``).
     """
+
+    #: the reader of a ``Mixture`` name (``_mixture`` sets it; ``flightfeed.client`` imports that)
+    mixture_class: ClassVar[type[FlightDataset] | None] = None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> FlightDataset:
+        name = args[1] if len(args) > 1 else kwargs.get("name")
+        if cls is FlightDataset and isinstance(name, Mixture):
+            if FlightDataset.mixture_class is None:
+                raise ConfigError("mixtures need flightfeed.client._mixture; import flightfeed.client")
+            cls = FlightDataset.mixture_class
+        return super().__new__(cls)
 
     @refuse_moved
     def __init__(
         self,
         location: str,
-        name: str,
+        name: str | Mixture,
         columns: str | Sequence[str] | None = None,
         batch_size: int = 256,
         shuffle: bool = True,
@@ -106,6 +123,8 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         options: ReadOptions | None = None,
     ) -> None:
         super().__init__()
+        if isinstance(name, Mixture):  # __new__ made a mixture reader for it
+            raise ConfigError("a Mixture is read by flightfeed.client.MixtureDataset")
         self.location, self.name = location, name
         self._members = Members(location)  # checks every comma-separated entry; learns the tier's others
         self.columns = columns_arg(columns)
@@ -116,6 +135,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         # server-side transforms (see the class doc); checked here for shape, on the server in full
         self.transform = transform
         set_transform(ReadCommand(), transform, self.options.on_decode_error)
+        set_pack(ReadCommand(), self.options.pack, self.columns)  # a clear error now: columns vs pack
         # image output on the trainer (``_images``): decode on the trainer, normalised float32 CHW
         check_decode_on(self.options.decode_on, transform)
         self._image_decoder: Any = None  # decode_on="trainer": None = torchvision's (tests pass their own)
@@ -125,6 +145,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         self._worker_mark = 0  # WORKER_ITERATIONS when this process last read or loaded a state itself
         self._client_id = _default_client_id()  # one identity in the server's metrics for all epochs
         self._info: dict[str, Any] | None = None
+        self._windows: int | None = None  # with ReadOptions(pack=...): windows per epoch (``__len__``)
         self._state = ReadState.fresh(self._settings())
         self._resume: ReadState | None = None
         self._pool: ConnectionPool | None = None
@@ -152,6 +173,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
             "batch_size": self.batch_size,
             "drop_last": self.drop_last,
             "transform": json.loads(json.dumps(self.transform)),  # as a checkpoint stores it
+            "pack": self.options.pack.as_dict() if self.options.pack is not None else None,
         }
 
     @property
@@ -288,8 +310,18 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         state = self._resume if self._resume is not None else self._state
         if state.epoch != epoch:
             state = ReadState.fresh(self._settings(), epoch=epoch)
-        num_rows = state.num_rows or int(self.info()["rows"])
+        num_rows = state.num_rows or self._epoch_rows(topo, state)
         return state.epoch_batches(num_rows, topo.rank, topo.world_size)
+
+    def _epoch_rows(self, topo: Topology, state: ReadState) -> int:
+        """Rows of an epoch: the dataset's, or with ``pack`` its windows (the same in every epoch:
+        the tokens are), which the server counts when it plans the tickets."""
+        if self.options.pack is None:
+            return int(self.info()["rows"])
+        if self._windows is None:
+            readers = self.open_streams(topo, state, threading.Event(), state.epoch)
+            self._windows = int(readers[0].ticket.num_rows) if readers else 0
+        return self._windows
 
     def __iter__(self) -> Iterator[Any]:
         return self._iterate()
@@ -321,9 +353,11 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         batches = split_batches(drop_rows(lanes.messages(), skip), self.batch_size)
         stage = _device_stage(self.device, self.meter)
         as_tuple = self.options.as_tuple
+        ragged, pad_value = self.options.ragged, self.options.pad_value
         post = image_stage(
             self.device, normalize_option(self.options.normalize), self.options.decode_on, self._image_decoder
         )
+        pack = self.options.pack
         self.meter.start()
         reporter = start_reporter(  # to the member that answered this iteration's get_flight_info
             self._members.order()[0], self.meter.figures, interval=self.options.report_interval,
@@ -346,16 +380,21 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
                     if not rb.num_rows:  # every row of this batch was skipped
                         self._state = self._state.advanced(positions)
                         continue
-                tensors = batch_to_torch(rb)
+                if pack is not None and self.device is None:  # CPU: one widening copy (``_pack``)
+                    tensors = packed_to_torch(rb, pack.column)
+                else:
+                    tensors = batch_to_torch(rb, ragged, pad_value)
                 self.meter.spent("convert", time.perf_counter() - t1)
                 out = stage(tensors)  # the device stage reports its own time
+                if pack is not None:
+                    out = widen(out, pack.column)  # int64 tokens, int32 positions (``_pack``)
                 if post is not None:
                     t2 = time.perf_counter()
                     out = post(out, rb)
                     self.meter.spent("images", time.perf_counter() - t2)
                 self.meter.waited(time.perf_counter() - t0, rb.num_rows, rb.nbytes)
                 self._state = self._state.advanced(positions)
-                yield tuple(out[c] for c in self._tuple_columns) if as_tuple else out
+                yield tuple_of(out, self._tuple_columns) if as_tuple else out
         finally:
             self.meter.stop()
             if reporter is not None:

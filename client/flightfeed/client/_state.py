@@ -18,7 +18,7 @@ from flightfeed.wire.plan import Partition, ceil_div
 __all__ = ["ReadState", "STATE_VERSION"]
 
 STATE_VERSION = 1
-_SETTINGS = ("dataset", "columns", "seed", "shuffle", "batch_size", "drop_last", "transform")
+_SETTINGS = ("dataset", "columns", "seed", "shuffle", "batch_size", "drop_last", "transform", "pack")
 
 
 @dataclass(frozen=True)

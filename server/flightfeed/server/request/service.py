@@ -32,6 +32,7 @@ from flightfeed.server.observe.reports import MAX_REPORT_BYTES, validate_report
 from flightfeed.server.observe.shared import shared_snapshot
 from flightfeed.server.observe.snapshot import metrics_snapshot
 from flightfeed.server.request.identity import job_digest
+from flightfeed.server.request.packed import packed_row_bytes, packed_schema
 from flightfeed.server.request.shared_messages import DEFAULT_SHARE_WINDOW, ShareWindow
 from flightfeed.server.request.streaming import (
     StreamSettings,
@@ -132,6 +133,8 @@ class FlightFeedServer(flight.FlightServerBase):
     # -- discovery ------------------------------------------------------------------------
     def _schema(self, ds: Dataset, read: Any) -> pa.Schema:
         """The schema a command's streams carry: projected, with transformed columns' new types."""
+        if read.HasField("pack"):
+            return packed_schema(ds, read)
         schema = ds.project_schema(list(read.columns))
         plan = transform_plan(ds, read, self.transformer)
         check_index(ds, read)
@@ -181,6 +184,8 @@ class FlightFeedServer(flight.FlightServerBase):
 
     def _row_bytes(self, ds: Dataset, read: Any) -> int:
         """Bytes of one row as sent (after the request's transforms): what message sizes count."""
+        if read.HasField("pack"):
+            return packed_row_bytes(ds, read)
         return message_row_bytes(ds, list(read.columns), transform_plan(ds, read, self.transformer))
 
     @schema_errors
@@ -220,7 +225,7 @@ class FlightFeedServer(flight.FlightServerBase):
         ds = self.catalog.get(t.read.dataset)
         check_columns(ds, list(t.read.columns))
         row_bytes = self._row_bytes(ds, t.read)
-        check_ticket(ds, t, self.limits, row_bytes)
+        check_ticket(ds, t, self.limits, row_bytes, int(t.num_rows) if t.read.HasField("pack") else None)
         client = peer_host(context.peer() if context is not None else None)
         made = ticket_batches(ds, t, self.transformer, self.share_window)
         batches = metered(

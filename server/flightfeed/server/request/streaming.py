@@ -21,6 +21,7 @@ from flightfeed.server.data.readahead import NO_READAHEAD
 from flightfeed.server.data.shuffle_sizing import message_rows_cap, shuffle_defaults
 from flightfeed.server.request.gather import contiguous, gather
 from flightfeed.server.request.identity import request_identity, stream_group
+from flightfeed.server.request.packed import pack_tickets, packed_batches
 from flightfeed.server.request.shared_messages import ShareWindow
 from flightfeed.wire.errors import InvalidRequest, StaleState
 from flightfeed.wire.messages import INDEX_COLUMN, WIRE_VERSION, ReadCommand, StreamTicket, span_of
@@ -110,7 +111,11 @@ def make_tickets(
 
     Unless the command names ``message_rows``, messages hold about ``settings.message_bytes``,
     capped so the rows make several messages per stream and node (``spread_message_rows``):
-    the sample sequence never depends on it, only how finely work can move between nodes."""
+    the sample sequence never depends on it, only how finely work can move between nodes.
+    A command with ``pack`` gets tickets whose rows are token windows (``packed``)."""
+    if cmd.HasField("pack"):
+        ds.check_unchanged(stale=True)
+        return pack_tickets(ds, cmd, settings.message_bytes, settings.readahead_windows, nodes)
     columns = list(cmd.columns)
     check_columns(ds, columns)
     check_index(ds, cmd)
@@ -218,6 +223,9 @@ def ticket_batches(
     """The RecordBatches ``ticket`` promised, message by message (transformed when it says so).
     Shuffled and transformed messages go through ``window`` (shared jobs): made once for every
     identical request that asks while the window holds them."""
+    if ticket.read.HasField("pack"):  # rows are token windows
+        yield from packed_batches(ds, ticket)
+        return
     if ticket.fingerprint != ds.fingerprint or ticket.num_rows != ds.num_rows:
         raise StaleState(
             f"ticket was made for another version of dataset {ds.name!r} "

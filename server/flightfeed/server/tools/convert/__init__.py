@@ -1,5 +1,7 @@
-"""``flightfeed convert SRC DST``: HDF5, Parquet, NumPy (.npy/.npz) and image folders into sharded
-``.arrow`` files (Arrow IPC file format) plus ``manifest.json``; DST may be ``s3://bucket/prefix``.
+"""``flightfeed convert SRC DST``: HDF5, Parquet, NumPy (.npy/.npz), image folders and the formats of
+other loaders (WebDataset, LMDB, TFRecord, MosaicML MDS, LitData, Hugging Face ``datasets``:
+``formats.py``) into sharded ``.arrow`` files (Arrow IPC file format) plus ``manifest.json``; SRC
+(for those formats) and DST may be ``s3://bucket/prefix``.
 
 Library entry points: ``convert(src, dst, ConvertSettings(...))``; ``convert_splits`` for a folder of
 split folders (``train/``, ``val/``: one dataset each). The subcommand lives in
