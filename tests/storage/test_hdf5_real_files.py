@@ -29,7 +29,12 @@ import tables
 
 from flightfeed.server.readers.hdf5 import open_hdf5_shard
 from flightfeed.server.storage import open_dataset
-from flightfeed.server.storage.cli_options import add_reader_arguments, parse_hdf5_columns, storage_options_from_args
+from flightfeed.server.storage.cli_options import (
+    add_reader_arguments,
+    apply_config,
+    parse_hdf5_columns,
+    storage_options_from_args,
+)
 from flightfeed.server.tools.convert import ConvertSettings, convert
 from flightfeed.wire.errors import ConfigError, DatasetError
 
@@ -148,6 +153,13 @@ def test_hdf5_columns_picks_the_datasets_of_a_group(tmp_path: Path) -> None:
     manifest = convert(str(path), str(tmp_path / "out"), ConvertSettings(progress=False, hdf5_columns=("labels",)))
     assert manifest.rows == 10 and manifest.schema.names == ["labels"]
     assert parse_hdf5_columns(["a,b", "v=c"]) == (("a", "b"), {"v": ("c",)})
+    options = storage_options_from_args(parser.parse_args([]), {})  # the --config file's forms
+    apply_config(options, parser.parse_args([]), {"hdf5_columns": {"train": "images, labels", "t": ["labels"]}})
+    assert options.hdf5_columns_per == {"train": ("images", "labels"), "t": ("labels",)}
+    apply_config(options, parser.parse_args([]), {"hdf5_columns": ["labels"]})
+    assert options.hdf5_columns == ("labels",)
+    with pytest.raises(ConfigError, match="hdf5_columns"):
+        apply_config(options, parser.parse_args([]), {"hdf5_columns": 3})
     with pytest.raises(ConfigError, match="one pick for every dataset"):
         parse_hdf5_columns(["a", "b"])
 

@@ -143,7 +143,8 @@ def add_chunk_cache_argument(parser: argparse.ArgumentParser) -> None:
 
 def apply_config(options: StorageOptions, args: argparse.Namespace, config: Mapping[str, object]) -> None:
     """Settings of a ``--config`` file that flags did not give: ``chunk_cache`` (bytes or a size
-    text) and ``hdf5_group`` (a group, or a table of dataset name -> group)."""
+    text), ``hdf5_group`` (a group, or a table of dataset name -> group) and ``hdf5_columns``
+    (``"a,b"`` / ``["a", "b"]``, or a table of dataset name -> such a list)."""
     cache = getattr(args, "chunk_cache", None)
     if cache is None:
         cache = config.get("chunk_cache", config.get("chunk-cache"))
@@ -161,6 +162,23 @@ def apply_config(options: StorageOptions, args: argparse.Namespace, config: Mapp
             options.hdf5_groups = {str(k): str(v) for k, v in groups.items()}
         else:
             raise ConfigError(f"hdf5_group {groups!r}: expected a group name or a table of dataset name = group")
+    picks = config.get("hdf5_columns", config.get("hdf5-columns"))
+    if not getattr(args, "hdf5_columns", None) and picks is not None:
+        if isinstance(picks, Mapping):
+            options.hdf5_columns_per = {str(k): _dataset_list(v, f"hdf5_columns.{k}") for k, v in picks.items()}
+        else:
+            options.hdf5_columns = _dataset_list(picks, "hdf5_columns")
+
+
+def _dataset_list(value: object, key: str) -> tuple[str, ...]:
+    """A config file's pick of datasets: ``"a,b"`` or ``["a", "b"]``."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not all(isinstance(v, str) for v in items):
+        raise ConfigError(f"{key} {value!r}: expected dataset names, e.g. \"temp,time\" or [\"temp\", \"time\"]")
+    picked = tuple(v.strip() for v in items if v.strip())
+    if not picked:
+        raise ConfigError(f"{key} {value!r}: names no dataset")
+    return picked
 
 
 def add_reader_arguments(parser: argparse.ArgumentParser) -> None:
