@@ -24,6 +24,7 @@ from flightfeed.client._datapipe import FlightDataPipe
 from flightfeed.client._device import CopyEngine, DeviceStage
 from flightfeed.client._images import check_decode_on, image_stage
 from flightfeed.client._info import dataset_info
+from flightfeed.client._info_helper import helper_needed, info_via_helper
 from flightfeed.client._lanes import Lane, Lanes, LaneSettings
 from flightfeed.client._members import Members
 from flightfeed.client._mix_plan import Mixture
@@ -46,12 +47,13 @@ from flightfeed.client._workers import (
     SharedSlots,
     drop_rows,
     hint_once,
+    process_slots,
     refuse_worker_state_here,
     skip_delivered,
     worker_start,
 )
 from flightfeed.wire.errors import ConfigError, StreamError
-from flightfeed.wire.messages import ReadCommand
+from flightfeed.wire.messages import INDEX_COLUMN, ReadCommand
 from flightfeed.wire.transforms import TransformSpec, set_transform
 
 __all__ = ["FlightDataset"]
@@ -142,6 +144,8 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         self._copy_engine: Callable[[torch.device], CopyEngine] | None = None  # tests/benches: a CpuEngine
         self._devices: list[DevicePath] = []  # the device path's engine + pinned ring, kept across epochs
         self._shared = SharedSlots()  # the epoch and worker activity, shared with DataLoader workers
+        self._job_slots = process_slots()  # what is said once per job (all its datasets)
+        self._states_asked = False  # a DataLoader worker's copy: its loader collects states (StatefulDataLoader)
         self._worker_mark = 0  # WORKER_ITERATIONS when this process last read or loaded a state itself
         self._client_id = _default_client_id()  # one identity in the server's metrics for all epochs
         self._info: dict[str, Any] | None = None
@@ -177,6 +181,11 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         }
 
     @property
+    def _tuple_columns(self) -> list[str]:
+        """What ``as_tuple`` yields, in order: ``columns``, then ``row_index`` with ``with_index``."""
+        return [*self.columns, INDEX_COLUMN] if self.options.with_index else self.columns
+
+    @property
     def epoch(self) -> int:
         """The epoch the next iteration reads (shared with DataLoader workers, persistent ones too)."""
         return self._shared.get(SharedSlots.EPOCH)
@@ -201,13 +210,33 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         Raises ConfigError in the main process while DataLoader workers read this dataset: the
         position lives in the workers (torchdata's StatefulDataLoader collects their states)."""
         in_main = torch.utils.data.get_worker_info() is None
-        if in_main and self._shared.get(SharedSlots.WORKER_ITERATIONS) != self._worker_mark:
+        if not in_main:
+            self._states_asked = True  # StatefulDataLoader asks each worker before its first batch
+        if in_main:
+            self._refuse_while_workers_read("state_dict()")
+        return self._state.to_dict()
+
+    @property
+    def position(self) -> int:
+        """Batches this rank has already delivered in the current epoch (``set_epoch``): after
+        ``load_state_dict``, the batches before the checkpoint (so ``enumerate(loader, ds.position)``
+        numbers a resumed epoch's batches as the whole epoch does, out of ``len(ds)``); 0 before an
+        epoch starts; ``len(ds)`` when it is done. Like ``state_dict()``, it raises ConfigError in
+        the main process while DataLoader workers read this dataset (the position lives in them)."""
+        if torch.utils.data.get_worker_info() is None:
+            self._refuse_while_workers_read("position")
+        state = self._resume if self._resume is not None else self._state
+        if state.epoch != self.epoch:
+            return 0
+        return state.batches_done()
+
+    def _refuse_while_workers_read(self, what: str) -> None:
+        if self._shared.get(SharedSlots.WORKER_ITERATIONS) != self._worker_mark:
             raise ConfigError(
                 f"FlightDataset {self.name!r} is being read by DataLoader worker processes, so this "
-                "process's state_dict() would not say what they delivered (resuming from it would replay "
+                f"process's {what} would not say what they delivered (resuming from it would replay "
                 f"the epoch); {STATEFUL_HINT}"
             )
-        return self._state.to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue exactly where ``state`` left off on the next iteration."""
@@ -222,9 +251,15 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
 
     def info(self) -> dict[str, Any]:
         """What the server says about the dataset: ``name``, ``rows``, ``columns`` (name -> Arrow
-        type), ``classes`` (class names of a converted image folder, else None) and ``schema``."""
+        type), ``classes`` (class names of a converted image folder, else None) and ``schema``.
+
+        In a process that has not used Flight yet, a helper process asks (``_info_helper``), so
+        ``len(ds)`` before ``fork``-started DataLoader workers leaves them working."""
         if self._info is None:
-            self._info = dataset_info(self._get_pool(), self._members, self.connect, self.name, self.columns)
+            if helper_needed():  # keep this process gRPC-free: fork-started DataLoader workers may follow
+                self._info = info_via_helper(self._members, self.connect, self.name, self.columns)
+            else:
+                self._info = dataset_info(self._get_pool(), self._members, self.connect, self.name, self.columns)
         return self._info
 
     @property
@@ -307,7 +342,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
             start = worker_start(start, topo)
         if in_worker:
             self._shared.bump(SharedSlots.WORKER_ITERATIONS)
-            hint_once(self._shared, topo)
+            hint_once(self._shared, self._job_slots, topo, self.name, self._states_asked)
         else:
             self._worker_mark = self._shared.get(SharedSlots.WORKER_ITERATIONS)
         stop = threading.Event()
@@ -380,7 +415,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
                     self.meter.spent("images", time.perf_counter() - t2)
                 self.meter.waited(time.perf_counter() - t0, rb.num_rows, nbytes)
                 self._state = self._state.advanced(positions)
-                yield tuple_of(out, self.columns) if as_tuple else out
+                yield tuple_of(out, self._tuple_columns) if as_tuple else out
         finally:
             self.meter.stop()
             if reporter is not None:

@@ -132,6 +132,10 @@ class ReadOptions:
     or a ``{column: policy}`` mapping (columns not named are ``"nested"``); see ``_ragged``.
     ``pack``: ``Pack(column="tokens", seq_len=L)`` serves a document dataset's token column as fixed
     windows: batches ``{column: int64 (B, L + 1), "position_ids": int32 (B, L + 1)}`` (``_pack``).
+    ``with_index``: each batch also holds ``row_index``, an int64 tensor of every row's global stored
+    row index (shards sorted by path, rows in file order: the row ``flightfeed inspect`` and h5py
+    number), in the batch's order whatever the shuffle, streams, workers or resume; with
+    ``as_tuple=True`` it is the tuple's last element.
     """
 
     streams: int = 4
@@ -151,6 +155,7 @@ class ReadOptions:
     ragged: RaggedSpec = "nested"
     pad_value: float = 0
     pack: Pack | None = None
+    with_index: bool = False
 
     def __post_init__(self) -> None:
         check_ragged(self.ragged, self.pad_value)
@@ -168,9 +173,11 @@ class ReadOptions:
         normalize_option(self.normalize)  # a clear error now rather than at the first batch
         if self.window_bytes is not None:
             _count("window_bytes", self.window_bytes, 0)
-        for flag in ("hedge", "move"):
+        for flag in ("hedge", "move", "with_index"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(f"{flag} is {getattr(self, flag)!r}; it must be True or False")
+        if self.with_index and self.pack is not None:
+            raise ConfigError("with_index=True and pack: a packed window is cut across documents, not a stored row")
         if self.decode_on not in DECODE_ON:
             raise ConfigError(
                 f"decode_on is {self.decode_on!r}; allowed: 'server' (the data node decodes) or 'trainer'"

@@ -82,6 +82,7 @@ def read_command(job: ReadJob, topo: Topology, start: ReadState, epoch: int) -> 
         fingerprint=start.fingerprint,
         compression=opts.compression or "",
         message_rows=(start.message_rows if start.num_workers > 1 else 0) or opts.message_rows,
+        with_index=opts.with_index,
     )
     set_transform(cmd, job.transform, opts.on_decode_error)
     set_pack(cmd, opts.pack, job.columns)

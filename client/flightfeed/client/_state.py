@@ -130,6 +130,11 @@ class ReadState:
             prior_batches=self.prior_batches + ceil_div(self.rows_consumed, batch),
         )
 
+    def batches_done(self) -> int:
+        """Batches this state's rank delivered in its epoch (those before a re-partition included)."""
+        rows = self.worker_rows if self.num_workers > 1 else self.rows_consumed
+        return self.prior_batches + ceil_div(rows, int(self.settings["batch_size"]))
+
     def epoch_batches(self, num_rows: int, rank: int, world_size: int) -> int:
         """Batches ``rank`` of ``world_size`` yields in this state's whole epoch (the ones before a
         re-partition included), for a dataset of ``num_rows`` rows."""

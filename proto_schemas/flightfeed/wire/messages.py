@@ -27,6 +27,7 @@ __all__ = [
     "TransformStep",
     "SkipInfo",
     "DECODE_ERROR_POLICIES",
+    "INDEX_COLUMN",
     "decode_command",
     "decode_ticket",
     "decode_report",
@@ -49,6 +50,7 @@ ClientReport: Any = feed_pb2.ClientReport
 TransformStep: Any = feed_pb2.TransformStep
 SkipInfo: Any = feed_pb2.SkipInfo
 DECODE_ERROR_POLICIES = ("", "raise", "skip")
+INDEX_COLUMN = "row_index"  # ReadCommand.with_index: int64, each row's global stored row index
 
 
 def _parse(cls: Any, data: bytes, what: str) -> Any:
@@ -114,6 +116,17 @@ def check_command(cmd: Any) -> None:
         _check_pack(cmd.pack)
     if len(set(cmd.columns)) != len(cmd.columns):
         raise InvalidRequest(f"columns {list(cmd.columns)} name a column twice", field="columns")
+    if cmd.with_index and cmd.HasField("pack"):
+        raise InvalidRequest(
+            "with_index and pack together: a packed row is a token window cut across documents, not a stored "
+            "row; drop with_index (or pack)",
+            field="with_index",
+        )
+    if cmd.with_index and INDEX_COLUMN in cmd.columns:
+        raise InvalidRequest(
+            f"columns name {INDEX_COLUMN!r}, the column with_index adds: drop it from columns (or with_index)",
+            field="columns",
+        )
 
 
 def _check_pack(pack: Any) -> None:

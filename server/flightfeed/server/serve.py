@@ -267,6 +267,8 @@ def _worker_argv(args: argparse.Namespace, datasets: dict[str, str], host: str) 
         out += ["--cast", cast]
     for group in getattr(args, "hdf5_group", None) or []:
         out += ["--hdf5-group", group]
+    for picked in getattr(args, "hdf5_columns", None) or []:
+        out += ["--hdf5-columns", picked]
     return out
 
 

@@ -37,11 +37,13 @@ from flightfeed.server.request.shared_messages import DEFAULT_SHARE_WINDOW, Shar
 from flightfeed.server.request.streaming import (
     StreamSettings,
     check_columns,
+    check_index,
     make_tickets,
     message_row_bytes,
     stored_order_tickets,
     ticket_batches,
     transform_plan,
+    with_index_field,
 )
 from flightfeed.server.transforms import SKIP_KEY, Transformer
 from flightfeed.wire.errors import InvalidRequest
@@ -135,7 +137,8 @@ class FlightFeedServer(flight.FlightServerBase):
             return packed_schema(ds, read)
         schema = ds.project_schema(list(read.columns))
         plan = transform_plan(ds, read, self.transformer)
-        return plan.schema(schema) if plan is not None else schema
+        check_index(ds, read)
+        return with_index_field(plan.schema(schema) if plan is not None else schema, read)
 
     def _info(
         self, ds: Dataset, descriptor: flight.FlightDescriptor, tickets: list[Any], schema: pa.Schema, first: int

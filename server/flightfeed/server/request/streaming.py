@@ -24,7 +24,7 @@ from flightfeed.server.request.identity import request_identity, stream_group
 from flightfeed.server.request.packed import pack_tickets, packed_batches
 from flightfeed.server.request.shared_messages import ShareWindow
 from flightfeed.wire.errors import InvalidRequest, StaleState
-from flightfeed.wire.messages import WIRE_VERSION, ReadCommand, StreamTicket, span_of
+from flightfeed.wire.messages import INDEX_COLUMN, WIRE_VERSION, ReadCommand, StreamTicket, span_of
 from flightfeed.wire.plan import Partition, ceil_div, default_message_rows, split_streams, spread_message_rows
 
 if TYPE_CHECKING:
@@ -38,6 +38,8 @@ __all__ = [
     "check_columns",
     "transform_plan",
     "message_row_bytes",
+    "check_index",
+    "with_index_field",
 ]
 
 
@@ -57,6 +59,31 @@ def check_columns(ds: Dataset, columns: list[str]) -> None:
         raise InvalidRequest(
             f"unknown column(s) {unknown} in dataset {ds.name!r}; columns: {names}", field="columns"
         )
+
+
+def check_index(ds: Dataset, read: Any) -> None:
+    """``with_index`` adds a column ``row_index``: refused where the dataset has one of that name."""
+    if read.with_index and INDEX_COLUMN in ds.schema.names:
+        raise InvalidRequest(
+            f"dataset {ds.name!r} has a column named {INDEX_COLUMN!r}, the column with_index adds; read it "
+            "instead of asking with_index (or rename the stored column)",
+            field="with_index",
+        )
+
+
+def with_index_field(schema: pa.Schema, read: Any) -> pa.Schema:
+    """The schema a stream of ``read`` carries: ``schema`` plus ``row_index`` when it asks with_index."""
+    return schema.append(pa.field(INDEX_COLUMN, pa.int64(), nullable=False)) if read.with_index else schema
+
+
+def _indexed(batches: list[pa.RecordBatch], rows: Any) -> list[pa.RecordBatch]:
+    """``batches`` (holding the stored ``rows``, in order) with the ``row_index`` column appended."""
+    out, at = [], 0
+    for b in batches:
+        index = pa.array(rows[at : at + b.num_rows], type=pa.int64())
+        at += b.num_rows
+        out.append(b.append_column(pa.field(INDEX_COLUMN, pa.int64(), nullable=False), index))
+    return out
 
 
 def transform_plan(ds: Dataset, read: Any, transformer: Transformer | None) -> Plan | None:
@@ -91,6 +118,7 @@ def make_tickets(
         return pack_tickets(ds, cmd, settings.message_bytes, settings.readahead_windows, nodes)
     columns = list(cmd.columns)
     check_columns(ds, columns)
+    check_index(ds, cmd)
     ds.check_unchanged(stale=True)
     plan = transform_plan(ds, cmd, transformer)
     if cmd.fingerprint and cmd.fingerprint != ds.fingerprint:
@@ -207,6 +235,7 @@ def ticket_batches(
     read = ticket.read
     columns = list(read.columns)
     check_columns(ds, columns)
+    check_index(ds, read)
     span = span_of(ticket)
     if ticket.stored_order:
         if span.end_row > ds.num_rows:
@@ -242,7 +271,11 @@ def ticket_batches(
 
                 def make(lo: int = lo, hi: int = hi) -> list[pa.RecordBatch]:
                     rows = order.rows(part.positions(lo, hi)) if order.shuffle else part.positions(lo, hi)
-                    return list(transformer.message(ds, plan, rows, columns, key, int(read.batch_rows)))
+                    return list(
+                        transformer.message(
+                            ds, plan, rows, columns, key, int(read.batch_rows), with_index=bool(read.with_index)
+                        )
+                    )
 
                 yield from shared.get(ds.name, (identity, lo, hi), make)
 
@@ -264,5 +297,8 @@ def ticket_batches(
                     return [gather(ds, order.rows(part.positions(lo, hi)), columns)]
 
                 batches = shared.get(ds.name, (identity, lo, hi), make)
+            if read.with_index:  # traceability: each row's stored index, appended after the gather
+                positions = part.positions(lo, hi)
+                batches = _indexed(batches, order.rows(positions) if order.shuffle else positions)
             ahead.after()
             yield from batches

@@ -15,12 +15,16 @@ from flightfeed.server.storage.cli_options import (
     add_reader_arguments,
     add_s3_arguments,
     parse_casts,
+    parse_hdf5_columns,
     parse_hdf5_groups,
     size_argument,
     storage_options_from_args,
 )
+from flightfeed.server.storage.manifest import Manifest
 from flightfeed.server.tools.convert.formats import FORMAT_KINDS
+from flightfeed.server.tools.convert.images import split_folders
 from flightfeed.server.tools.convert.pipeline import ConvertSettings, convert
+from flightfeed.server.tools.convert.splits import convert_splits, split_destination
 from flightfeed.server.tools.convert.token_sources import add_token_arguments
 from flightfeed.wire.errors import ConfigError, FlightFeedError
 
@@ -90,6 +94,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="lmdb: msgpack'd (image_bytes, label) under keys '0'..'N-1' with __len__ (default), or raw key/value "
         "bytes; pickle is refused (flightfeed never unpickles)",
     )
+    parser.add_argument(
+        "--no-source-path", action="store_true",
+        help="images: no source_path column (by default each row keeps its file's path relative to SRC)",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace a dataset already converted into DST")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_reader_arguments(parser)
@@ -101,6 +109,9 @@ def run(args: argparse.Namespace) -> int:
         group, per_dataset = parse_hdf5_groups(args.hdf5_group)
         if per_dataset:
             raise ConfigError("convert reads one source: give its group as --hdf5-group GROUP (no NAME=)")
+        picked, picked_per = parse_hdf5_columns(args.hdf5_columns)
+        if picked_per:
+            raise ConfigError("convert reads one source: give its datasets as --hdf5-columns DS1,DS2 (no NAME=)")
         settings = ConvertSettings(
             shard_bytes=args.shard_size,
             block_bytes=args.block_size,
@@ -108,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
             rows_per_batch=args.rows_per_batch,
             kind=args.kind,
             hdf5_group=group,
+            hdf5_columns=picked,
             casts=parse_casts(args.cast),
             decode=args.decode,
             resize=args.resize,
@@ -120,17 +132,35 @@ def run(args: argparse.Namespace) -> int:
             token_dtype=args.token_dtype,
             progress=not args.no_progress,
             storage=storage_options_from_args(args, os.environ),
+            source_path=not args.no_source_path,
         )
+        splits = split_folders(args.src) if args.kind in ("auto", "images") else []
         started = time.perf_counter()
-        manifest = convert(args.src, args.dst, settings)
+        if splits:  # ROOT/train, ROOT/val: one dataset per split, never classes named after splits
+            print(f"{args.src} holds the splits {', '.join(splits)}: converting each into its own dataset")
+            manifests = convert_splits(args.src, args.dst, settings)
+        else:
+            manifests = {"": convert(args.src, args.dst, settings)}
         seconds = max(1e-9, time.perf_counter() - started)
     except FlightFeedError as exc:
         print(f"flightfeed convert: error: {exc}", file=sys.stderr)
         return 1
+    for split, manifest in manifests.items():
+        _report(manifest, split_destination(args.dst, split) if split else args.dst, None if splits else seconds)
+    if splits:
+        serve = " ".join(f"{s}={split_destination(args.dst, s)}" for s in splits)
+        print(f"converted {len(splits)} splits in {seconds:.1f} s; serve them with: flightfeed serve {serve}")
+    return 0
+
+
+def _report(manifest: Manifest, dst: str, seconds: float | None) -> None:
+    rates = (
+        f" in {seconds:.1f} s: {manifest.rows / seconds:,.0f} rows/s, {manifest.nbytes / 1e6 / seconds:.1f} MB/s"
+        if seconds is not None else ""
+    )
     print(
         f"wrote {manifest.rows} rows in {len(manifest.shards)} shard(s), {manifest.nbytes / 1e6:.1f} MB, "
-        f"to {args.dst} (manifest.json) in {seconds:.1f} s: {manifest.rows / seconds:,.0f} rows/s, "
-        f"{manifest.nbytes / 1e6 / seconds:.1f} MB/s"
+        f"to {dst} (manifest.json){rates}"
     )
     bad = manifest.extra.get("bad_records")
     if isinstance(bad, dict) and bad.get("skipped"):
@@ -143,4 +173,3 @@ def run(args: argparse.Namespace) -> int:
         shown = "; ".join(f"{path} ({why})" for path, why in list(skipped.items())[:5])
         more = f" and {len(skipped) - 5} more (all in manifest.json)" if len(skipped) > 5 else ""
         print(f"skipped {len(skipped)} image(s) that do not decode: {shown}{more}", file=sys.stderr)
-    return 0

@@ -15,7 +15,7 @@ from flightfeed.server.storage.manifest import Manifest
 from flightfeed.server.storage.options import StorageOptions
 from flightfeed.server.tools.convert.destination import open_destination
 from flightfeed.server.tools.convert.formats import FORMAT_KINDS, detect_format, open_format_source
-from flightfeed.server.tools.convert.images import ImageFolderSource, looks_like_image_folder
+from flightfeed.server.tools.convert.images import ImageFolderSource, looks_like_image_folder, split_folders
 from flightfeed.server.tools.convert.sources import (
     Hdf5Source,
     NumpySource,
@@ -47,6 +47,7 @@ class ConvertSettings:
     rows_per_batch: int | None = None
     kind: SourceKind = "auto"
     hdf5_group: str | None = None
+    hdf5_columns: tuple[str, ...] | None = None  # --hdf5-columns: the group's datasets that become columns
     casts: dict[str, str] = field(default_factory=dict)
     decode: bool = False
     resize: tuple[int, int] | None = None
@@ -55,6 +56,9 @@ class ConvertSettings:
     on_bad_record: str = "error"  # --from webdataset|lmdb|tfrecord|mds|litdata|hf (formats.py)
     lmdb_decoder: str = "msgpack"
     overwrite: bool = False
+    source_path: bool = True  # images: the source_path column (--no-source-path: none)
+    classes: list[str] | None = None  # images: the class list (a split: the union over the splits)
+    source_base: str | None = None  # images: source_path is relative to this (default: SRC)
     progress: bool = True
     eot: int | None = None  # nanogpt: the end-of-text token id after which a document ends
     token_dtype: str | None = None  # nanogpt: the token files' dtype (None: uint16)
@@ -75,8 +79,11 @@ def open_source(src: str, settings: ConvertSettings) -> Source:
         )
     if kind == "hdf5":
         files = require(find_files(src, HDF5_SUFFIXES), src, "HDF5/netCDF-4", HDF5_SUFFIXES)
-        return Hdf5Source(files, settings.hdf5_group, settings.casts)
-    given = [flag for flag, on in (("--hdf5-group", settings.hdf5_group), ("--cast", settings.casts)) if on]
+        return Hdf5Source(files, settings.hdf5_group, settings.casts, settings.hdf5_columns)
+    flags = (
+        ("--hdf5-group", settings.hdf5_group), ("--hdf5-columns", settings.hdf5_columns), ("--cast", settings.casts)
+    )
+    given = [flag for flag, on in flags if on]
     if given:
         verb = "applies" if len(given) == 1 else "apply"
         raise ConfigError(f"{' and '.join(given)} {verb} only to HDF5 sources; {src} is {kind}: drop the option")
@@ -84,12 +91,24 @@ def open_source(src: str, settings: ConvertSettings) -> Source:
         return ParquetSource(require(find_files(src, (".parquet",)), src, "Parquet", (".parquet",)))
     if kind == "numpy":
         return NumpySource(require(find_files(src, (".npy", ".npz")), src, "NumPy", (".npy", ".npz")))
+    splits = split_folders(src)
+    if splits and settings.classes is None:
+        raise ConfigError(
+            f"{src} holds dataset splits ({', '.join(s + '/' for s in splits)}), not classes: converting it as one "
+            f"dataset would make {len(splits)} classes named after the splits. `flightfeed convert {src} DST` "
+            f"converts each split into DST/<split> (labels agree across splits; in Python: convert_splits); "
+            f"or convert one split: "
+            f"`flightfeed convert {os.path.join(src, splits[0])} DST/{splits[0]}`"
+        )
     return ImageFolderSource(
         src,
         decode=settings.decode,
         size=settings.resize,
         max_side=settings.max_side,
         on_bad_image=settings.on_bad_image,
+        classes=settings.classes,
+        source_path=settings.source_path,
+        base=settings.source_base,
     )
 
 
