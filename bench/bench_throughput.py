@@ -23,6 +23,7 @@ device path >= 0.9x stored, staging copy 2-thread/1-thread >= 1.8x.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import threading
