@@ -1,7 +1,8 @@
 """The Flight service: list_flights, get_flight_info (one endpoint per stream), do_get, actions.
 
-Actions: ``stats`` (JSON figures for the sidecar), ``report`` (a client's ClientReport protobuf),
-``health`` (b"ok"). Every handler goes through the error boundary in ``_boundary``.
+Actions: ``stats`` (JSON figures for the sidecar; ``worker_locations`` lists the ``--workers``
+processes this one supervises, so a standalone sidecar merges theirs too), ``report`` (a client's
+ClientReport protobuf), ``health`` (b"ok"). Every handler goes through the error boundary in ``_boundary``.
 """
 
 from __future__ import annotations
@@ -276,6 +277,8 @@ class FlightFeedServer(flight.FlightServerBase):
             return iter([self.cluster.health(action.body.to_pybytes() if action.body is not None else b"")])
         if kind == "stats":
             snapshot = metrics_snapshot(self.metrics, datasets=[d.describe() for d in self.catalog.datasets()])
+            pool = self.cluster.workers  # the same callable the embedded sidecar merges (serve.py)
+            snapshot["worker_locations"] = pool.live() if pool is not None else []
             return iter([json.dumps(snapshot).encode()])
         if kind == "report":
             body = action.body.to_pybytes() if action.body is not None else b""
