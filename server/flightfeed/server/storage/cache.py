@@ -34,11 +34,13 @@ import os
 import shutil
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from flightfeed.server.observe.metrics import ServerMetrics
+from flightfeed.server.storage.cache_claims import Claims
 from flightfeed.server.storage.cache_files import CacheFiles, sha256_file
 from flightfeed.server.storage.cache_held import HeldMappings
 from flightfeed.server.storage.cache_index import CacheIndex
@@ -49,6 +51,7 @@ __all__ = ["ShardCache", "CacheLease", "shared_cache", "default_cache_size"]
 #: the default size: this fraction of (free disk + bytes already cached) at the cache directory
 DEFAULT_FRACTION = 0.5
 _TOUCH_EVERY_S = 30.0
+_KEEP_EVERY_S = 0.2  # how often a process follows the others' evictions and republishes its claim
 
 
 def default_cache_size(directory: str, cached: int = 0) -> int:
@@ -76,6 +79,7 @@ class CacheLease:
 
     def __init__(self, cache: ShardCache, entry: _Entry, hit: bool) -> None:
         self.path = cache.files.data_path(entry.name)
+        self.inode = entry.inode
         self.key = entry.key
         self.size = entry.size
         self.sha256 = entry.sha256
@@ -133,6 +137,12 @@ class ShardCache:
         self.problem: str | None = None
         self.files.recover()
         self.index = CacheIndex(self.files)
+        #: what the other processes sharing the directory have in flight and still map
+        self.claims = Claims(self.files)
+        self._stop = threading.Event()
+        threading.Thread(
+            target=_keep, args=(weakref.ref(self), self._stop), name="flightfeed-cache-keeper", daemon=True
+        ).start()
         if max_bytes is None:
             max_bytes = default_cache_size(directory, self.index.total)
         self.max_bytes = max_bytes
@@ -184,6 +194,15 @@ class ShardCache:
         self._touch(entry)
         return CacheLease(self, entry, True)
 
+    def invalidate(self, lease: CacheLease) -> None:
+        """Release ``lease`` and forget its entry: its file was found gone (another process
+        evicted it before this one opened it), so the next ``acquire`` fetches it again."""
+        lease.release()
+        with self._lock:
+            entry = self._entries.get(lease._name)
+            if entry is not None and entry.generation == lease.generation and entry.pins == 0:
+                self._pop(lease._name)
+
     def total_bytes(self) -> int:
         """Bytes of the cached files (all processes' commits, as far as the journal tells)."""
         with self._lock:
@@ -194,7 +213,7 @@ class ShardCache:
         """Count a mapping of ``lease``'s file: after eviction its bytes stay counted until the
         returned function is called (when the mapping is gone; see ``cache_held``)."""
         with self._lock:
-            return self._held.track(lease.generation, lease.size)
+            return self._held.track(lease.generation, lease.size, lease._name, lease.inode)
 
     def is_current(self, lease: CacheLease) -> bool:
         """Whether ``lease``'s entry is still cached (not evicted or replaced)."""
@@ -253,7 +272,11 @@ class ShardCache:
             if known is not None and known.inode == stat.st_ino and known.size == stat.st_size:
                 known.pins += 1
                 return known
-        if sha256_file(self.files.data_path(name)) != meta.get("sha256"):  # first use in this process
+        try:
+            digest = sha256_file(self.files.data_path(name))  # first use in this process
+        except FileNotFoundError:  # another process evicted it meanwhile: a miss, fetched again
+            return None
+        if digest != meta.get("sha256"):
             self._forget(name)
             return None
         with self._lock:
@@ -335,6 +358,7 @@ class ShardCache:
                 entry.touched = time.time()  # the commit is its first use (the file's mtime is now)
                 self._put(entry)
                 self.index.added(name, got, label)
+                self._publish()
         if self.metrics is not None:
             self.metrics.cache_download_seconds.labels(label).inc(seconds)
             self.metrics.storage_read_seconds.labels(label).observe(seconds)
@@ -343,25 +367,26 @@ class ShardCache:
     def _make_room(self, incoming: int, keep: str) -> int:
         """Reserve ``incoming`` bytes, evicting least recently used unpinned entries (their
         readers are closed, so their mappings can go). While the room is held by pinned entries,
-        downloads in flight or evicted files still mapped, wait up to ``wait_for_room_s``."""
+        downloads in flight or evicted files still mapped (by any process sharing the directory),
+        wait up to ``wait_for_room_s``."""
         deadline = time.monotonic() + self.wait_for_room_s
         listed = False  # whether the directory was listed (the true state) for this reservation
         while True:
             with self._room:
                 self._held.drain()
-                fits, total, pinned, callbacks, evicted = self._evict_for(incoming, keep, listed)
+                fits, total, pinned, callbacks, evicted, others = self._evict_for(incoming, keep, listed)
                 held_files, held_bytes = self._held.held(self._live)
                 if fits:
-                    self._reserved += incoming
+                    pass
                 elif not evicted and not listed:  # the index may be behind the directory: look once
                     listed = True
                     continue
                 elif not evicted:
-                    busy = pinned > 0 or self._reserved > 0 or held_bytes > 0
+                    busy = pinned > 0 or self._reserved > 0 or held_bytes > 0 or others > 0
                     remaining = deadline - time.monotonic()
                     if busy and remaining > 0:
-                        # a mapping that goes does not take the lock to notify: poll for it
-                        self._room.wait(min(remaining, 0.05 if held_bytes else 1.0))
+                        # a mapping that goes (here or in another process) does not notify: poll
+                        self._room.wait(min(remaining, 0.05 if held_bytes or others else 1.0))
                         continue
             for label in evicted:
                 if self.metrics is not None:
@@ -376,35 +401,49 @@ class ShardCache:
                 raise StorageError(
                     f"shard cache {self.directory} is full: {total} bytes cached, downloading or still mapped "
                     f"by streams ({pinned} shard(s) in use, {held_files} evicted file(s) of {held_bytes} bytes "
-                    f"not yet released) + {incoming} needed > {self.max_bytes}; raise --cache-size"
+                    f"not yet released here, {others} bytes in flight or held by other processes) + {incoming} "
+                    f"needed > {self.max_bytes}; raise --cache-size"
                 )
 
     def _evict_for(
         self, incoming: int, keep: str, listed: bool = False
-    ) -> tuple[bool, int, int, list[Callable[[], None]], list[str]]:
-        """(Under the lock.) Evict LRU unpinned entries until ``incoming`` fits -> (fits, total,
-        pinned, callbacks, labels). ``listed``: list the directory first instead of following
-        the journal. Costs O(evicted + pinned ahead of them), not O(cached entries)."""
-        if listed:
-            self.index.rescan()
-        else:
-            self.index.refresh()
-        _, held = self._held.held(self._live)
-        total = self.index.total + self._reserved + held
-        victims: list[tuple[str, str]] = []
-        if total + incoming > self.max_bytes:
-            for name, size, label in self.index.oldest():
+    ) -> tuple[bool, int, int, list[Callable[[], None]], list[str], int]:
+        """(Under the lock.) Evict LRU unpinned entries until ``incoming`` fits and reserve it ->
+        (fits, total, pinned, callbacks, labels, bytes of the other processes). The decision, the
+        evictions and this process's claim are made under the journal's exclusive lock: the
+        processes sharing the directory keep one budget (``cache_claims``). ``listed``: list the
+        directory first instead of following the journal. Files another process maps are
+        evicted last (their space comes back only when it lets them go). Costs O(evicted +
+        pinned or mapped ahead of them), not O(cached entries)."""
+        with self.index.changing():
+            if listed:
+                self.index.rescan()
+            else:
+                self.index.refresh()
+            callbacks = self._drop_gone()
+            claims = self.claims.others()
+            others = sum(c.reserved + c.held(self.files) for c in claims)
+            elsewhere = {name for c in claims for name, _, _ in c.mapped}
+            _, held = self._held.held(self._live)
+            total = self.index.total + self._reserved + held + others
+            victims: list[tuple[str, str]] = []
+            for later in (False, True):  # first what frees space now, then what is mapped
                 if total + incoming <= self.max_bytes:
                     break
-                entry = self._entries.get(name)
-                if name == keep or (entry is not None and entry.pins > 0):
-                    continue
-                victims.append((name, label))
-                if entry is None or not self._held.mapped(entry.generation):
-                    total -= size  # (a file still mapped keeps its space: it is counted as held now)
-        callbacks: list[Callable[[], None]] = []
-        evicted: list[str] = []
-        with self.index.changing() if victims else contextlib.nullcontext():
+                chosen = {name for name, _ in victims}
+                for name, size, label in self.index.oldest():
+                    if total + incoming <= self.max_bytes:
+                        break
+                    entry = self._entries.get(name)
+                    if name == keep or name in chosen or (entry is not None and entry.pins > 0):
+                        continue
+                    mapped = name in elsewhere or (entry is not None and self._held.mapped(entry.generation))
+                    if mapped != later:
+                        continue
+                    victims.append((name, label))
+                    if not mapped:
+                        total -= size  # (a file still mapped keeps its space: it is counted as held now)
+            evicted: list[str] = []
             for name, label in victims:
                 self.files.remove(name)
                 self.index.removed(name)
@@ -412,9 +451,60 @@ class ShardCache:
                 entry = self._pop(name)
                 if entry is not None:
                     callbacks.extend(entry.on_evict)
-        fits = total + incoming <= self.max_bytes
+            self.index.take_gone()  # (this process's own evictions: handled above)
+            fits = total + incoming <= self.max_bytes
+            if fits:
+                self._reserved += incoming
+            self._publish()
         pinned = 0 if fits else sum(1 for e in self._entries.values() if e.pins > 0)
-        return fits, total, pinned, callbacks, evicted
+        return fits, total, pinned, callbacks, evicted, others
+
+    def _drop_gone(self) -> list[Callable[[], None]]:
+        """(Under the lock.) Forget this process's entries that another process evicted or
+        replaced (the journal said so): their readers are closed (the callbacks returned), so
+        their mappings, and the space, can go."""
+        callbacks: list[Callable[[], None]] = []
+        for name in self.index.take_gone():
+            entry = self._entries.get(name)
+            if entry is None:
+                continue
+            if name in self.index:
+                stat = self.files.stat_data(name)
+                if stat is not None and stat.st_ino == entry.inode:
+                    continue  # still the file this process knows
+            self._pop(name)
+            callbacks.extend(entry.on_evict)
+        return callbacks
+
+    def _publish(self) -> None:
+        """(Under the lock and the journal's exclusive lock.) This process's claim."""
+        self.claims.publish(self._reserved, self._held.files())
+
+    def _keep(self) -> None:
+        """Every ``_KEEP_EVERY_S`` (the keeper thread): follow the other processes' evictions
+        and publish this process's claim when it changed (a mapping went, a download failed)."""
+        with self._lock:
+            self._held.drain()
+            self.index.refresh()
+            callbacks = self._drop_gone()
+            if (self._reserved, self._held.files()) != self._claimed():
+                with self.index.changing():
+                    self._publish()
+        for callback in callbacks:
+            callback()
+        if callbacks:
+            with self._room:
+                self._room.notify_all()
+
+    def _claimed(self) -> tuple[int, list[tuple[str, int, int]]]:
+        last = self.claims.last
+        return (last[0], last[1]) if last is not None else (-1, [])
+
+    def close(self) -> None:
+        """Stop the keeper and withdraw this process's claim (its cached files stay)."""
+        self._stop.set()
+        with self._lock:
+            self.claims.close()
 
     def _check_disk(self, key: str, size: int) -> None:
         """DiskFull at once when the cache's file system has less free space than ``size``."""
@@ -492,6 +582,17 @@ class ShardCache:
             per = self.index.per_label()
         for label in set(per) | {self.dataset}:
             self.metrics.cache_bytes.labels(label).set(per.get(label, 0))
+
+
+def _keep(ref: weakref.ref[ShardCache], stop: threading.Event) -> None:
+    """The keeper thread of one cache: ends with the cache (``close`` or garbage)."""
+    while not stop.wait(_KEEP_EVERY_S):
+        cache = ref()
+        if cache is None:
+            return
+        with contextlib.suppress(Exception):  # a directory removed under it (tests, an operator)
+            cache._keep()
+        del cache
 
 
 def _disk_full(exc: BaseException) -> bool:

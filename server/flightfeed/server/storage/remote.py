@@ -17,6 +17,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
+from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -171,6 +172,17 @@ class RemoteShard(ShardFields):
             dataset=self._dataset, on_evict=self._evicted,
         )
 
+    def direct_file(self) -> tuple[CacheLease, BinaryIO]:
+        """:meth:`direct_lease` and its file, opened (fetched again when another process evicted
+        it before it was opened); the caller closes the file and releases the lease."""
+        for _ in range(_ATTEMPTS):
+            lease = self.direct_lease()
+            try:
+                return lease, open(lease.path, "rb")  # handed to the caller
+            except FileNotFoundError:
+                self._cache.invalidate(lease)
+        raise ShardError(f"shard {self.uri}: its cached copy was evicted {_ATTEMPTS} times before it could be opened")
+
     # -- local copy -------------------------------------------------------------------------
     @contextlib.contextmanager
     def opened(self) -> Iterator[ShardReader]:
@@ -191,7 +203,18 @@ class RemoteShard(ShardFields):
         )
 
     def _open(self) -> _Copy:
-        lease = self._acquire()
+        for _ in range(_ATTEMPTS):
+            lease = self._acquire()
+            try:
+                return self._open_leased(lease)
+            except FileNotFoundError:  # another process evicted the file before it was opened
+                self._cache.invalidate(lease)  # (the lease is released): the next acquire fetches it again
+        raise ShardError(
+            f"shard {self.uri}: its cached copy was evicted {_ATTEMPTS} times before it could be opened; "
+            "is the shard cache (--cache-size) too small for the shards read at once?"
+        )
+
+    def _open_leased(self, lease: CacheLease) -> _Copy:
         try:
             if self._nbytes <= self._small:  # in memory: the cache's later changes to the file do not matter
                 reader: ShardReader = SmallArrowShard(lease.path, self.uri, check=False)
