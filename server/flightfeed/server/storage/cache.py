@@ -126,6 +126,8 @@ class ShardCache:
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)  # notified when bytes are committed or unpinned
         self._reserved = 0  # bytes of downloads in flight
+        self._over = 0  # of those, the bytes of this node's one download beyond max_bytes (``cache_claims``)
+        self._over_thread = 0  # the thread downloading it
         self.wait_for_room_s = wait_for_room_s
         self._key_locks: dict[str, _KeyLock] = {}  # only while some thread wants the key
         self._counters: dict[tuple[str, bool], Any] = {}
@@ -213,7 +215,10 @@ class ShardCache:
         """Count a mapping of ``lease``'s file: after eviction its bytes stay counted until the
         returned function is called (when the mapping is gone; see ``cache_held``)."""
         with self._lock:
-            return self._held.track(lease.generation, lease.size, lease._name, lease.inode)
+            released = self._held.track(lease.generation, lease.size, lease._name, lease.inode)
+            with self.index.changing():  # the other processes count it from now on
+                self._publish()
+            return released
 
     def is_current(self, lease: CacheLease) -> bool:
         """Whether ``lease``'s entry is still cached (not evicted or replaced)."""
@@ -317,6 +322,7 @@ class ShardCache:
         finally:
             with self._room:
                 self._reserved -= reserved[0]
+                self._end_over()
                 self._room.notify_all()
         if size is None:
             self._make_room(0, keep=name)
@@ -353,6 +359,7 @@ class ShardCache:
                 inode = self.files.commit(name, tmp, meta)
                 self._reserved -= reserved[0]
                 reserved[0] = 0
+                self._end_over()
                 self._generation += 1
                 entry = _Entry(name, key, got, digest, version, inode, self._generation, pins=1)
                 entry.touched = time.time()  # the commit is its first use (the file's mtime is now)
@@ -422,10 +429,14 @@ class ShardCache:
                 self.index.refresh()
             callbacks = self._drop_gone()
             claims = self.claims.others()
-            others = sum(c.reserved + c.held(self.files) for c in claims)
             elsewhere = {name for c in claims for name, _, _ in c.mapped}
-            _, held = self._held.held(self._live)
-            total = self.index.total + self._reserved + held + others
+            mine = self._held.held_inodes(self._live)
+            theirs: dict[int, int] = {}
+            for claim in claims:
+                theirs.update(claim.held(self.files))
+            # in flight elsewhere, and held there only (a file mapped here too is counted here)
+            others = sum(c.reserved for c in claims) + sum(v for k, v in theirs.items() if k not in mine)
+            total = self.index.total + self._reserved + sum(mine.values()) + others
             victims: list[tuple[str, str]] = []
             for later in (False, True):  # first what frees space now, then what is mapped
                 if total + incoming <= self.max_bytes:
@@ -453,6 +464,12 @@ class ShardCache:
                     callbacks.extend(entry.on_evict)
             self.index.take_gone()  # (this process's own evictions: handled above)
             fits = total + incoming <= self.max_bytes
+            over = not fits and not self._over and total > self.index.total and not any(c.over for c in claims)
+            if over:
+                # downloads in flight and evicted files still mapped stand in the way: one download
+                # on the node may go beyond the limit by itself (streams holding mappings progress)
+                self._over, self._over_thread = incoming, threading.get_ident()
+                fits = True
             if fits:
                 self._reserved += incoming
             self._publish()
@@ -476,9 +493,14 @@ class ShardCache:
             callbacks.extend(entry.on_evict)
         return callbacks
 
+    def _end_over(self) -> None:
+        """(Under the lock.) This thread's download beyond the limit, if any, is over."""
+        if self._over and self._over_thread == threading.get_ident():
+            self._over, self._over_thread = 0, 0
+
     def _publish(self) -> None:
         """(Under the lock and the journal's exclusive lock.) This process's claim."""
-        self.claims.publish(self._reserved, self._held.files())
+        self.claims.publish(self._reserved, self._held.files(), self._over)
 
     def _keep(self) -> None:
         """Every ``_KEEP_EVERY_S`` (the keeper thread): follow the other processes' evictions

@@ -7,7 +7,8 @@ still maps (deleted, yet their space is back only when the mapping goes). Each p
 those in its *claim*, ``.claims/<pid>-<random>.claim`` (JSON; one per cache object)::
 
     {"pid": 123, "reserved": <bytes of downloads in flight>,
-     "mapped": [[name, size, inode], ...]}      # files it maps now (current or evicted)
+     "mapped": [[name, size, inode], ...],      # files it maps now (current or evicted)
+     "over": <bytes of its one download beyond the limit, or 0>}
 
 A process decides on room (``ShardCache._make_room``) and publishes its own claim under the
 journal's exclusive ``flock``, so two processes never both take the last free bytes. Another
@@ -18,6 +19,11 @@ A process holds an exclusive ``flock`` on its claim file for as long as it lives
 it when the process dies, also by ``kill -9``. A reader that can take the lock knows the owner is
 gone: the claim and the owner's staged downloads are removed (reclaimed), and its mappings went
 with it.
+
+*Overdraft*: evicted files still mapped by streams in the middle of a message cannot be taken
+back at once; when only those (and other downloads) stand in the way, one download on the whole
+node may go beyond the limit (``over``), so streams waiting on each other's mappings always
+progress and the disk stays within ``--cache-size`` plus one shard.
 """
 
 from __future__ import annotations
@@ -44,14 +50,16 @@ class Claim:
     pid: int
     reserved: int = 0
     mapped: list[tuple[str, int, int]] = field(default_factory=list)  # (name, size, inode)
+    over: int = 0
 
-    def held(self, files: CacheFiles) -> int:
-        """Bytes of the files it maps that are no longer the cached file of their name."""
-        out = 0
+    def held(self, files: CacheFiles) -> dict[int, int]:
+        """inode -> bytes of the files it maps that are no longer the cached file of their name
+        (by inode: a file several processes map is one file on disk)."""
+        out: dict[int, int] = {}
         for name, size, inode in self.mapped:
             stat = files.stat_data(name)
             if stat is None or stat.st_ino != inode:
-                out += size
+                out[inode] = size
         return out
 
 
@@ -70,11 +78,11 @@ class Claims:
         #: (reserved, mapped) as last published (None: not yet)
         self.last: tuple[int, list[tuple[str, int, int]]] | None = None
 
-    def publish(self, reserved: int, mapped: list[tuple[str, int, int]]) -> None:
+    def publish(self, reserved: int, mapped: list[tuple[str, int, int]], over: int = 0) -> None:
         """Write this process's claim (call under the journal's exclusive lock)."""
         self._own()
         self.last = (reserved, list(mapped))
-        data = json.dumps({"pid": self._pid, "reserved": reserved, "mapped": mapped}).encode()
+        data = json.dumps({"pid": self._pid, "reserved": reserved, "mapped": mapped, "over": over}).encode()
         if data == self._last:
             return
         os.pwrite(self._fd, data, 0)
@@ -148,4 +156,7 @@ def _parse(data: bytes, pid: int) -> Claim:
         if isinstance(item, list) and len(item) == 3:
             mapped.append((str(item[0]), int(item[1]), int(item[2])))
     reserved = doc.get("reserved", 0) if isinstance(doc, dict) else 0
-    return Claim(pid, int(reserved) if isinstance(reserved, int) else 0, mapped)
+    over = doc.get("over", 0) if isinstance(doc, dict) else 0
+    return Claim(
+        pid, int(reserved) if isinstance(reserved, int) else 0, mapped, int(over) if isinstance(over, int) else 0
+    )

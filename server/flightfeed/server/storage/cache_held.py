@@ -61,6 +61,15 @@ class HeldMappings:
         gone = [size for g, (size, _) in self._maps.items() if g not in live]
         return len(gone), sum(gone)
 
+    def held_inodes(self, live: Container[int]) -> dict[int, int]:
+        """inode -> bytes of the files ``held`` counts (a file mapped by several processes is
+        one file on disk: callers merge by inode)."""
+        out: dict[int, int] = {}
+        for g, (size, _) in self._maps.items():
+            if g not in live:
+                out[self._files.get(g, ("", -g))[1] or -g] = size
+        return out
+
     def files(self) -> list[tuple[str, int, int]]:
         """``(name, size, inode)`` of every file mapped now (what other processes are told)."""
         out = []

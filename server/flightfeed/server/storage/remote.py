@@ -14,6 +14,7 @@ read whole into memory when opened (``readers/arrow_small``).
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
@@ -207,8 +208,12 @@ class RemoteShard(ShardFields):
             lease = self._acquire()
             try:
                 return self._open_leased(lease)
-            except FileNotFoundError:  # another process evicted the file before it was opened
-                self._cache.invalidate(lease)  # (the lease is released): the next acquire fetches it again
+            except (FileNotFoundError, ShardError) as exc:
+                if isinstance(exc, ShardError) and os.path.exists(lease.path):
+                    raise
+                # another process evicted the file before it was opened: released, and the
+                # next acquire fetches it again
+                self._cache.invalidate(lease)
         raise ShardError(
             f"shard {self.uri}: its cached copy was evicted {_ATTEMPTS} times before it could be opened; "
             "is the shard cache (--cache-size) too small for the shards read at once?"
