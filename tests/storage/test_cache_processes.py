@@ -18,7 +18,7 @@ import pytest
 from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.storage import cache as cache_module
 from flightfeed.server.storage.cache import ShardCache
-from flightfeed.server.storage.cache_files import CacheFiles
+from flightfeed.server.storage.cache_files import CacheFiles, sha256_file
 from flightfeed.server.storage.local_s3 import LocalS3
 from flightfeed.wire.errors import StorageError
 from tests.cluster.conftest import action, eventually
@@ -101,7 +101,7 @@ def test_an_entry_evicted_by_another_process_while_it_is_verified_is_fetched_aga
     """A process's first use hashes the file; another process evicting it meanwhile used to
     raise FileNotFoundError (an "internal server error" for the trainer)."""
     ShardCache(str(tmp_path), max_bytes=10 * SHARD).acquire("a", _fill(b"a"), size=SHARD).release()
-    real = cache_module.sha256_file
+    real = sha256_file
 
     def evicted_meanwhile(path: str) -> str:
         if not path.endswith(".part"):
