@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import shutil
 import threading
@@ -48,9 +49,12 @@ from flightfeed.wire.errors import DiskFull, StorageError
 
 __all__ = ["ShardCache", "CacheLease", "shared_cache", "default_cache_size"]
 
+log = logging.getLogger("flightfeed.server")
+
 #: the default size: this fraction of (free disk + bytes already cached) at the cache directory
 DEFAULT_FRACTION = 0.5
 _TOUCH_EVERY_S = 30.0
+_STUCK_AFTER_S = 2.0  # a download blocked this long by mappings alone may go beyond the limit
 _KEEP_EVERY_S = 0.2  # how often a process follows the others' evictions and republishes its claim
 
 
@@ -128,6 +132,9 @@ class ShardCache:
         self._reserved = 0  # bytes of downloads in flight
         self._over = 0  # of those, the bytes of this node's one download beyond max_bytes (``cache_claims``)
         self._over_thread = 0  # the thread downloading it
+        #: downloads that went beyond max_bytes because the streams' mappings left no room
+        self.over_limit = 0
+        self._warned_over = -1e9
         self.wait_for_room_s = wait_for_room_s
         self._key_locks: dict[str, _KeyLock] = {}  # only while some thread wants the key
         self._counters: dict[tuple[str, bool], Any] = {}
@@ -376,12 +383,14 @@ class ShardCache:
         readers are closed, so their mappings can go). While the room is held by pinned entries,
         downloads in flight or evicted files still mapped (by any process sharing the directory),
         wait up to ``wait_for_room_s``."""
-        deadline = time.monotonic() + self.wait_for_room_s
+        start = time.monotonic()
+        deadline = start + self.wait_for_room_s
         listed = False  # whether the directory was listed (the true state) for this reservation
         while True:
             with self._room:
                 self._held.drain()
-                fits, total, pinned, callbacks, evicted, others = self._evict_for(incoming, keep, listed)
+                stuck = time.monotonic() - start >= _STUCK_AFTER_S
+                fits, total, pinned, callbacks, evicted, others = self._evict_for(incoming, keep, listed, stuck)
                 held_files, held_bytes = self._held.held(self._live)
                 if fits:
                     pass
@@ -413,7 +422,7 @@ class ShardCache:
                 )
 
     def _evict_for(
-        self, incoming: int, keep: str, listed: bool = False
+        self, incoming: int, keep: str, listed: bool = False, stuck: bool = False
     ) -> tuple[bool, int, int, list[Callable[[], None]], list[str], int]:
         """(Under the lock.) Evict LRU unpinned entries until ``incoming`` fits and reserve it ->
         (fits, total, pinned, callbacks, labels, bytes of the other processes). The decision, the
@@ -464,7 +473,25 @@ class ShardCache:
                     callbacks.extend(entry.on_evict)
             self.index.take_gone()  # (this process's own evictions: handled above)
             fits = total + incoming <= self.max_bytes
-            over = not fits and not self._over and total > self.index.total and not any(c.over for c in claims)
+            # downloads in flight and evicted files still mapped stand in the way: one download on
+            # the node may go beyond the limit by itself (streams holding mappings progress); past
+            # the limit only when that has blocked a download for _STUCK_AFTER_S (the streams' own
+            # mappings exceed the cache: a thrashing cache, counted and warned about)
+            over = (
+                not fits and not self._over and total > self.index.total and not any(c.over for c in claims)
+                and (total <= self.max_bytes or stuck)
+            )
+            if over and total > self.max_bytes:
+                self.over_limit += 1
+                now = time.monotonic()
+                if now - self._warned_over >= 60.0:
+                    self._warned_over = now
+                    log.warning(
+                        "shard cache %s: the shards that streams hold at once (%d bytes still mapped or in "
+                        "flight) leave no room under --cache-size %d; downloading one shard beyond it. "
+                        "Raise --cache-size (this is a thrashing cache)", self.directory, total - self.index.total,
+                        self.max_bytes,
+                    )
             if over:
                 # downloads in flight and evicted files still mapped stand in the way: one download
                 # on the node may go beyond the limit by itself (streams holding mappings progress)
