@@ -54,7 +54,7 @@ log = logging.getLogger("flightfeed.server")
 #: the default size: this fraction of (free disk + bytes already cached) at the cache directory
 DEFAULT_FRACTION = 0.5
 _TOUCH_EVERY_S = 30.0
-_STUCK_AFTER_S = 2.0  # a download blocked this long by mappings alone may go beyond the limit
+_STUCK_AFTER_S = 0.5  # a download blocked this long by mappings alone may go beyond the limit
 _KEEP_EVERY_S = 0.2  # how often a process follows the others' evictions and republishes its claim
 
 
