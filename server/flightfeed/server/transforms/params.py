@@ -12,34 +12,13 @@ import json
 from typing import Any
 
 from flightfeed.wire.errors import InvalidRequest
+from flightfeed.wire.json_depth import MAX_PARAMS_DEPTH, json_depth
 
-__all__ = ["parse_params", "json_depth", "MAX_DEPTH", "MAX_CHARS"]
+__all__ = ["parse_params", "MAX_DEPTH", "MAX_CHARS"]
 
-MAX_DEPTH = 32  # transform parameters are flat objects of numbers, strings and short lists
+MAX_DEPTH = MAX_PARAMS_DEPTH
 MAX_CHARS = 64 << 10
 _FIELD = "transform.params_json"
-
-
-def json_depth(text: str) -> int:
-    """The deepest nesting of ``[``/``{`` in JSON ``text`` (strings skipped), without recursion."""
-    depth = deepest = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch in "]}":
-            depth -= 1
-    return deepest
 
 
 def parse_params(text: str, step: int, name: str) -> Any:
