@@ -228,3 +228,28 @@ def _fill(byte: bytes, size: int = SHARD) -> Callable[[str], None]:
             f.write(byte * size)
 
     return fetch
+
+
+def test_a_thrashing_cache_counts_its_redownloads(s3: LocalS3, tmp_path: Path) -> None:
+    """8 shards of ~3 MB through a cache of ~2 of them, one stream, shuffled: shards come back
+    within the epoch, and /stats, the metric and the dashboard's figures say so. A cache that
+    holds the dataset counts none."""
+    from flightfeed.server.observe.metrics import ServerMetrics
+    from flightfeed.server.observe.snapshot import metrics_snapshot
+    from flightfeed.server.testing import running_server
+
+    uri = s3_dataset(s3, tmp_path, rows=ROWS, shard_bytes=3_000_000)
+    for size, thrashing in ((7_000_000, True), (64_000_000, False)):
+        metrics = ServerMetrics()
+        opts = s3.options(tmp_path / f"cache-{size}", cache_size=size, s3_prefetch=False, metrics=metrics)
+        with running_server({"d": uri}, storage=opts, metrics=metrics) as srv:
+            for epoch in range(2):
+                ds = FlightDataset(srv.location, "d", columns=["index"], batch_size=64, shuffle=True, seed=3,
+                                   options=ReadOptions(streams=1, report_interval=None))
+                ds.set_epoch(epoch)
+                assert sorted(i for b in ds for i in b["index"].tolist()) == list(range(ROWS))
+            stats = metrics_snapshot(srv.server.metrics)
+        redownloads = stats["cache"]["redownloads"]
+        assert (redownloads > 0) == thrashing, (size, redownloads)
+        metric = metrics.registry.get_sample_value("flightfeed_cache_redownloads_total", {"dataset": "d"})
+        assert (metric or 0) == redownloads

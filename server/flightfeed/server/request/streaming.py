@@ -197,6 +197,7 @@ def ticket_batches(
         )
     ds.check_unchanged(stale=True)
     read = ticket.read
+    _epoch_seen(ds, int(read.epoch))
     columns = list(read.columns)
     check_columns(ds, columns)
     span = span_of(ticket)
@@ -258,3 +259,12 @@ def ticket_batches(
                 batches = shared.get(ds.name, (identity, lo, hi), make)
             ahead.after()
             yield from batches
+
+
+def _epoch_seen(ds: Dataset, epoch: int) -> None:
+    """Tell the shard cache of a remote dataset which epoch is read (it counts re-downloads of a
+    shard within one epoch: a thrashing cache)."""
+    cache = getattr(ds.shards[0], "cache", None) if ds.shards else None
+    redownloads = getattr(cache, "redownloads", None)
+    if redownloads is not None:
+        redownloads.epoch(ds.name, epoch)

@@ -45,6 +45,7 @@ from flightfeed.server.storage.cache_claims import Claims
 from flightfeed.server.storage.cache_files import CacheFiles, sha256_file
 from flightfeed.server.storage.cache_held import HeldMappings
 from flightfeed.server.storage.cache_index import CacheIndex
+from flightfeed.server.storage.cache_thrash import Redownloads
 from flightfeed.wire.errors import DiskFull, StorageError
 
 __all__ = ["ShardCache", "CacheLease", "shared_cache", "default_cache_size"]
@@ -148,6 +149,8 @@ class ShardCache:
         self.index = CacheIndex(self.files)
         #: what the other processes sharing the directory have in flight and still map
         self.claims = Claims(self.files)
+        #: downloads of a shard again within one pass over its dataset (a thrashing cache)
+        self.redownloads = Redownloads(self.directory)
         self._stop = threading.Event()
         threading.Thread(
             target=_keep, args=(weakref.ref(self), self._stop), name="flightfeed-cache-keeper", daemon=True
@@ -189,6 +192,8 @@ class ShardCache:
                 if on_evict is not None and on_evict not in entry.on_evict:
                     entry.on_evict.append(on_evict)
         self._count(label, hit)
+        if self.redownloads.used(label, key, downloaded=not hit) and self.metrics is not None:
+            self.metrics.cache_redownloads.labels(label).inc()
         self._touch(entry)
         return CacheLease(self, entry, hit)
 
@@ -199,7 +204,9 @@ class ShardCache:
             if entry is None or entry.generation != lease.generation:
                 return None
             entry.pins += 1
-        self._count(dataset if dataset is not None else self.dataset, True)
+        label = dataset if dataset is not None else self.dataset
+        self._count(label, True)
+        self.redownloads.used(label, lease.key, downloaded=False)
         self._touch(entry)
         return CacheLease(self, entry, True)
 

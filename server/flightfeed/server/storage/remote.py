@@ -115,6 +115,7 @@ class RemoteShard(ShardFields):
         self._sha256: str | None = None
         self._blocks: BlockSums | None = None  # the manifest's block checksums: checked per opened file
         self._corrupt: list[Callable[[str], None]] = []
+        cache.redownloads.know(dataset, uri)  # (a thrashing cache downloads it again within a pass)
         if manifest is None:
             with self.opened() as reader:
                 self._schema = reader.schema
