@@ -4,6 +4,7 @@ claim is reclaimed, and another process's eviction is a miss (fetched again), ne
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -230,7 +231,9 @@ def _fill(byte: bytes, size: int = SHARD) -> Callable[[str], None]:
     return fetch
 
 
-def test_a_thrashing_cache_counts_its_redownloads(s3: LocalS3, tmp_path: Path) -> None:
+def test_a_thrashing_cache_counts_its_redownloads(
+    s3: LocalS3, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """8 shards of ~3 MB through a cache of ~2 of them, one stream, shuffled: shards come back
     within the epoch, and /stats, the metric and the dashboard's figures say so. A cache that
     holds the dataset counts none."""
@@ -242,7 +245,11 @@ def test_a_thrashing_cache_counts_its_redownloads(s3: LocalS3, tmp_path: Path) -
     for size, thrashing in ((7_000_000, True), (64_000_000, False)):
         metrics = ServerMetrics()
         opts = s3.options(tmp_path / f"cache-{size}", cache_size=size, s3_prefetch=False, metrics=metrics)
-        with running_server({"d": uri}, storage=opts, metrics=metrics) as srv:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="flightfeed.server"), \
+                running_server({"d": uri}, storage=opts, metrics=metrics) as srv:
+            # warned at start-up: the shards of one shuffle window do not fit
+            assert any("cannot hold the shards of one shuffle window" in r.message for r in caplog.records) == thrashing
             for epoch in range(2):
                 ds = FlightDataset(srv.location, "d", columns=["index"], batch_size=64, shuffle=True, seed=3,
                                    options=ReadOptions(streams=1, report_interval=None))
@@ -251,5 +258,6 @@ def test_a_thrashing_cache_counts_its_redownloads(s3: LocalS3, tmp_path: Path) -
             stats = metrics_snapshot(srv.server.metrics)
         redownloads = stats["cache"]["redownloads"]
         assert (redownloads > 0) == thrashing, (size, redownloads)
+        assert any("is thrashing" in r.message for r in caplog.records) == thrashing
         metric = metrics.registry.get_sample_value("flightfeed_cache_redownloads_total", {"dataset": "d"})
         assert (metric or 0) == redownloads

@@ -17,11 +17,37 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-__all__ = ["Redownloads"]
+__all__ = ["Redownloads", "working_set", "warn_if_too_small", "SHUFFLE_WINDOW_BYTES"]
 
 log = logging.getLogger("flightfeed.server")
 
 _WARN_EVERY_S = 60.0
+#: the bytes of rows one default shuffle window spans (``data.order.default_shuffle``: ~256 MiB)
+SHUFFLE_WINDOW_BYTES = 256 << 20
+
+
+def working_set(sizes: list[int]) -> int:
+    """The bytes of shards a shuffled epoch of a dataset with shards of ``sizes`` needs at once:
+    the default shuffle window's rows, spread over whole shards (one more at each end), or the
+    whole dataset when it is smaller."""
+    if not sizes:
+        return 0
+    return min(sum(sizes), SHUFFLE_WINDOW_BYTES + 2 * max(sizes))
+
+
+def warn_if_too_small(directory: str, max_bytes: int, dataset: str, sizes: list[int]) -> bool:
+    """Warn (at start-up) when the shards of one shuffle window of ``dataset`` do not fit the
+    cache: its shards would be downloaded again and again within each epoch."""
+    need = working_set(sizes)
+    if need <= max_bytes:
+        return False
+    log.warning(
+        "shard cache %s (--cache-size %d bytes) cannot hold the shards of one shuffle window of dataset %r "
+        "(about %d bytes of its %d shards): a shuffled epoch will download shards again and again (see "
+        "flightfeed_cache_redownloads_total); raise --cache-size to at least %d bytes",
+        directory, max_bytes, dataset, need, len(sizes), need,
+    )
+    return True
 
 
 @dataclass
