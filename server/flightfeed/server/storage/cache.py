@@ -21,6 +21,13 @@ by the worker processes of one server:
   flight) keeps its bytes counted (``cache_held``) until the mapping goes, so the files plus
   those deleted-but-held bytes stay within ``max_bytes``; readers of evicted entries are closed
   (the ``on_evict`` callbacks), so the mapping goes with the last batch that uses it;
+- ``--cache-size`` is one limit for all the processes sharing the directory: each publishes its
+  downloads in flight and the files it maps (``cache_claims``), and room is decided, evicted and
+  reserved under the journal's exclusive lock, counting the others' claims; a dead process's
+  claim is reclaimed; an entry another process evicted before this one opened or hashed it is a
+  miss (fetched again); a keeper thread follows the others' evictions (closing this process's
+  readers of them) and republishes the claim every 0.2 s; re-downloads within an epoch are
+  counted (``cache_thrash``);
 - a full disk (``ENOSPC``/``EDQUOT``, or less free space than a shard needs) raises
   :class:`DiskFull` at once, naming the directory and the bytes needed, and ``problem`` says so
   (``/readyz``) until a later download succeeds.
