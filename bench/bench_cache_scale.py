@@ -37,9 +37,9 @@ class ListingCache(ShardCache):
     """The cache as it was: the directory listed per eviction check and per bytes report."""
 
     def _evict_for(
-        self, incoming: int, keep: str, listed: bool = False
-    ) -> tuple[bool, int, int, list[Callable[[], None]], list[str]]:
-        return super()._evict_for(incoming, keep, listed=True)
+        self, incoming: int, keep: str, listed: bool = False, stuck: bool = False
+    ) -> tuple[bool, int, int, list[Callable[[], None]], list[str], int]:
+        return super()._evict_for(incoming, keep, listed=True, stuck=stuck)
 
     def _report_bytes(self) -> None:
         if self.metrics is not None:

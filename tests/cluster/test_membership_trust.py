@@ -57,8 +57,8 @@ def test_a_trainer_with_the_data_token_cannot_write_membership(blobs_dir: Path) 
         ma = join(a, static=[b.location], token=TOKEN, key=key)
         join(b, static=[a.location], token=TOKEN, key=key)
         rogue_health(a.location, rogue.location, token=TOKEN)
-        forged = ClusterKey("a-guess").sign_request({"id": "x", "node": rogue.location})
-        rogue_health(a.location, rogue.location, token=TOKEN, nonce=forged["nonce"], proof=forged["proof"])
+        forged = ClusterKey("a-guess").sign_request({"id": "x", "node": rogue.location}, to=a.location)
+        rogue_health(a.location, rogue.location, token=TOKEN, **{k: forged[k] for k in ("to", "ts", "nonce", "proof")})
         ma.check_once()
         assert states(ma) == {b.location: "live"}
 

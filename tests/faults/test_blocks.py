@@ -105,7 +105,9 @@ def test_a_flipped_byte_is_never_served_in_the_first_epoch(converted: Path, shuf
     storage = StorageOptions(verify="lazy", metrics=metrics)  # the default
     with running_server({"d": str(converted)}, storage=storage, metrics=metrics) as srv:
         delivered, error = _read(srv.location, shuffle=shuffle, seed=1, streams=1)
-        assert f"shard {shard}: block {block} " in error and "does not match its manifest checksum" in error
+        # named by dataset and shard (issue 33): never the server's path
+        assert f"shard d/{shard.name}: block {block} " in error and "does not match its manifest checksum" in error
+        assert str(converted) not in error
         assert row not in delivered  # 0 corrupt rows: every delivered row was checked above
         assert len(delivered) < ROWS
         # the dataset is marked corrupt: nothing more is served from it
@@ -126,8 +128,9 @@ def test_a_raw_flight_client_gets_no_corrupt_row_either(converted: Path) -> None
             for endpoint in info.endpoints:
                 got.extend(chunk.data for chunk in client.do_get(endpoint.ticket) if chunk.data is not None)
 
-        with pytest.raises(flight.FlightError, match="does not match its manifest checksum"):
+        with pytest.raises(flight.FlightError, match="does not match its manifest checksum") as failed:
             read_all()
+        assert f"d/{shard.name}" in str(failed.value) and str(converted) not in str(failed.value)
         index = np.concatenate([b.column("index").to_numpy() for b in got])
         x = np.concatenate([_payload(b) for b in got])
         assert np.array_equal(x, _values(index)) and row not in set(index.tolist())

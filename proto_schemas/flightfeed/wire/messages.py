@@ -13,6 +13,7 @@ from google.protobuf.message import DecodeError
 
 from flightfeed.wire import feed_pb2
 from flightfeed.wire.errors import InvalidRequest
+from flightfeed.wire.json_depth import MAX_PARAMS_DEPTH, json_depth
 from flightfeed.wire.plan import StreamSpan
 
 __all__ = [
@@ -149,6 +150,13 @@ def _check_transforms(cmd: Any) -> None:
         if not step.name:
             raise InvalidRequest(f"transform step {k} has no name", field="transform.name")
         if step.params_json:
+            depth = json_depth(step.params_json)
+            if depth > MAX_PARAMS_DEPTH:
+                raise InvalidRequest(
+                    f"transform step {k} ({step.name!r}): params_json is nested {depth} levels deep, more than "
+                    f"{MAX_PARAMS_DEPTH}; parameters are a flat JSON object",
+                    field="transform.params",
+                )
             try:
                 params = json.loads(step.params_json)
             except ValueError as exc:

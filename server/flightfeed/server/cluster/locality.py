@@ -20,7 +20,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, BinaryIO
 
 import pyarrow.flight as flight
 
@@ -151,13 +151,13 @@ def serve_shard(catalog: Catalog, body: bytes) -> Iterator[bytes]:
     shard = next((s for s in ds.shards if isinstance(s, RemoteShard) and s.uri == uri), None)
     if shard is None:
         raise InvalidRequest(f"shard action: dataset {dataset!r} has no remote shard {uri[:200]!r}", field="uri")
-    lease = shard.direct_lease()  # pinned while it is sent; fetched from storage on a miss
-    return _chunks(lease)
+    lease, file = shard.direct_file()  # pinned while it is sent; fetched from storage on a miss
+    return _chunks(lease, file)
 
 
-def _chunks(lease: Any) -> Iterator[bytes]:
+def _chunks(lease: Any, file: BinaryIO) -> Iterator[bytes]:
     try:
-        with open(lease.path, "rb") as f:
+        with file as f:
             while chunk := f.read(CHUNK_BYTES):
                 yield chunk
     finally:

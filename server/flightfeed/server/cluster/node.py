@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow.flight as flight
 from prometheus_client.core import GaugeMetricFamily
 
+from flightfeed.server.cluster.identity import OwnLocations
 from flightfeed.server.cluster.peers import Membership
 from flightfeed.server.cluster.spread import host_of, is_wildcard, spread, with_host
 from flightfeed.server.cluster.workers import WorkerPool
@@ -40,6 +41,8 @@ class Cluster:
         self.workers = workers
         self.membership = membership
         self.node_id = uuid.uuid4().hex
+        #: which locations reach this process (a cluster proof is signed only for those)
+        self.own = OwnLocations(lambda: self.location)
         self.locality: Any = None  # a locality.ShardRouter when shards are routed to preferred nodes
         self._draining = threading.Event()
         #: readiness checks: each returns why this node cannot serve well now (None: it can),
@@ -123,8 +126,12 @@ class Cluster:
             caller = {}
         membership = self.membership
         key = membership.key if membership is not None else None
-        if membership is not None and key is not None and caller.get("id") != self.node_id and key.admits(caller):
-            # only a node holding the cluster credential is learned: a client's body is never enough
+        # a member's fresh challenge to this very process (not relayed, reflected or replayed);
+        # this node checking itself (a --peers-dns name lists its own address) is one too
+        admitted = key is not None and key.admits(caller, self.own.owns)
+        if membership is not None and admitted and caller.get("id") != self.node_id:
+            # only a node holding the cluster credential is learned, as a candidate this node
+            # checks before it is live: a client's body is never enough
             membership.learn(str(caller.get("node", "")))
         peers = [p.location for p in membership.live()] if membership is not None else []
         detail: dict[str, Any] = {
@@ -135,7 +142,7 @@ class Cluster:
             "peers": peers,
             "datasets": self.datasets(),
         }
-        if key is not None:
+        if key is not None and admitted:
             detail = key.sign_answer(caller, detail)
         return json.dumps(detail).encode()
 

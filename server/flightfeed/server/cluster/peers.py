@@ -4,8 +4,11 @@ Peers come from ``--peers grpc://a:8815,grpc://b:8815`` (static), from ``--peers
 (every address the name resolves to, re-resolved every ``refresh_s``: a Kubernetes headless
 Service) and, only with a cluster credential (``key``, ``--cluster-token-file``), by gossip: a
 node that checks us names itself, and every answer lists the peers the other node sees live.
-With a key, every request and answer carries a proof of it (see ``credential``): a request
-without one teaches nothing, and a peer that cannot prove it is ``down`` whatever it claims.
+With a key, every request and answer carries a proof of it (see ``credential``), bound to the
+location dialled and to a nonce this node chose and accepts once: a request without one teaches
+nothing, and a peer that cannot prove it *to this node* (not relayed from another member, not
+reflected, not replayed) is ``down`` whatever it claims; a location learned by gossip is only a
+candidate until it has proved itself here.
 Without a key nothing is learned: the peers are the operator's lists. Each peer is asked for its
 ``health`` detail every ``interval`` s (with a timeout); its state is one of
 
@@ -198,17 +201,20 @@ class Membership:
             return probe
 
     def _check(self, location: str, me: dict[str, Any]) -> dict[str, Any] | Exception:
+        request = self.key.sign_request(me, to=location) if self.key is not None else me
         try:
-            request = self.key.sign_request(me) if self.key is not None else me
             answer = self._probe(location).detail(request)
             if self.key is not None and not self.key.proves(request, answer):
                 raise NotAMember(
                     f"{location} did not prove it belongs to this cluster (its --cluster-token-file is "
-                    "missing or differs); it is not offered"
+                    "missing or differs, or it passed on another node's answer); it is not offered"
                 )
             return answer
         except Exception as exc:  # any failure: the peer is down for us
             return exc
+        finally:
+            if self.key is not None:
+                self.key.forget(request)
 
     def _apply(self, location: str, result: dict[str, Any] | Exception) -> None:
         now = time.time()

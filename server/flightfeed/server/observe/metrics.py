@@ -72,6 +72,12 @@ class ServerMetrics:
         self.cache_evictions = Counter(
             "flightfeed_cache_evictions", "Shards evicted from the cache", ["dataset"], registry=r
         )
+        self.cache_redownloads = Counter(
+            "flightfeed_cache_redownloads",
+            "Shards downloaded again within one pass over their dataset (a thrashing cache: raise --cache-size)",
+            ["dataset"],
+            registry=r,
+        )
         self.cache_download_seconds = Counter(
             "flightfeed_cache_download_seconds", "Seconds spent downloading shards", ["dataset"], registry=r
         )

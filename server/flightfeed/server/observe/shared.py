@@ -48,6 +48,13 @@ class SharedMetrics:
         self.evictions = Counter(
             "flightfeed_shared_evictions", "Messages dropped from the window to make room (oldest first)", registry=r
         )
+        self.released = Counter(
+            "flightfeed_shared_released", "Messages released from the window: no stream of their job reads any more",
+            registry=r,
+        )
+        self.released_bytes = Counter(
+            "flightfeed_shared_released_bytes", "Bytes of the messages released (no stream could use them)", registry=r
+        )
         self.window_bytes = Gauge("flightfeed_shared_window_bytes", "Bytes of messages kept in the window", registry=r)
         self.window_limit = Gauge(
             "flightfeed_shared_window_limit_bytes", "The window's bound (--share-window; 0: sharing off)", registry=r

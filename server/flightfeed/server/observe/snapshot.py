@@ -8,7 +8,7 @@ a ratio with nothing to divide is ``null``, never NaN)::
      "totals": {"rows", "bytes", "batches", "streams_finished", "outcomes": {outcome: n}},
      "rate": {"rows_per_s", "bytes_per_s", "gb_per_s", "stream_bytes_per_s", "stream_gb_per_s"},
      "streams_active": n, "clients_active": n,
-     "cache": {"hits", "misses", "hit_ratio", "bytes", "evictions", "download_seconds"},
+     "cache": {"hits", "misses", "hit_ratio", "bytes", "evictions", "redownloads", "download_seconds"},
      "storage": {"reads", "read_seconds", "mean_read_s"},
      "stall": {"mean", "max", "clients"},            # over active clients
      "datasets": [{Dataset.describe() fields..., "rows_sent", "bytes_sent", "batches_sent",
@@ -60,13 +60,16 @@ def _ratio(num: float, den: float) -> float | None:
     return num / den if den > 0 else None
 
 
-def _cache(hits: float, misses: float, nbytes: float, evictions: float, download_s: float) -> dict[str, Any]:
+def _cache(
+    hits: float, misses: float, nbytes: float, evictions: float, download_s: float, redownloads: float = 0
+) -> dict[str, Any]:
     return {
         "hits": int(hits),
         "misses": int(misses),
         "hit_ratio": _ratio(hits, hits + misses),
         "bytes": int(nbytes),
         "evictions": int(evictions),
+        "redownloads": int(redownloads),
         "download_seconds": download_s,
     }
 
@@ -129,6 +132,7 @@ def build_snapshot(m: ServerMetrics, datasets: Sequence[Mapping[str, Any]] = ())
     cache_bytes = _by_dataset(m.cache_bytes, "flightfeed_cache_bytes")
     evictions = _by_dataset(m.cache_evictions, "flightfeed_cache_evictions_total")
     download = _by_dataset(m.cache_download_seconds, "flightfeed_cache_download_seconds_total")
+    redownloads = _by_dataset(m.cache_redownloads, "flightfeed_cache_redownloads_total")
     reads = _by_dataset(m.storage_read_seconds, "flightfeed_storage_read_seconds_count")
     read_s = _by_dataset(m.storage_read_seconds, "flightfeed_storage_read_seconds_sum")
     decode = _decode_figures(m)
@@ -161,7 +165,7 @@ def build_snapshot(m: ServerMetrics, datasets: Sequence[Mapping[str, Any]] = ())
             clients_active=sum(1 for c in live if c["dataset"] == name),
             cache=_cache(
                 hits.get(name, 0), misses.get(name, 0), cache_bytes.get(name, 0),
-                evictions.get(name, 0), download.get(name, 0),
+                evictions.get(name, 0), download.get(name, 0), redownloads.get(name, 0),
             ),
             storage=_storage(reads.get(name, 0), read_s.get(name, 0)),
             decode=decode.get(name, _decode_entry({})),
@@ -190,7 +194,7 @@ def build_snapshot(m: ServerMetrics, datasets: Sequence[Mapping[str, Any]] = ())
         "clients_active": len(live),
         "cache": _cache(
             _total(hits.values()), _total(misses.values()), _total(cache_bytes.values()),
-            _total(evictions.values()), _total(download.values()),
+            _total(evictions.values()), _total(download.values()), _total(redownloads.values()),
         ),
         "storage": _storage(_total(reads.values()), _total(read_s.values())),
         "stall": {

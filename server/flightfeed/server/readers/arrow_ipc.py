@@ -71,7 +71,7 @@ class ArrowShard(ShardFields):
                 log.warning("%s; reading this shard with positioned reads instead of a memory map", exc)
                 io = "read"
             except OSError as exc:
-                raise ShardError(f"cannot open shard {self.uri}: {exc}") from None
+                raise ShardError(f"cannot open shard {self.uri}: {exc.strerror or type(exc).__name__}") from None
         self.io = io
         try:
             if self._mapped is not None:

@@ -51,7 +51,7 @@ class SmallArrowShard(ShardFields):
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
-            raise ShardError(f"cannot open shard {self.uri}: {exc}") from None
+            raise ShardError(f"cannot open shard {self.uri}: {exc.strerror or type(exc).__name__}") from None
         try:
             before = _identity(os.fstat(fd))
             buf = pa.allocate_buffer(before[0])  # Arrow's pool: aligned for every buffer in the file

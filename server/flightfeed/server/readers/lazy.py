@@ -157,14 +157,22 @@ class _Opened:
 class LazyShard:
     """A ``ShardReader`` whose file is open only while the bound keeps it (module docstring)."""
 
-    __slots__ = ("_offsets", "blocks", "changed", "group", "index", "path", "schema")
+    __slots__ = ("_offsets", "blocks", "changed", "group", "index", "label", "path", "schema")
 
     def __init__(
-        self, group: ShardGroup, index: int, path: str, schema: pa.Schema, offsets: npt.NDArray[np.int64]
+        self,
+        group: ShardGroup,
+        index: int,
+        path: str,
+        schema: pa.Schema,
+        offsets: npt.NDArray[np.int64],
+        label: str | None = None,
     ) -> None:
         self.group = group
         self.index = index
         self.path = path
+        #: the name errors show (``dataset/relative/name``): a client never sees a server path
+        self.label = label or path
         self.schema = schema
         self._offsets = offsets
         self.changed: str | None = None
@@ -237,9 +245,9 @@ class LazyShard:
         group = self.group
         try:
             if self.nbytes <= group.small_bytes:
-                reader: ShardReader = SmallArrowShard(self.path)
+                reader: ShardReader = SmallArrowShard(self.path, self.label)
             else:
-                reader = open_shard(self.path, None, **group.reader_options())
+                reader = open_shard(self.path, self.label, **group.reader_options())
         except (ShardError, OSError):
             now = self._identity_now()
             if now != self._identity():
@@ -295,7 +303,7 @@ class LazyShard:
         return self._changed(how, f" (found on reopening it: size, mtime, inode {was} -> {now})")
 
     def _changed(self, what: str, detail: str = "") -> ShardError:
-        reason = f"shard {self.uri} {what} while served{detail}"
+        reason = f"shard {self.label} {what} while served{detail}"
         if self.changed is None:
             self.changed = reason
             self.group.changed(reason)

@@ -21,6 +21,10 @@ read, gathered and transformed), keyed by the request's identity and the message
   window plus the budget, plus the message each stream is sending when it was evicted meanwhile
   (reference counted: it goes when that stream has sent it). ``limit=0`` turns sharing off:
   every stream makes its own messages.
+* **released when useless**: a kept message serves only streams of its job (the identity its key
+  starts with). Once no stream has been reading that job for ``idle_s`` (10 s: identical jobs run
+  one after another still share), its messages are released (counted: ``released``) instead of
+  sitting in the window until eviction (64 trainers with different seeds left it full).
 
 Figures go to ``observe.shared`` (hits, misses, waits, bytes served, window bytes, evictions and
 the streams reading each message sequence: trainers per shared stream).
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any
@@ -41,6 +46,7 @@ from flightfeed.server.observe.shared import SharedMetrics
 __all__ = ["ShareWindow", "DEFAULT_SHARE_WINDOW"]
 
 DEFAULT_SHARE_WINDOW = 512 << 20
+IDLE_S = 10.0  # a job no stream has read for this long: its kept messages are released
 
 Make = Callable[[], list[pa.RecordBatch]]
 
@@ -57,15 +63,28 @@ class _Entry:
 class ShareWindow:
     """Messages by key, at most ``limit`` bytes (see the module doc); one per server process."""
 
-    def __init__(self, limit: int = DEFAULT_SHARE_WINDOW, metrics: SharedMetrics | None = None) -> None:
+    def __init__(
+        self,
+        limit: int = DEFAULT_SHARE_WINDOW,
+        metrics: SharedMetrics | None = None,
+        *,
+        idle_s: float = IDLE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.limit = max(0, int(limit))
+        self.idle_s, self._clock = idle_s, clock
+        self._idle: dict[Hashable, float] = {}  # job no stream reads now -> since when
         self.metrics = metrics
         self._lock = threading.Lock()
         self._kept: OrderedDict[Hashable, _Entry] = OrderedDict()
         self._making: dict[Hashable, _Entry] = {}
         self._readers: dict[tuple[str, Hashable], int] = {}
         self._ids: set[int] = set()  # id() of every kept RecordBatch (alive while kept: ids are unique)
+        self._jobs: dict[Hashable, set[Hashable]] = {}  # job -> keys kept of it
+        self._jobs_reading: dict[Hashable, int] = {}  # job -> streams reading it now
         self.bytes = 0
+        self.released = 0  #: messages released because no stream of their job reads any more
+        self.released_bytes = 0
         self.peak_bytes = 0
         if metrics is not None:
             metrics.bind(self.trainers, self.limit)
@@ -118,17 +137,52 @@ class ShareWindow:
             return 0
         evicted = 0
         while self._kept and self.bytes + entry.nbytes > self.limit:
-            _, old = self._kept.popitem(last=False)
-            self.bytes -= old.nbytes
-            self._ids.difference_update(id(b) for b in old.batches or ())
+            old_key, old = self._kept.popitem(last=False)
+            self._forget(old_key, old)
             evicted += 1
         self._kept[key] = entry
+        self._jobs.setdefault(_job(key), set()).add(key)
+        if _job(key) not in self._jobs_reading:  # made after its last stream left (read-ahead)
+            self._idle.setdefault(_job(key), self._clock())
+        self._sweep()
         self._ids.update(id(b) for b in entry.batches or ())
         self.bytes += entry.nbytes
         self.peak_bytes = max(self.peak_bytes, self.bytes)
         if self.metrics is not None:
             self.metrics.window_bytes.set(self.bytes)
         return evicted
+
+    def _forget(self, key: Hashable, entry: _Entry) -> None:
+        """(Lock held.) Account for a kept entry that left (popped by the caller)."""
+        self.bytes -= entry.nbytes
+        self._ids.difference_update(id(b) for b in entry.batches or ())
+        keys = self._jobs.get(_job(key))
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._jobs[_job(key)]
+
+    def _sweep(self) -> None:
+        """(Lock held.) Release the jobs no stream has read for ``idle_s``."""
+        now = self._clock()
+        for job in [j for j, since in self._idle.items() if now - since >= self.idle_s]:
+            del self._idle[job]
+            self._release(job)
+
+    def _release(self, job: Hashable) -> None:
+        """(Lock held.) No stream reads ``job`` any more: drop its kept messages."""
+        for key in self._jobs.pop(job, set()):
+            entry = self._kept.pop(key, None)
+            if entry is not None:
+                self.bytes -= entry.nbytes
+                self._ids.difference_update(id(b) for b in entry.batches or ())
+                self.released += 1
+                self.released_bytes += entry.nbytes
+                if self.metrics is not None:
+                    self.metrics.released.inc()
+                    self.metrics.released_bytes.inc(entry.nbytes)
+        if self.metrics is not None:
+            self.metrics.window_bytes.set(self.bytes)
 
     def holds(self, batch: pa.RecordBatch) -> bool:
         """Whether ``batch`` is kept in the window now (its bytes are counted here)."""
@@ -152,9 +206,12 @@ class ShareWindow:
     @contextlib.contextmanager
     def reading(self, dataset: str, group: Hashable) -> Iterator[None]:
         """Count a stream as a reader of the message sequence ``group`` while it runs."""
-        k = (dataset, group)
+        k, job = (dataset, group), _job(group)
         with self._lock:
             self._readers[k] = self._readers.get(k, 0) + 1
+            self._jobs_reading[job] = self._jobs_reading.get(job, 0) + 1
+            self._idle.pop(job, None)
+            self._sweep()
         try:
             yield
         finally:
@@ -164,6 +221,14 @@ class ShareWindow:
                     self._readers[k] = left
                 else:
                     self._readers.pop(k, None)
+                streams = self._jobs_reading.get(job, 0) - 1
+                if streams > 0:
+                    self._jobs_reading[job] = streams
+                else:
+                    self._jobs_reading.pop(job, None)
+                    if job in self._jobs:
+                        self._idle[job] = self._clock()
+                self._sweep()
 
     def trainers(self) -> dict[str, int]:
         """Dataset -> the most streams reading one message sequence now."""
@@ -176,6 +241,7 @@ class ShareWindow:
     def describe(self) -> dict[str, Any]:
         """The window's own figures for the ``shared`` section of ``/stats``."""
         with self._lock:
+            self._sweep()
             return {
                 "limit": self.limit,
                 "bytes": self.bytes,
@@ -183,12 +249,22 @@ class ShareWindow:
                 "entries": len(self._kept),
                 "making": len(self._making),
                 "sequences": len(self._readers),
+                "released": self.released,
+                "released_bytes": self.released_bytes,
             }
 
     def clear(self) -> None:
         with self._lock:
             self._kept.clear()
             self._ids.clear()
+            self._jobs.clear()
+            self._idle.clear()
             self.bytes = 0
             if self.metrics is not None:
                 self.metrics.window_bytes.set(0)
+
+
+def _job(key: Hashable) -> Hashable:
+    """The job a message key or a stream group belongs to: its first element (the request's
+    identity, ``request.identity``), or the key itself."""
+    return key[0] if isinstance(key, tuple) and key else key

@@ -233,6 +233,7 @@ def ticket_batches(
         )
     ds.check_unchanged(stale=True)
     read = ticket.read
+    _epoch_seen(ds, int(read.epoch))
     columns = list(read.columns)
     check_columns(ds, columns)
     check_index(ds, read)
@@ -302,3 +303,12 @@ def ticket_batches(
                 batches = _indexed(batches, order.rows(positions) if order.shuffle else positions)
             ahead.after()
             yield from batches
+
+
+def _epoch_seen(ds: Dataset, epoch: int) -> None:
+    """Tell the shard cache of a remote dataset which epoch is read (it counts re-downloads of a
+    shard within one epoch: a thrashing cache)."""
+    cache = getattr(ds.shards[0], "cache", None) if ds.shards else None
+    redownloads = getattr(cache, "redownloads", None)
+    if redownloads is not None:
+        redownloads.epoch(ds.name, epoch)

@@ -21,6 +21,13 @@ by the worker processes of one server:
   flight) keeps its bytes counted (``cache_held``) until the mapping goes, so the files plus
   those deleted-but-held bytes stay within ``max_bytes``; readers of evicted entries are closed
   (the ``on_evict`` callbacks), so the mapping goes with the last batch that uses it;
+- ``--cache-size`` is one limit for all the processes sharing the directory: each publishes its
+  downloads in flight and the files it maps (``cache_claims``), and room is decided, evicted and
+  reserved under the journal's exclusive lock, counting the others' claims; a dead process's
+  claim is reclaimed; an entry another process evicted before this one opened or hashed it is a
+  miss (fetched again); a keeper thread follows the others' evictions (closing this process's
+  readers of them) and republishes the claim every 0.2 s; re-downloads within an epoch are
+  counted (``cache_thrash``);
 - a full disk (``ENOSPC``/``EDQUOT``, or less free space than a shard needs) raises
   :class:`DiskFull` at once, naming the directory and the bytes needed, and ``problem`` says so
   (``/readyz``) until a later download succeeds.
@@ -30,25 +37,33 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import shutil
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from flightfeed.server.observe.metrics import ServerMetrics
+from flightfeed.server.storage.cache_claims import Claims
 from flightfeed.server.storage.cache_files import CacheFiles, sha256_file
 from flightfeed.server.storage.cache_held import HeldMappings
 from flightfeed.server.storage.cache_index import CacheIndex
+from flightfeed.server.storage.cache_thrash import Redownloads
 from flightfeed.wire.errors import DiskFull, StorageError
 
 __all__ = ["ShardCache", "CacheLease", "shared_cache", "default_cache_size"]
 
+log = logging.getLogger("flightfeed.server")
+
 #: the default size: this fraction of (free disk + bytes already cached) at the cache directory
 DEFAULT_FRACTION = 0.5
 _TOUCH_EVERY_S = 30.0
+_STUCK_AFTER_S = 0.5  # a download blocked this long by mappings alone may go beyond the limit
+_KEEP_EVERY_S = 0.2  # how often a process follows the others' evictions and republishes its claim
 
 
 def default_cache_size(directory: str, cached: int = 0) -> int:
@@ -76,6 +91,7 @@ class CacheLease:
 
     def __init__(self, cache: ShardCache, entry: _Entry, hit: bool) -> None:
         self.path = cache.files.data_path(entry.name)
+        self.inode = entry.inode
         self.key = entry.key
         self.size = entry.size
         self.sha256 = entry.sha256
@@ -122,6 +138,11 @@ class ShardCache:
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)  # notified when bytes are committed or unpinned
         self._reserved = 0  # bytes of downloads in flight
+        self._over = 0  # of those, the bytes of this node's one download beyond max_bytes (``cache_claims``)
+        self._over_thread = 0  # the thread downloading it
+        #: downloads that went beyond max_bytes because the streams' mappings left no room
+        self.over_limit = 0
+        self._warned_over = -1e9
         self.wait_for_room_s = wait_for_room_s
         self._key_locks: dict[str, _KeyLock] = {}  # only while some thread wants the key
         self._counters: dict[tuple[str, bool], Any] = {}
@@ -133,6 +154,14 @@ class ShardCache:
         self.problem: str | None = None
         self.files.recover()
         self.index = CacheIndex(self.files)
+        #: what the other processes sharing the directory have in flight and still map
+        self.claims = Claims(self.files)
+        #: downloads of a shard again within one pass over its dataset (a thrashing cache)
+        self.redownloads = Redownloads(self.directory)
+        self._stop = threading.Event()
+        threading.Thread(
+            target=_keep, args=(weakref.ref(self), self._stop), name="flightfeed-cache-keeper", daemon=True
+        ).start()
         if max_bytes is None:
             max_bytes = default_cache_size(directory, self.index.total)
         self.max_bytes = max_bytes
@@ -170,6 +199,8 @@ class ShardCache:
                 if on_evict is not None and on_evict not in entry.on_evict:
                     entry.on_evict.append(on_evict)
         self._count(label, hit)
+        if self.redownloads.used(label, key, downloaded=not hit) and self.metrics is not None:
+            self.metrics.cache_redownloads.labels(label).inc()
         self._touch(entry)
         return CacheLease(self, entry, hit)
 
@@ -180,9 +211,20 @@ class ShardCache:
             if entry is None or entry.generation != lease.generation:
                 return None
             entry.pins += 1
-        self._count(dataset if dataset is not None else self.dataset, True)
+        label = dataset if dataset is not None else self.dataset
+        self._count(label, True)
+        self.redownloads.used(label, lease.key, downloaded=False)
         self._touch(entry)
         return CacheLease(self, entry, True)
+
+    def invalidate(self, lease: CacheLease) -> None:
+        """Release ``lease`` and forget its entry: its file was found gone (another process
+        evicted it before this one opened it), so the next ``acquire`` fetches it again."""
+        lease.release()
+        with self._lock:
+            entry = self._entries.get(lease._name)
+            if entry is not None and entry.generation == lease.generation and entry.pins == 0:
+                self._pop(lease._name)
 
     def total_bytes(self) -> int:
         """Bytes of the cached files (all processes' commits, as far as the journal tells)."""
@@ -194,7 +236,10 @@ class ShardCache:
         """Count a mapping of ``lease``'s file: after eviction its bytes stay counted until the
         returned function is called (when the mapping is gone; see ``cache_held``)."""
         with self._lock:
-            return self._held.track(lease.generation, lease.size)
+            released = self._held.track(lease.generation, lease.size, lease._name, lease.inode)
+            with self.index.changing():  # the other processes count it from now on
+                self._publish()
+            return released
 
     def is_current(self, lease: CacheLease) -> bool:
         """Whether ``lease``'s entry is still cached (not evicted or replaced)."""
@@ -253,7 +298,11 @@ class ShardCache:
             if known is not None and known.inode == stat.st_ino and known.size == stat.st_size:
                 known.pins += 1
                 return known
-        if sha256_file(self.files.data_path(name)) != meta.get("sha256"):  # first use in this process
+        try:
+            digest = sha256_file(self.files.data_path(name))  # first use in this process
+        except FileNotFoundError:  # another process evicted it meanwhile: a miss, fetched again
+            return None
+        if digest != meta.get("sha256"):
             self._forget(name)
             return None
         with self._lock:
@@ -294,6 +343,7 @@ class ShardCache:
         finally:
             with self._room:
                 self._reserved -= reserved[0]
+                self._end_over()
                 self._room.notify_all()
         if size is None:
             self._make_room(0, keep=name)
@@ -330,11 +380,13 @@ class ShardCache:
                 inode = self.files.commit(name, tmp, meta)
                 self._reserved -= reserved[0]
                 reserved[0] = 0
+                self._end_over()
                 self._generation += 1
                 entry = _Entry(name, key, got, digest, version, inode, self._generation, pins=1)
                 entry.touched = time.time()  # the commit is its first use (the file's mtime is now)
                 self._put(entry)
                 self.index.added(name, got, label)
+                self._publish()
         if self.metrics is not None:
             self.metrics.cache_download_seconds.labels(label).inc(seconds)
             self.metrics.storage_read_seconds.labels(label).observe(seconds)
@@ -343,25 +395,28 @@ class ShardCache:
     def _make_room(self, incoming: int, keep: str) -> int:
         """Reserve ``incoming`` bytes, evicting least recently used unpinned entries (their
         readers are closed, so their mappings can go). While the room is held by pinned entries,
-        downloads in flight or evicted files still mapped, wait up to ``wait_for_room_s``."""
-        deadline = time.monotonic() + self.wait_for_room_s
+        downloads in flight or evicted files still mapped (by any process sharing the directory),
+        wait up to ``wait_for_room_s``."""
+        start = time.monotonic()
+        deadline = start + self.wait_for_room_s
         listed = False  # whether the directory was listed (the true state) for this reservation
         while True:
             with self._room:
                 self._held.drain()
-                fits, total, pinned, callbacks, evicted = self._evict_for(incoming, keep, listed)
+                stuck = time.monotonic() - start >= _STUCK_AFTER_S
+                fits, total, pinned, callbacks, evicted, others = self._evict_for(incoming, keep, listed, stuck)
                 held_files, held_bytes = self._held.held(self._live)
                 if fits:
-                    self._reserved += incoming
+                    pass
                 elif not evicted and not listed:  # the index may be behind the directory: look once
                     listed = True
                     continue
                 elif not evicted:
-                    busy = pinned > 0 or self._reserved > 0 or held_bytes > 0
+                    busy = pinned > 0 or self._reserved > 0 or held_bytes > 0 or others > 0
                     remaining = deadline - time.monotonic()
                     if busy and remaining > 0:
-                        # a mapping that goes does not take the lock to notify: poll for it
-                        self._room.wait(min(remaining, 0.05 if held_bytes else 1.0))
+                        # a mapping that goes (here or in another process) does not notify: poll
+                        self._room.wait(min(remaining, 0.05 if held_bytes or others else 1.0))
                         continue
             for label in evicted:
                 if self.metrics is not None:
@@ -376,35 +431,53 @@ class ShardCache:
                 raise StorageError(
                     f"shard cache {self.directory} is full: {total} bytes cached, downloading or still mapped "
                     f"by streams ({pinned} shard(s) in use, {held_files} evicted file(s) of {held_bytes} bytes "
-                    f"not yet released) + {incoming} needed > {self.max_bytes}; raise --cache-size"
+                    f"not yet released here, {others} bytes in flight or held by other processes) + {incoming} "
+                    f"needed > {self.max_bytes}; raise --cache-size"
                 )
 
     def _evict_for(
-        self, incoming: int, keep: str, listed: bool = False
-    ) -> tuple[bool, int, int, list[Callable[[], None]], list[str]]:
-        """(Under the lock.) Evict LRU unpinned entries until ``incoming`` fits -> (fits, total,
-        pinned, callbacks, labels). ``listed``: list the directory first instead of following
-        the journal. Costs O(evicted + pinned ahead of them), not O(cached entries)."""
-        if listed:
-            self.index.rescan()
-        else:
-            self.index.refresh()
-        _, held = self._held.held(self._live)
-        total = self.index.total + self._reserved + held
-        victims: list[tuple[str, str]] = []
-        if total + incoming > self.max_bytes:
-            for name, size, label in self.index.oldest():
+        self, incoming: int, keep: str, listed: bool = False, stuck: bool = False
+    ) -> tuple[bool, int, int, list[Callable[[], None]], list[str], int]:
+        """(Under the lock.) Evict LRU unpinned entries until ``incoming`` fits and reserve it ->
+        (fits, total, pinned, callbacks, labels, bytes of the other processes). The decision, the
+        evictions and this process's claim are made under the journal's exclusive lock: the
+        processes sharing the directory keep one budget (``cache_claims``). ``listed``: list the
+        directory first instead of following the journal. Files another process maps are
+        evicted last (their space comes back only when it lets them go). Costs O(evicted +
+        pinned or mapped ahead of them), not O(cached entries)."""
+        with self.index.changing():
+            if listed:
+                self.index.rescan()
+            else:
+                self.index.refresh()
+            callbacks = self._drop_gone()
+            claims = self.claims.others()
+            elsewhere = {name for c in claims for name, _, _ in c.mapped}
+            mine = self._held.held_inodes(self._live)
+            theirs: dict[int, int] = {}
+            for claim in claims:
+                theirs.update(claim.held(self.files))
+            # in flight elsewhere, and held there only (a file mapped here too is counted here)
+            others = sum(c.reserved for c in claims) + sum(v for k, v in theirs.items() if k not in mine)
+            total = self.index.total + self._reserved + sum(mine.values()) + others
+            victims: list[tuple[str, str]] = []
+            for later in (False, True):  # first what frees space now, then what is mapped
                 if total + incoming <= self.max_bytes:
                     break
-                entry = self._entries.get(name)
-                if name == keep or (entry is not None and entry.pins > 0):
-                    continue
-                victims.append((name, label))
-                if entry is None or not self._held.mapped(entry.generation):
-                    total -= size  # (a file still mapped keeps its space: it is counted as held now)
-        callbacks: list[Callable[[], None]] = []
-        evicted: list[str] = []
-        with self.index.changing() if victims else contextlib.nullcontext():
+                chosen = {name for name, _ in victims}
+                for name, size, label in self.index.oldest():
+                    if total + incoming <= self.max_bytes:
+                        break
+                    entry = self._entries.get(name)
+                    if name == keep or name in chosen or (entry is not None and entry.pins > 0):
+                        continue
+                    mapped = name in elsewhere or (entry is not None and self._held.mapped(entry.generation))
+                    if mapped != later:
+                        continue
+                    victims.append((name, label))
+                    if not mapped:
+                        total -= size  # (a file still mapped keeps its space: it is counted as held now)
+            evicted: list[str] = []
             for name, label in victims:
                 self.files.remove(name)
                 self.index.removed(name)
@@ -412,9 +485,89 @@ class ShardCache:
                 entry = self._pop(name)
                 if entry is not None:
                     callbacks.extend(entry.on_evict)
-        fits = total + incoming <= self.max_bytes
+            self.index.take_gone()  # (this process's own evictions: handled above)
+            fits = total + incoming <= self.max_bytes
+            # downloads in flight and evicted files still mapped stand in the way: one download on
+            # the node may go beyond the limit by itself (streams holding mappings progress); past
+            # the limit only when that has blocked a download for _STUCK_AFTER_S (the streams' own
+            # mappings exceed the cache: a thrashing cache, counted and warned about)
+            over = (
+                not fits and not self._over and total > self.index.total and not any(c.over for c in claims)
+                and (total <= self.max_bytes or stuck)
+            )
+            if over and total > self.max_bytes:
+                self.over_limit += 1
+                now = time.monotonic()
+                if now - self._warned_over >= 60.0:
+                    self._warned_over = now
+                    log.warning(
+                        "shard cache %s: the shards that streams hold at once (%d bytes still mapped or in "
+                        "flight) leave no room under --cache-size %d; downloading one shard beyond it. "
+                        "Raise --cache-size (this is a thrashing cache)", self.directory, total - self.index.total,
+                        self.max_bytes,
+                    )
+            if over:
+                # downloads in flight and evicted files still mapped stand in the way: one download
+                # on the node may go beyond the limit by itself (streams holding mappings progress)
+                self._over, self._over_thread = incoming, threading.get_ident()
+                fits = True
+            if fits:
+                self._reserved += incoming
+            self._publish()
         pinned = 0 if fits else sum(1 for e in self._entries.values() if e.pins > 0)
-        return fits, total, pinned, callbacks, evicted
+        return fits, total, pinned, callbacks, evicted, others
+
+    def _drop_gone(self) -> list[Callable[[], None]]:
+        """(Under the lock.) Forget this process's entries that another process evicted or
+        replaced (the journal said so): their readers are closed (the callbacks returned), so
+        their mappings, and the space, can go."""
+        callbacks: list[Callable[[], None]] = []
+        for name in self.index.take_gone():
+            entry = self._entries.get(name)
+            if entry is None:
+                continue
+            if name in self.index:
+                stat = self.files.stat_data(name)
+                if stat is not None and stat.st_ino == entry.inode:
+                    continue  # still the file this process knows
+            self._pop(name)
+            callbacks.extend(entry.on_evict)
+        return callbacks
+
+    def _end_over(self) -> None:
+        """(Under the lock.) This thread's download beyond the limit, if any, is over."""
+        if self._over and self._over_thread == threading.get_ident():
+            self._over, self._over_thread = 0, 0
+
+    def _publish(self) -> None:
+        """(Under the lock and the journal's exclusive lock.) This process's claim."""
+        self.claims.publish(self._reserved, self._held.files(), self._over)
+
+    def _keep(self) -> None:
+        """Every ``_KEEP_EVERY_S`` (the keeper thread): follow the other processes' evictions
+        and publish this process's claim when it changed (a mapping went, a download failed)."""
+        with self._lock:
+            self._held.drain()
+            self.index.refresh()
+            callbacks = self._drop_gone()
+            if (self._reserved, self._held.files()) != self._claimed():
+                with self.index.changing():
+                    self._publish()
+        for callback in callbacks:
+            callback()
+        if callbacks:
+            with self._room:
+                self._room.notify_all()
+
+    def _claimed(self) -> tuple[int, list[tuple[str, int, int]]]:
+        last = self.claims.last
+        return (last[0], last[1]) if last is not None else (-1, [])
+
+    def close(self) -> None:
+        """Stop the keeper and withdraw this process's claim (its cached files stay)."""
+        self._stop.set()
+        with self._lock:
+            self.claims.close()
 
     def _check_disk(self, key: str, size: int) -> None:
         """DiskFull at once when the cache's file system has less free space than ``size``."""
@@ -492,6 +645,17 @@ class ShardCache:
             per = self.index.per_label()
         for label in set(per) | {self.dataset}:
             self.metrics.cache_bytes.labels(label).set(per.get(label, 0))
+
+
+def _keep(ref: weakref.ref[ShardCache], stop: threading.Event) -> None:
+    """The keeper thread of one cache: ends with the cache (``close`` or garbage)."""
+    while not stop.wait(_KEEP_EVERY_S):
+        cache = ref()
+        if cache is None:
+            return
+        with contextlib.suppress(Exception):  # a directory removed under it (tests, an operator)
+            cache._keep()
+        del cache
 
 
 def _disk_full(exc: BaseException) -> bool:

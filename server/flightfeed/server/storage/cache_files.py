@@ -161,6 +161,28 @@ class CacheFiles:
             if orphan_meta or orphan_data:
                 self._remove_if_unlocked(n)
 
+    def remove_staged(self, pid: int) -> int:
+        """Delete the staged downloads of process ``pid`` (it died); their bytes."""
+        freed = 0
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(self._tmp):
+                match = _STAGED.search(entry.name)
+                if match is not None and int(match.group(1)) == pid:
+                    with contextlib.suppress(OSError):
+                        size = entry.stat().st_size
+                        os.unlink(entry.path)
+                        freed += size
+        return freed
+
+    def staged_bytes(self) -> int:
+        """Bytes of the downloads in ``.tmp/`` now (every process's)."""
+        total = 0
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(self._tmp):
+                with contextlib.suppress(OSError):
+                    total += entry.stat().st_size
+        return total
+
     def _remove_if_unlocked(self, filename: str) -> None:
         name = filename[: -len(_META)] if filename.endswith(_META) else filename
         with open(os.path.join(self._locks, name + ".lock"), "a+b") as f:

@@ -25,12 +25,14 @@ class HeldMappings:
 
     def __init__(self) -> None:
         self._maps: dict[int, list[int]] = {}  # generation -> [bytes, live mappings]
+        self._files: dict[int, tuple[str, int]] = {}  # generation -> (file name, inode)
         self._released: deque[int] = deque()
 
-    def track(self, generation: int, size: int) -> Callable[[], None]:
+    def track(self, generation: int, size: int, name: str = "", inode: int = 0) -> Callable[[], None]:
         """Count one live mapping of entry ``generation`` (caller holds the cache's lock); returns
         the function to call once that mapping is gone (idempotent, lock-free)."""
         entry = self._maps.setdefault(generation, [size, 0])
+        self._files[generation] = (name, inode)
         entry[1] += 1
         done = [False]
 
@@ -50,6 +52,7 @@ class HeldMappings:
                 entry[1] -= 1
                 if entry[1] <= 0:
                     del self._maps[generation]
+                    self._files.pop(generation, None)
 
     def held(self, live: Container[int]) -> tuple[int, int]:
         """(files, bytes) still mapped whose entries are gone from the cache (``live``: the
@@ -57,6 +60,27 @@ class HeldMappings:
         the lock). Costs O(mapped generations), not O(cached entries)."""
         gone = [size for g, (size, _) in self._maps.items() if g not in live]
         return len(gone), sum(gone)
+
+    def held_inodes(self, live: Container[int]) -> dict[int, int]:
+        """inode -> bytes of the files ``held`` counts (a file mapped by several processes is
+        one file on disk: callers merge by inode)."""
+        out: dict[int, int] = {}
+        for g, (size, _) in self._maps.items():
+            if g not in live:
+                out[self._files.get(g, ("", -g))[1] or -g] = size
+        return out
+
+    def files(self) -> list[tuple[str, int, int]]:
+        """``(name, size, inode)`` of every file mapped now (what other processes are told)."""
+        out = []
+        for generation, (size, _) in self._maps.items():
+            name, inode = self._files.get(generation, ("", 0))
+            out.append((name, size, inode))
+        return sorted(out)
+
+    def pending(self) -> bool:
+        """Whether mappings went that ``drain`` has not folded in yet."""
+        return bool(self._released)
 
     def mapped(self, generation: int) -> bool:
         return generation in self._maps

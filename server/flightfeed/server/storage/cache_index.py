@@ -75,6 +75,7 @@ class CacheIndex:
         self._offset = 0
         self._partial = b""
         self._lines = 0  # lines in the journal as far as read (for rotation)
+        self._gone: set[str] = set()  # names dropped since ``take_gone`` (other processes' evictions too)
         with self._shared():
             self._reopen_and_rescan()
 
@@ -102,6 +103,9 @@ class CacheIndex:
 
     def refresh(self) -> None:
         """Apply the changes other processes made since the last call (O(their changes))."""
+        if self._changing:  # the exclusive lock is held (and ``changing`` caught up on a rotation)
+            self._read_journal()
+            return
         if self._journal_inode() != self._inode:
             with self._shared():
                 self._reopen_and_rescan()
@@ -110,8 +114,16 @@ class CacheIndex:
 
     def rescan(self) -> None:
         """List the directory (the true state) and continue the journal from its present end."""
+        if self._changing:
+            self._reopen_and_rescan()
+            return
         with self._shared():
             self._reopen_and_rescan()
+
+    def take_gone(self) -> set[str]:
+        """Names dropped from the index since the last call (by this or another process)."""
+        gone, self._gone = self._gone, set()
+        return gone
 
     # -- this process's changes -------------------------------------------------------------
     @contextlib.contextmanager
@@ -175,6 +187,7 @@ class CacheIndex:
     def _drop(self, name: str) -> None:
         item = self._items.pop(name, None)
         if item is not None:
+            self._gone.add(name)
             self._bytes -= item.size
             self._per_label[item.label] -= item.size
 
@@ -216,6 +229,7 @@ class CacheIndex:
         self._fd, self._inode, self._offset, self._partial = fd, stat.st_ino, stat.st_size, b""
         self._lines = 0
         listing = sorted(self.files.listing(), key=lambda item: item[2])  # by last use (mtime)
+        self._gone |= set(self._items) - {name for name, _, _, _ in listing}
         self._items.clear()
         self._bytes = 0
         self._per_label = dict.fromkeys(self._per_label, 0)

@@ -82,9 +82,20 @@ def open_local_shards(
         small_bytes=opts.small_shard_bytes,
     )
     return [
-        LazyShard(group, i, path, schema, _offsets(rows))
+        LazyShard(group, i, path, schema, _offsets(rows), shard_label(dataset, uri, path))
         for i, (path, (_, (schema, rows))) in enumerate(zip(paths, described, strict=True))
     ]
+
+
+def shard_label(dataset: str, uri: str, path: str) -> str:
+    """How errors name a local shard: its dataset and its path relative to the dataset's root
+    (``train/part-00003.arrow``), never the server's path."""
+    root = uri[len("file://") :] if uri.startswith("file://") else uri
+    base = root if os.path.isdir(root) else os.path.dirname(root.split("*", 1)[0]) or "."
+    rel = os.path.relpath(path, base)
+    if rel.startswith(".."):
+        rel = os.path.basename(path)
+    return f"{dataset}/{rel}" if dataset else rel
 
 
 def _offsets(rows: Sequence[int]) -> npt.NDArray[np.int64]:

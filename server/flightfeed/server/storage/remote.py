@@ -14,9 +14,11 @@ read whole into memory when opened (``readers/arrow_small``).
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
+from typing import BinaryIO
 
 import numpy as np
 import pyarrow as pa
@@ -113,6 +115,7 @@ class RemoteShard(ShardFields):
         self._sha256: str | None = None
         self._blocks: BlockSums | None = None  # the manifest's block checksums: checked per opened file
         self._corrupt: list[Callable[[str], None]] = []
+        cache.redownloads.know(dataset, uri)  # (a thrashing cache downloads it again within a pass)
         if manifest is None:
             with self.opened() as reader:
                 self._schema = reader.schema
@@ -171,6 +174,17 @@ class RemoteShard(ShardFields):
             dataset=self._dataset, on_evict=self._evicted,
         )
 
+    def direct_file(self) -> tuple[CacheLease, BinaryIO]:
+        """:meth:`direct_lease` and its file, opened (fetched again when another process evicted
+        it before it was opened); the caller closes the file and releases the lease."""
+        for _ in range(_ATTEMPTS):
+            lease = self.direct_lease()
+            try:
+                return lease, open(lease.path, "rb")  # handed to the caller
+            except FileNotFoundError:
+                self._cache.invalidate(lease)
+        raise ShardError(f"shard {self.uri}: its cached copy was evicted {_ATTEMPTS} times before it could be opened")
+
     # -- local copy -------------------------------------------------------------------------
     @contextlib.contextmanager
     def opened(self) -> Iterator[ShardReader]:
@@ -191,7 +205,22 @@ class RemoteShard(ShardFields):
         )
 
     def _open(self) -> _Copy:
-        lease = self._acquire()
+        for _ in range(_ATTEMPTS):
+            lease = self._acquire()
+            try:
+                return self._open_leased(lease)
+            except (FileNotFoundError, ShardError) as exc:
+                if isinstance(exc, ShardError) and os.path.exists(lease.path):
+                    raise
+                # another process evicted the file before it was opened: released, and the
+                # next acquire fetches it again
+                self._cache.invalidate(lease)
+        raise ShardError(
+            f"shard {self.uri}: its cached copy was evicted {_ATTEMPTS} times before it could be opened; "
+            "is the shard cache (--cache-size) too small for the shards read at once?"
+        )
+
+    def _open_leased(self, lease: CacheLease) -> _Copy:
         try:
             if self._nbytes <= self._small:  # in memory: the cache's later changes to the file do not matter
                 reader: ShardReader = SmallArrowShard(lease.path, self.uri, check=False)

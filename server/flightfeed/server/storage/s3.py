@@ -21,6 +21,7 @@ import pyarrow.fs as pafs
 
 from flightfeed.server.readers import ShardReader, format_of
 from flightfeed.server.storage.cache import ShardCache, shared_cache
+from flightfeed.server.storage.cache_thrash import warn_if_too_small
 from flightfeed.server.storage.local import SHARD_SUFFIXES
 from flightfeed.server.storage.manifest import MANIFEST_NAME, Manifest, ManifestShard
 from flightfeed.server.storage.options import StorageOptions, reader_options
@@ -89,6 +90,7 @@ def open_s3_shards(uri: str, opts: StorageOptions, *, dataset: str = "") -> list
             for s in shards:
                 s.close()
             raise failed
+    warn_if_too_small(cache.directory, cache.max_bytes, dataset, [i.size for i in infos])
     if entries and opts.s3_prefetch and sum(i.size for i in infos) <= cache.max_bytes:
         _prefetch(shards, opts.s3_parallel_shards)
     return list(shards)

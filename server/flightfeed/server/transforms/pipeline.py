@@ -8,7 +8,6 @@ is checked here, before any stream starts; so is the output shape (it must end f
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 from flightfeed.server.transforms.deferred import DEFER, crop_name, flip_name, params_fields
+from flightfeed.server.transforms.params import parse_params
 from flightfeed.server.transforms.registry import Registry, Transform
 from flightfeed.server.transforms.spec import ColumnSpec, arrow_type, spec_of_field
 from flightfeed.wire.errors import InvalidRequest
@@ -138,7 +138,7 @@ def compile_plan(schema: pa.Schema, read: Any, registry: Registry) -> Plan | Non
                 field="transform.column",
             )
         t = registry.get(msg.name)
-        params = t.bind(json.loads(msg.params_json) if msg.params_json else {})
+        params = t.bind(parse_params(msg.params_json, k, msg.name))
         by_column.setdefault(column, []).append(Step(t, params, k))
     plans = []
     for column, steps in by_column.items():

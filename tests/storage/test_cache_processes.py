@@ -1,0 +1,263 @@
+"""One shard cache budget for every process sharing the directory (issue 33): downloads in flight
+and evicted-but-mapped files of all processes count against ``--cache-size``, a dead process's
+claim is reclaimed, and another process's eviction is a miss (fetched again), never an error."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from flightfeed.client import FlightDataset, ReadOptions
+from flightfeed.server.storage import cache as cache_module
+from flightfeed.server.storage.cache import ShardCache
+from flightfeed.server.storage.cache_files import CacheFiles, sha256_file
+from flightfeed.server.storage.local_s3 import LocalS3
+from flightfeed.wire.errors import StorageError
+from tests.cluster.conftest import action, eventually
+from tests.processes import start_serve
+from tests.storage.test_cache_disk import _files, _held_by, s3_dataset
+
+SHARD = 100
+ROWS = 1500  # of 16 KiB: 8 shards of ~3 MB
+
+
+def _committed_and_staged(directory: Path) -> int:
+    """Bytes of the cache's data files and of the downloads staged in ``.tmp``."""
+    committed = sum(size for _, size, _, _ in CacheFiles(str(directory)).listing())
+    staged = directory / ".tmp"
+    return committed + sum(p.stat().st_size for p in staged.iterdir() if p.is_file())
+
+
+def test_processes_sharing_a_directory_keep_one_budget(tmp_path: Path) -> None:
+    """Three caches (as three processes would: nothing shared in memory) each start a download
+    into a full cache at once: the committed files plus all downloads stay within the limit.
+    (Each process used to reserve room for its own download only: 1,200 bytes in 1,000.)"""
+    caches = [ShardCache(str(tmp_path), max_bytes=10 * SHARD, wait_for_room_s=10.0) for _ in range(3)]
+    for i in range(10):
+        caches[0].acquire(f"old-{i}", _fill(b"o"), size=SHARD).release()
+    together = threading.Barrier(3, timeout=30)
+    peak = [0]
+    errors: list[BaseException] = []
+
+    def fetch(dest: str) -> None:
+        with open(dest, "wb") as f:
+            f.write(b"n" * SHARD)
+        together.wait()  # all three downloads are in flight now
+        peak[0] = max(peak[0], _committed_and_staged(tmp_path))
+        together.wait()
+
+    def download(i: int) -> None:
+        try:
+            caches[i].acquire(f"new-{i}", fetch, size=SHARD).release()
+        except BaseException as exc:  # (a thread's exception would not fail the test)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=download, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert peak[0] <= 10 * SHARD, peak
+    for cache in caches:
+        assert cache.total_bytes() == 10 * SHARD
+
+
+def test_a_file_mapped_by_another_process_counts_until_that_process_lets_it_go(tmp_path: Path) -> None:
+    one = ShardCache(str(tmp_path), max_bytes=3 * SHARD, wait_for_room_s=0.0)
+    two = ShardCache(str(tmp_path), max_bytes=3 * SHARD, wait_for_room_s=0.0)
+    lease = two.acquire("a", _fill(b"a"), size=SHARD)
+    unmapped = two.track_mapping(lease)  # two maps a (an open reader)
+    closed: list[bool] = []
+    lease._cache._entries[lease._name].on_evict.append(lambda: closed.append(True))
+    lease.release()
+    pinned = [one.acquire(key, _fill(b"x"), size=SHARD) for key in ("b", "c")]  # one reads b and c
+    # d: one evicts a, whose bytes stay on disk (two's reader maps it): counted as two's, so d
+    # is the node's one download beyond the limit
+    with one.acquire("d", _fill(b"d"), size=SHARD):
+        assert not os.path.exists(lease.path)
+        with pytest.raises(StorageError, match=f"{SHARD} bytes in flight or held by other processes"):
+            one.acquire("e", _fill(b"e"), size=SHARD)
+    eventually("two closes its reader of the file one evicted", lambda: closed == [True], timeout=10)
+    unmapped()  # the reader's mapping goes; two's keeper publishes that
+    eventually("two's claim lets a go", lambda: all(not c.mapped for c in one.claims.others()), timeout=10)
+    with one.acquire("e", _fill(b"e"), size=SHARD):  # evicts d: fits within the limit again
+        assert _committed_and_staged(tmp_path) <= 3 * SHARD
+    for held in pinned:
+        held.release()
+
+
+def test_an_entry_evicted_by_another_process_while_it_is_verified_is_fetched_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process's first use hashes the file; another process evicting it meanwhile used to
+    raise FileNotFoundError (an "internal server error" for the trainer)."""
+    ShardCache(str(tmp_path), max_bytes=10 * SHARD).acquire("a", _fill(b"a"), size=SHARD).release()
+    real = sha256_file
+
+    def evicted_meanwhile(path: str) -> str:
+        if not path.endswith(".part"):
+            CacheFiles(str(tmp_path)).remove(os.path.basename(path))  # another process's eviction
+        return real(path)
+
+    monkeypatch.setattr(cache_module, "sha256_file", evicted_meanwhile)
+    other = ShardCache(str(tmp_path), max_bytes=10 * SHARD)  # a process that has not used it yet
+    fetched: list[str] = []
+
+    def fetch(dest: str) -> None:
+        fetched.append(dest)
+        _fill(b"a")(dest)
+
+    with other.acquire("a", fetch, size=SHARD) as lease:
+        assert not lease.hit and Path(lease.path).read_bytes() == b"a" * SHARD
+    assert len(fetched) == 1
+
+
+def test_a_dead_process_claim_is_reclaimed(tmp_path: Path) -> None:
+    """A process killed mid-download leaves a claim and a staged file: the next process that
+    decides on room sees its owner gone (its lock went with it) and removes both."""
+    code = (
+        "import os, sys\n"
+        "from flightfeed.server.storage.cache import ShardCache\n"
+        "c = ShardCache(sys.argv[1], max_bytes=1000)\n"
+        "def fetch(dest):\n"
+        "    open(dest, 'wb').write(b'x' * 500)\n"
+        "    print('fetching', flush=True)\n"
+        "    sys.stdin.read()\n"
+        "c.acquire('k', fetch, size=500)\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "fetching"
+        cache = ShardCache(str(tmp_path), max_bytes=1000, wait_for_room_s=0.0)
+        with cache.acquire("big", _fill(b"b", 600), size=600):  # the node's one download beyond the limit
+            with pytest.raises(StorageError, match="500 bytes in flight or held by other processes"):
+                cache.acquire("small", _fill(b"s"), size=SHARD)
+            child.send_signal(signal.SIGKILL)
+            child.wait(timeout=30)
+            with cache.acquire("small", _fill(b"s"), size=SHARD):  # 600 + 100: its 500 were reclaimed
+                pass
+        assert cache.claims.reclaimed == 1
+        assert not any((tmp_path / ".tmp").iterdir())
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=30)
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (from /proc)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except OSError:
+            continue
+    return out
+
+
+def _node_disk(directory: Path, pid: int) -> int:
+    """Bytes the node's processes occupy in the cache's file system: files (committed and
+    staged) plus deleted files still mapped or open by any of them, counted once by inode."""
+    files = _files(directory)
+    held: dict[int, int] = {}
+    for p in _tree(pid):
+        try:
+            for ino, size in _held_by(directory, p).items():
+                held[ino] = max(held.get(ino, 0), size)
+        except OSError:  # exited meanwhile
+            continue
+    return sum(files.values()) + sum(size for ino, size in held.items() if ino not in files)
+
+
+def test_a_node_of_three_processes_reads_every_row_through_evictions_and_a_kill_9(s3: LocalS3, tmp_path: Path) -> None:
+    """``--workers 3 --cache-size 16MB`` over 8 shards of ~3 MB on moto S3 (the cache thrashes),
+    a shuffled epoch, one worker killed -9 mid-epoch: every row exactly once. (A process
+    opening a shard another process had just evicted failed the read: "cannot open shard ...
+    No such file or directory", naming the server's path.) The node's disk (files plus
+    deleted-but-mapped, all processes) is sampled and printed: in this thrashing case the
+    streams' mappings of evicted shards exceed the limit (see the README)."""
+    uri = s3_dataset(s3, tmp_path, rows=ROWS, shard_bytes=3_000_000)
+    cache, limit = tmp_path / "cache", 16_000_000
+    proc, location = start_serve(
+        f"d={uri}", "--workers", "3", "--cache-dir", str(cache), "--cache-size", str(limit),
+        "--s3-endpoint", s3.endpoint, "--s3-region", s3.region,
+    )
+    peak, stop = [0], threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], _node_disk(cache, proc.pid))
+            time.sleep(0.01)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    try:
+        sampler.start()
+        ds = FlightDataset(location, "d", columns=["index"], batch_size=64, shuffle=True, seed=5,
+                           options=ReadOptions(streams=3, report_interval=None))
+        rows: list[int] = []
+        for n, batch in enumerate(ds):
+            rows += batch["index"].tolist()
+            if n == 8:
+                os.kill(action(location, "stats")["cluster"]["workers"][0]["pid"], signal.SIGKILL)
+        assert sorted(rows) == list(range(ROWS))
+    finally:
+        stop.set()
+        sampler.join(timeout=30)
+        proc.kill()
+        proc.wait(timeout=30)
+    print(f"node disk peak {peak[0]} bytes for --cache-size {limit}")
+
+
+def _fill(byte: bytes, size: int = SHARD) -> Callable[[str], None]:
+    def fetch(dest: str) -> None:
+        with open(dest, "wb") as f:
+            f.write(byte * size)
+
+    return fetch
+
+
+def test_a_thrashing_cache_counts_its_redownloads(
+    s3: LocalS3, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """8 shards of ~3 MB through a cache of ~2 of them, one stream, shuffled: shards come back
+    within the epoch, and /stats, the metric and the dashboard's figures say so. A cache that
+    holds the dataset counts none."""
+    from flightfeed.server.observe.metrics import ServerMetrics
+    from flightfeed.server.observe.snapshot import metrics_snapshot
+    from flightfeed.server.testing import running_server
+
+    uri = s3_dataset(s3, tmp_path, rows=ROWS, shard_bytes=3_000_000)
+    for size, thrashing in ((7_000_000, True), (64_000_000, False)):
+        metrics = ServerMetrics()
+        opts = s3.options(tmp_path / f"cache-{size}", cache_size=size, s3_prefetch=False, metrics=metrics)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="flightfeed.server"), \
+                running_server({"d": uri}, storage=opts, metrics=metrics) as srv:
+            # warned at start-up: the shards of one shuffle window do not fit
+            assert any("cannot hold the shards of one shuffle window" in r.message for r in caplog.records) == thrashing
+            for epoch in range(2):
+                ds = FlightDataset(srv.location, "d", columns=["index"], batch_size=64, shuffle=True, seed=3,
+                                   options=ReadOptions(streams=1, report_interval=None))
+                ds.set_epoch(epoch)
+                assert sorted(i for b in ds for i in b["index"].tolist()) == list(range(ROWS))
+            stats = metrics_snapshot(srv.server.metrics)
+        redownloads = stats["cache"]["redownloads"]
+        assert (redownloads > 0) == thrashing, (size, redownloads)
+        assert any("is thrashing" in r.message for r in caplog.records) == thrashing
+        metric = metrics.registry.get_sample_value("flightfeed_cache_redownloads_total", {"dataset": "d"})
+        assert (metric or 0) == redownloads
