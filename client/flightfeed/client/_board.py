@@ -133,7 +133,9 @@ class Board(Estimates):
             self.state[lane].started = True
             while not (self.finished() or stop.is_set()):
                 own, left = self._own_start(lane), self._leftover_start(lane)
-                if others_first or (left is not None and (own is None or left < own)):
+                if self._rescue(lane):  # the consumer waits for a message a stalled lane holds
+                    run = self._help(lane) or self._leftover(lane) or self._own(lane)
+                elif others_first or (left is not None and (own is None or left < own)):
                     run = self._leftover(lane) or self._help(lane) or self._own(lane)
                 else:  # the earlier of its own planned messages and the leftovers
                     run = self._own(lane) or self._leftover(lane) or self._help(lane)
@@ -153,6 +155,8 @@ class Board(Estimates):
                     if self.done[run.current]:
                         return False
                     if run.current < self.head + self.window:
+                        if self._rescue(run.lane):
+                            return False  # help with the message the consumer waits for first
                         if run.at_gate:
                             run.since, run.gated = self.clock(), True
                         return True
@@ -274,23 +278,40 @@ class Board(Estimates):
             return None
         now = self.clock()
         for i in range(self.head, min(len(self.rows), self.head + self.window)):
-            run = self.holder[i]
-            if self.done[i] or run is None or run.lane == lane:
-                continue
-            due = self._due(i)
-            if i != run.current or run.at_gate:  # not started: steal it and what follows it, from a slower lane
-                theirs = self._message_time(run.lane)
-                if theirs is None:  # not measured yet: slow once its current message took that long
-                    theirs = self._remaining(run, now)
-                slower = theirs > mine * _STEAL_MARGIN
-                eta = self._remaining(run, now) + self._ahead(run, i)
-                if slower and eta > due and eta > max(mine * _STEAL_MARGIN, mine + _MIN_GAIN_S):
-                    return run, i, False
-            elif self.hedging and self.hedger[i] is None and self._elsewhere(run.lane, lane):
-                left = self._remaining(run, now)
-                if left > due and left > max(mine * _HEDGE_MARGIN, mine + _MIN_GAIN_S):
-                    return run, i, True
+            target = self._help_at(lane, i, mine, now)
+            if target is not None:
+                return target
         return None
+
+    def _help_at(self, lane: int, i: int, mine: float, now: float) -> tuple[Run, int, bool] | None:
+        """``_help_target`` for message ``i`` alone (this lane's message time is ``mine``)."""
+        run = self.holder[i]
+        if self.done[i] or run is None or run.lane == lane:
+            return None
+        due = self._due(i)
+        if i != run.current or run.at_gate:  # not started: steal it and what follows it, from a slower lane
+            # a lane measured fast that stopped answering (a frozen node: not dead, not slow) is as
+            # slow as the time its current message has taken so far
+            theirs = max(self._message_time(run.lane) or 0.0, self._remaining(run, now))
+            slower = theirs > mine * _STEAL_MARGIN
+            eta = self._remaining(run, now) + self._ahead(run, i)
+            if slower and eta > due and eta > max(mine * _STEAL_MARGIN, mine + _MIN_GAIN_S):
+                return run, i, False
+        elif self.hedging and self.hedger[i] is None and self._elsewhere(run.lane, lane):
+            left = self._remaining(run, now)
+            if left > due and left > max(mine * _HEDGE_MARGIN, mine + _MIN_GAIN_S):
+                return run, i, True
+        return None
+
+    def _rescue(self, lane: int) -> bool:
+        """The consumer waits for message ``head``, which another lane holds and this one would
+        deliver well sooner (its holder stalled: a frozen or slow node): this lane should give up
+        its run and help now, not only once it is idle or at the window (a wide window, or long
+        runs of planned messages, would keep it busy for the rest of the epoch)."""
+        if not self.moving or self._waiting_since is None or self.head >= len(self.rows):
+            return False
+        mine = self._message_time(lane)
+        return mine is not None and self._help_at(lane, self.head, mine, self.clock()) is not None
 
     def _elsewhere(self, holder: int, lane: int) -> bool:
         """``lane`` fetches from another endpoint than ``holder``: a second request to the same one

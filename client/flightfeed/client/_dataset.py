@@ -23,7 +23,7 @@ from flightfeed.client._datapipe import FlightDataPipe
 from flightfeed.client._device import DeviceStage
 from flightfeed.client._images import check_decode_on, image_stage
 from flightfeed.client._info import dataset_info
-from flightfeed.client._lanes import Lane, Lanes, LaneSettings
+from flightfeed.client._lanes import Lane, Lanes, LaneSettings, join_lanes
 from flightfeed.client._members import Members
 from flightfeed.client._node import FlightNode
 from flightfeed.client._normalize import normalize_option
@@ -328,8 +328,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
             stop.set()
             for lane in lanes.lanes:
                 lane.cancel()
-            for lane in lanes.lanes:
-                lane.join(timeout=5)
+            join_lanes(lanes.lanes)  # a lane waiting on a frozen node is not waited for
             stage.close()
             if running in self._running:
                 self._running.remove(running)
@@ -362,8 +361,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
             for r in readers:
                 r.cancel()
         for _, readers in list(self._running):
-            for r in readers:
-                r.join(timeout=5)
+            join_lanes(readers)
         if self._pool is not None:
             self._pool.close()
             self._pool = None

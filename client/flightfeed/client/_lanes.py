@@ -40,7 +40,7 @@ from flightfeed.wire.errors import FlightFeedError, StreamError, StreamTruncated
 from flightfeed.wire.messages import StreamTicket, span_of
 from flightfeed.wire.plan import stream_messages
 
-__all__ = ["LaneSettings", "Lane", "Lanes", "WINDOW_MESSAGE_BYTES"]
+__all__ = ["LaneSettings", "Lane", "Lanes", "WINDOW_MESSAGE_BYTES", "join_lanes"]
 
 log = logging.getLogger("flightfeed.client")
 
@@ -128,6 +128,9 @@ class Lane(threading.Thread):
         self._active: flight.FlightStreamReader | None = None
         self._help_next = False  # the last run was given up to help: leftovers and help come first
         self._lock = threading.Lock()
+        #: inside ``do_get``, before the stream's first message: a frozen node (SIGSTOP, a hung
+        #: process) never sends it, and pyarrow offers no way to cancel that wait (see ``join_lanes``)
+        self.calling = False
 
     def cancel(self) -> None:
         with self._lock:
@@ -205,7 +208,11 @@ class Lane(threading.Thread):
         """Receive ``run``'s messages; returns when it is done, cut short or lost a race."""
         ticket = self._ticket(run)
         client = self.pool.client(self.slot, location)
-        reader = client.do_get(flight.Ticket(ticket.SerializeToString()), self.pool.options.call_options())
+        self.calling = True  # do_get waits for the stream's first message: nothing can cancel that wait
+        try:
+            reader = client.do_get(flight.Ticket(ticket.SerializeToString()), self.pool.options.call_options())
+        finally:
+            self.calling = False
         with self._lock:
             self._active = reader
         rows = self.board.rows
@@ -275,6 +282,26 @@ class Lane(threading.Thread):
         with contextlib.suppress(Exception):
             reader.cancel()
         self.board.release(run)
+
+
+def join_lanes(lanes: Sequence[threading.Thread], timeout: float = 5.0) -> list[threading.Thread]:
+    """Join cancelled lanes (their ``stop`` set); returns those left running. A lane still waiting
+    in ``do_get`` for a node's first message (a frozen node: not dead, it just never answers) cannot
+    be cancelled, so it is not waited for: the loop ends when the consumer has its last batch, not
+    when the frozen node's call times out. Such a lane's thread ends as soon as its call returns
+    (the node resumes or its connection drops): it sees ``stop`` and touches nothing else."""
+    left = []
+    for lane in lanes:
+        # the flag is re-read while joining: a lane that just entered do_get is let go too
+        waited = 0.0
+        while lane.is_alive() and waited < timeout and not getattr(lane, "calling", False):
+            lane.join(0.05)
+            waited += 0.05
+        if lane.is_alive():
+            left.append(lane)
+    if left:
+        log.debug("%d stream thread(s) left waiting for a node that does not answer", len(left))
+    return left
 
 
 def _finish(reader: flight.FlightStreamReader) -> None:

@@ -10,7 +10,10 @@ answers), and a dead member costs nothing per epoch (it is tried only when every
 until it answers again.
 
 Which locations ever answered is also kept per process: a location that never answered in this
-process is a configuration error, not an outage (see :mod:`._dial`).
+process is a configuration error, not an outage (see :mod:`._dial`). So are the tiers' members: what
+one reader learned from a FlightInfo serves every reader of that tier in the process (a *val*
+dataset made with the one address a script was given, after that node died, asks the members the
+*train* dataset learned instead of retrying the dead address until its retry budget ends).
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ from urllib.parse import urlsplit
 
 from flightfeed.wire.errors import ConfigError
 
-__all__ = ["Members", "parse_location", "split_locations", "answered_here"]
+__all__ = ["Members", "parse_location", "split_locations", "answered_here", "tier_members"]
 
 SCHEMES = ("grpc", "grpc+tcp", "grpc+tls", "grpc+unix")
 _ANSWERED: set[str] = set()  # locations that answered a call in this process (any reader)
 _ANSWERED_LOCK = threading.Lock()
+_TIERS: dict[str, list[str]] = {}  # location -> the members of its tier seen in this process (one list per tier)
+_TIERS_LOCK = threading.Lock()
 
 
 def parse_location(entry: str) -> str:
@@ -67,6 +72,25 @@ def answered_here(location: str) -> bool:
         return location in _ANSWERED
 
 
+def _register_tier(locations: Iterable[str]) -> None:
+    """``locations`` belong to one tier (a FlightInfo named them): merge what this process knows."""
+    with _TIERS_LOCK:
+        merged = list(dict.fromkeys(locations))
+        for loc in list(merged):
+            merged.extend(m for m in _TIERS.get(loc, ()) if m not in merged)
+        for loc in merged:
+            _TIERS[loc] = merged
+
+
+def tier_members(locations: Iterable[str]) -> list[str]:
+    """The members this process learned for the tiers of ``locations`` (any reader's FlightInfos)."""
+    out: list[str] = []
+    with _TIERS_LOCK:
+        for loc in locations:
+            out.extend(m for m in _TIERS.get(loc, ()) if m not in out)
+    return out
+
+
 class Members:
     """The locations of one reader's tier, in the order to try them (thread-safe, picklable)."""
 
@@ -80,6 +104,7 @@ class Members:
 
     def order(self) -> list[str]:
         """Members to try: those that did not fail, then the failed ones (longest-failed first)."""
+        self._adopt()
         with self._lock:
             ok = [m for m in self._known if m not in self._failed]
             return ok + sorted(self._failed, key=self._failed.__getitem__)
@@ -88,8 +113,10 @@ class Members:
         """A FlightInfo named ``locations`` (every live node of the tier). A failed member it no
         longer names was dropped by the tier; one that the tier names again after dropping it was
         seen back by the tier's health probes, so it is no longer held back here."""
-        named = set(locations)
+        named = list(dict.fromkeys(locations))
         self.learn(named)
+        if named:
+            _register_tier([*self.given, *named])  # the tier's members serve every reader of it in this process
         with self._lock:
             for loc in list(self._failed):
                 if loc not in named:
@@ -108,6 +135,7 @@ class Members:
             return ok + sorted((m for m in given if m in self._failed), key=self._failed.__getitem__)
 
     def known(self) -> list[str]:
+        self._adopt()
         with self._lock:
             return list(self._known)
 
@@ -121,6 +149,11 @@ class Members:
             with self._lock:
                 if loc not in self._known:
                     self._known.append(loc)
+
+    def _adopt(self) -> None:
+        """Learn the members other readers of this process learned for the tier of a given location
+        (after the given ones, which keep their place)."""
+        self.learn(tier_members(self.given))
 
     def answered(self, location: str) -> None:
         """``location`` served a call: it is live again."""
