@@ -8,7 +8,11 @@
 #      small messages, a stand-in training step per batch, so streams are open while it trains),
 #      checks every node served rows in epoch 0, kills the node it dials (the first of its --location
 #      list) with SIGKILL in the middle of an epoch (from epoch 1 on, as soon as that node has
-#      streams in flight), and checks every epoch delivered every row exactly once
+#      streams in flight), and checks every epoch delivered every row exactly once, that the kill
+#      epoch recovered from the loss (failovers, retries, hedged messages or dropped duplicates: the
+#      trainer's per-epoch counts; a kill that landed after the node's last message tested nothing,
+#      so the node is restarted and the trainer run again with the kill earlier) and that the epochs
+#      after the loss keep the healthy pace (CHECK_SLOWDOWN)
 #   5. tears everything down (volumes included) and prints a summary; exit 0 only when all passed
 # Needs Docker and Compose v2 (`docker compose`). Downloads base images and wheels (torch's CPU
 # wheel: about 0.2 GB), so it is not part of .ci/run: run it before closing a change to deploy/,
