@@ -219,16 +219,20 @@ while :; do
     run_trainer "$attempt"
     read -r failovers retries moved hedged duplicates < <(recovery "$kill_epoch") \
         || fail "epoch $kill_epoch reports no recovery counts"
-    # the loss was noticed when a stream failed at the dead node (failovers, retries) or its
-    # messages were requested again elsewhere (hedged, duplicates); "moved" alone proves nothing:
-    # a healthy epoch moves work between nodes too
-    if [ $(( failovers + retries + hedged + duplicates )) -gt 0 ]; then
-        note "epoch $kill_epoch recovered from the loss of $victim: $failovers failover(s), $retries retries, $moved moved, $hedged hedged, $duplicates duplicates dropped; every row exactly once"
+    # the loss was noticed when a stream failed at the dead node (failovers, retries) or more
+    # messages were requested again elsewhere (hedged) than in any healthy epoch before the kill;
+    # "moved" (and a few hedges) alone prove nothing: healthy epochs move and hedge work too
+    healthy_hedged=0
+    for e in $(seq 0 $((kill_epoch - 1))); do
+        read -r _ _ _ h _ < <(recovery "$e") && [ "$h" -gt "$healthy_hedged" ] && healthy_hedged=$h
+    done
+    if [ $(( failovers + retries )) -gt 0 ] || [ "$hedged" -gt "$healthy_hedged" ]; then
+        note "epoch $kill_epoch recovered from the loss of $victim: $failovers failover(s), $retries retries, $moved moved, $hedged hedged (at most $healthy_hedged in a healthy epoch), $duplicates duplicates dropped; every row exactly once"
         break
     fi
     [ "$attempt" -lt "$ATTEMPTS" ] \
-        || fail "in $ATTEMPTS attempts the kill never hit $victim's streams in flight (no failover, retry or hedge in the kill epoch)"
-    note "attempt $attempt: the kill landed after $victim's last message of epoch $kill_epoch (no failover, retry or hedge: not a test of recovery); restarting $victim and killing earlier"
+        || fail "in $ATTEMPTS attempts the kill never hit $victim's streams in flight (no failover or retry, no more hedges than healthy, in the kill epoch)"
+    note "attempt $attempt: the kill landed after $victim's last message of epoch $kill_epoch (no failover or retry, $hedged hedged against $healthy_hedged healthy: not a test of recovery); restarting $victim and killing earlier"
     compose start "$victim" >"$WORK/restart.log" 2>&1 || { cat "$WORK/restart.log" >&2; fail "restarting $victim"; }
     wait_tier
     attempt=$((attempt + 1))
