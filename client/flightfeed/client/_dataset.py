@@ -323,8 +323,8 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
                 yield tuple(out[c] for c in self.columns) if as_tuple else out
         finally:
             self.meter.stop()
-            if reporter is not None:
-                reporter.close(final=True)
+            if reporter is not None:  # no last report to a node that failed meanwhile (it would wait its timeout)
+                reporter.close(final=not self._members.suspect(reporter.location))
             stop.set()
             for lane in lanes.lanes:
                 lane.cancel()

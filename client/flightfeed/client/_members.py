@@ -32,6 +32,8 @@ SCHEMES = ("grpc", "grpc+tcp", "grpc+tls", "grpc+unix")
 _ANSWERED: set[str] = set()  # locations that answered a call in this process (any reader)
 _ANSWERED_LOCK = threading.Lock()
 _TIERS: dict[str, list[str]] = {}  # location -> the members of its tier seen in this process (one list per tier)
+_TIER_FAILED: dict[str, float] = {}  # tier members a reader of this process saw fail (monotonic time)
+_TIER_ANSWERED: dict[str, float] = {}  # when a location last answered a reader of this process
 _TIERS_LOCK = threading.Lock()
 
 
@@ -100,6 +102,7 @@ class Members:
         self._failed: dict[str, float] = {}  # location -> when it last failed (monotonic)
         self._dropped: set[str] = set()  # failed locations a later FlightInfo no longer listed
         self._answered: set[str] = set()  # answered this reader (travels to DataLoader workers)
+        self._joined = False  # a FlightInfo listed the tier for this reader: it shares the tier's failures
         self._lock = threading.Lock()
 
     def order(self) -> list[str]:
@@ -117,6 +120,9 @@ class Members:
         self.learn(named)
         if named:
             _register_tier([*self.given, *named])  # the tier's members serve every reader of it in this process
+            self._joined = True
+        self._adopt()
+        back = []
         with self._lock:
             for loc in list(self._failed):
                 if loc not in named:
@@ -124,11 +130,16 @@ class Members:
                 elif loc in self._dropped:
                     del self._failed[loc]
                     self._dropped.discard(loc)
+                    back.append(loc)
+        with _TIERS_LOCK:
+            for loc in back:
+                _TIER_FAILED.pop(loc, None)
 
     def prefer(self, locations: Iterable[str]) -> list[str]:
         """``locations`` (an endpoint's, first choice first) with the members that failed moved to
         the end, longest-failed first: a stream does not start on a node this reader saw die
         while the tier still lists it (membership lags a death by a probe round or two)."""
+        self._adopt()
         with self._lock:
             given = list(dict.fromkeys(locations))
             ok = [m for m in given if m not in self._failed]
@@ -152,8 +163,29 @@ class Members:
 
     def _adopt(self) -> None:
         """Learn the members other readers of this process learned for the tier of a given location
-        (after the given ones, which keep their place)."""
+        (after the given ones, which keep their place); once this reader is part of the tier (a
+        FlightInfo listed it), also the members they saw fail (so the rank that did not see a node
+        die does not ask it first either)."""
         self.learn(tier_members(self.given))
+        if not self._joined:
+            return
+        with _TIERS_LOCK:
+            shared, back = dict(_TIER_FAILED), dict(_TIER_ANSWERED)
+        with self._lock:
+            for loc, when in shared.items():
+                if loc in self._known and loc not in self._failed:
+                    self._failed[loc] = when
+            for loc, when in list(self._failed.items()):
+                if back.get(loc, when) > when:  # it answered another reader since
+                    del self._failed[loc]
+                    self._dropped.discard(loc)
+
+    def suspect(self, location: str) -> bool:
+        """Whether ``location`` failed (here or, for a reader of a tier, in another reader of it)
+        and has not answered since."""
+        self._adopt()
+        with self._lock:
+            return location in self._failed
 
     def answered(self, location: str) -> None:
         """``location`` served a call: it is live again."""
@@ -161,6 +193,9 @@ class Members:
         with self._lock:
             self._failed.pop(location, None)
             self._dropped.discard(location)
+        with _TIERS_LOCK:
+            _TIER_FAILED.pop(location, None)
+            _TIER_ANSWERED[location] = time.monotonic()
 
     def heard(self, location: str) -> None:
         """``location`` answered (maybe with an error): it is a server, so it counts as reachable."""
@@ -176,6 +211,10 @@ class Members:
                 self._known.append(location)
             self._failed[location] = time.monotonic()
             self._dropped.discard(location)
+            shared = self._joined
+        if shared:
+            with _TIERS_LOCK:
+                _TIER_FAILED[location] = time.monotonic()
 
     def ever_answered(self, location: str) -> bool:
         """Whether ``location`` answered this reader or anyone in this process."""
