@@ -305,11 +305,14 @@ class Board(Estimates):
 
     def _rescue(self, lane: int) -> bool:
         """The consumer waits for message ``head``, which another lane holds and this one would
-        deliver well sooner (its holder stalled: a frozen or slow node): this lane should give up
+        deliver well sooner (its holder, measured before, stalled: a frozen or slow node): this lane should give up
         its run and help now, not only once it is idle or at the window (a wide window, or long
         runs of planned messages, would keep it busy for the rest of the epoch)."""
         if not self.moving or self._waiting_since is None or self.head >= len(self.rows):
             return False
+        holder = self.holder[self.head]
+        if holder is None or not self.state[holder.lane].rate:
+            return False  # a lane not measured yet (a node starting cold) is judged by idle lanes only
         mine = self._message_time(lane)
         return mine is not None and self._help_at(lane, self.head, mine, self.clock()) is not None
 
