@@ -48,6 +48,8 @@ __all__ = ["Board", "Run"]
 _HEDGE_MARGIN = 1.5  # hedge only when the helper would be this much faster than the holder
 _STEAL_MARGIN = 1.5  # steal only from a lane this much slower, when the helper would deliver this much sooner
 _WAIT_S = 0.05  # an idle lane re-checks the board this often (speeds change)
+_STALLED = 4.0  # a measured lane whose current message took this many of its message times has stalled ...
+_STALLED_MIN_S = 0.25  # ... and at least this long (a loaded machine delays threads by tens of ms)
 
 
 @dataclass
@@ -311,10 +313,14 @@ class Board(Estimates):
         if not self.moving or self._waiting_since is None or self.head >= len(self.rows):
             return False
         holder = self.holder[self.head]
-        if holder is None or not self.state[holder.lane].rate:
+        theirs = self._message_time(holder.lane) if holder is not None else None
+        if holder is None or theirs is None or holder.at_gate:
             return False  # a lane not measured yet (a node starting cold) is judged by idle lanes only
+        now = self.clock()
+        if now - holder.since < max(_STALLED * theirs, _STALLED_MIN_S):
+            return False  # not stalled: a busy lane keeps its run (moving it costs what it has in flight)
         mine = self._message_time(lane)
-        return mine is not None and self._help_at(lane, self.head, mine, self.clock()) is not None
+        return mine is not None and self._help_at(lane, self.head, mine, now) is not None
 
     def _elsewhere(self, holder: int, lane: int) -> bool:
         """``lane`` fetches from another endpoint than ``holder``: a second request to the same one
