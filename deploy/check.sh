@@ -174,7 +174,7 @@ run_trainer() {
         kill -0 "$trainer" 2>/dev/null || { wait "$trainer" || true; fail "the trainer ended before epoch 1 (log above)"; }
         sleep 0.1
     done
-    active="(not asked)"
+    active=0
     if [ "$attempt" = 1 ]; then
         served=""
         for node in flightfeed-1 flightfeed-2 flightfeed-3; do
@@ -192,7 +192,9 @@ run_trainer() {
     compose kill -s SIGKILL "$victim" >/dev/null 2>&1 || fail "could not kill $victim"
     t_kill=$(now)
     kill_epoch=$(( $(grep -c "^epoch [0-9]*: started" "$log") - 1 ))
-    note "attempt $attempt: killed $victim (SIGKILL) in the middle of epoch $kill_epoch ($active stream(s) in flight on it by its /stats)"
+    local how="$active stream(s) in flight on it by its /stats"
+    [ "$attempt" = 1 ] || how="as soon as a rank had the epoch's first batch"
+    note "attempt $attempt: killed $victim (SIGKILL) in the middle of epoch $kill_epoch ($how)"
     status=0; wait "$trainer" || status=$?
     sed 's/^/    trainer | /' "$log"
     [ "$status" = 0 ] || fail "the trainer exited with $status after $victim was killed"
