@@ -307,9 +307,9 @@ class Board(Estimates):
 
     def _rescue(self, lane: int) -> bool:
         """The consumer waits for message ``head``, which another lane holds and this one would
-        deliver well sooner (its holder, measured before, stalled: a frozen or slow node): this lane should give up
-        its run and help now, not only once it is idle or at the window (a wide window, or long
-        runs of planned messages, would keep it busy for the rest of the epoch)."""
+        deliver well sooner (its holder, measured before, stalled: a frozen or slow node): this
+        lane should give up its run and help now, not only once it is idle or at the window (a wide
+        window, or long runs of planned messages, would keep it busy for the rest of the epoch)."""
         if not self.moving or self._waiting_since is None or self.head >= len(self.rows):
             return False
         holder = self.holder[self.head]
