@@ -35,7 +35,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow.flight as flight
 
-from bench.common import flightfeed_server, machine, write_json
+from bench.common import flightfeed_server, machine, process_tree_cpu_s, write_json
 from flightfeed.server.readers.hdf5_chunks import inflate_backend
 
 SHAPE = (224, 224, 3)
@@ -86,12 +86,6 @@ def write_stack(path: Path, rows: int, pixels: str = "noisy") -> None:
         for lo in range(0, rows, CHUNK_ROWS):
             images[lo : lo + min(CHUNK_ROWS, rows - lo)] = PIXELS[pixels](rng, min(CHUNK_ROWS, rows - lo))
         f.create_dataset("label", data=rng.integers(0, 1000, rows), chunks=(min(4096, rows),))
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (Linux ``/proc``)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _own_cpu_seconds() -> float:
@@ -166,9 +160,9 @@ def main() -> None:
             for name in ("h5", "arrow") if epoch % 2 else ("arrow", "h5"):
                 loads.append(os.getloadavg()[0])
                 before = _stats(loc)["chunk_cache"]["h5"]
-                cpu0, own0 = _cpu_seconds(server.proc.pid), _own_cpu_seconds()
+                cpu0, own0 = process_tree_cpu_s(server.proc.pid), _own_cpu_seconds()
                 times[name].append(_epoch(loc, name, epoch, args.rows, args.streams))
-                server_cpu[name].append(_cpu_seconds(server.proc.pid) - cpu0)
+                server_cpu[name].append(process_tree_cpu_s(server.proc.pid) - cpu0)
                 client_cpu[name].append(_own_cpu_seconds() - own0)
                 if name == "h5":
                     after = _stats(loc)["chunk_cache"]["h5"]

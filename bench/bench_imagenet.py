@@ -56,7 +56,7 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from bench.common import OUT, flightfeed_server, machine, write_json
+from bench.common import OUT, flightfeed_server, machine, process_tree_cpu_s, write_json
 from flightfeed.client import FlightDataset, ReadOptions
 
 TARGETS = {"train_vs_seed_img_per_s": 2.0}  # issue 17 (issue 9 asked 1.5)  # and the client: <= CLIENT_MS_PER_IMAGE
@@ -64,18 +64,8 @@ CLIENT_MS_PER_IMAGE = 0.1  # 10% of one core at 1,000 img/s
 
 
 def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` and its live child processes (``serve --workers``)."""
-    total = 0.0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(entry.name) == pid or int(fields[1]) == pid:
-            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+    """User + system CPU seconds of ``pid`` and its whole process tree (``serve --workers``)."""
+    return process_tree_cpu_s(pid)
 
 
 # -- data -------------------------------------------------------------------------------------------

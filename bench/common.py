@@ -32,8 +32,10 @@ __all__ = [
     "ServerProcess",
     "flightfeed_server",
     "image_dataset",
+    "load_average",
     "machine",
     "median",
+    "process_tree_cpu_s",
     "raw_flight_server",
     "write_json",
 ]
@@ -182,6 +184,47 @@ def raw_flight_server(directory: Path, message_rows: int) -> Iterator[ServerProc
         yield server
     finally:
         server.stop()
+
+
+# -- CPU accounting -------------------------------------------------------------------------------
+def _stat_fields(pid: int | str) -> list[str] | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def process_tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` and every live descendant (``serve --workers``
+    children, their children, ...), plus the CPU of descendants that already exited and were
+    waited for (Linux ``/proc``: ``cutime``/``cstime``). A bench that counted only ``pid`` made N
+    worker processes look as cheap as one; take the difference of two calls around the work."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parent: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_fields(entry.name)
+        if fields is None:
+            continue
+        parent[int(entry.name)] = int(fields[1])
+        # utime + stime + cutime + cstime (children reaped by this process)
+        ticks[int(entry.name)] = sum(int(f) for f in fields[11:15])
+    tree = {pid}
+    grew = True
+    while grew:
+        grew = False
+        for child, ppid in parent.items():
+            if ppid in tree and child not in tree:
+                tree.add(child)
+                grew = True
+    return sum(ticks.get(p, 0) for p in tree) / tick
+
+
+def load_average() -> float:
+    """The 1-minute load average (the machine is shared: every figure is recorded beside it)."""
+    return os.getloadavg()[0]
 
 
 # -- results --------------------------------------------------------------------------------------

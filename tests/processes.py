@@ -11,8 +11,11 @@ def start_serve(
     *args: str, port: int = 0, preexec: Callable[[], None] | None = None
 ) -> tuple[subprocess.Popen[str], str]:
     """Start ``flightfeed serve ARGS --port PORT --no-sidecar``; return the process and its location
-    once it prints ``flight: LOCATION``. ``preexec`` runs in the child first (e.g. resource limits)."""
-    cmd = [sys.executable, "-m", "flightfeed.server", "serve", *args, "--port", str(port), "--no-sidecar"]
+    once it prints ``flight: LOCATION``. ``preexec`` runs in the child first (e.g. resource limits).
+    One serving process unless ``--workers`` is given (the default follows the machine's cores:
+    a test's figures must not depend on them)."""
+    one = [] if "--workers" in args else ["--workers", "1"]
+    cmd = [sys.executable, "-m", "flightfeed.server", "serve", *args, *one, "--port", str(port), "--no-sidecar"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=preexec)
     assert proc.stdout is not None
     for line in proc.stdout:

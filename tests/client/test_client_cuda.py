@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
+import pyarrow as pa
 import pytest
 import torch
 
 from flightfeed.client import FlightDataset
 from flightfeed.client._device import CudaEngine, StagingRing
+from flightfeed.client._mover import Mover, device_batches
+from flightfeed.client._ring import PinnedRing, StagedMessage, stage_message
 from tests.client.support import ROWS, check_content, flat, indices
 
 MakeDs = Callable[..., FlightDataset]
@@ -62,3 +65,38 @@ def test_outputs_stay_valid_after_the_ring_moves_on() -> None:
     torch.cuda.synchronize()
     assert float(first["x"].sum()) == 1000.0
     assert float(second["x"].sum()) == 0.0
+
+
+def test_the_lanes_ring_and_the_mover_on_the_gpu() -> None:
+    """The device path's pieces with CUDA: slots staged while the consumer's stream is busy are
+    refilled only after their event; batches are exact; a jagged column is rebuilt on the GPU."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    engine = CudaEngine(device, consumer=torch.cuda.current_stream(device))
+    ring = PinnedRing(engine.host_buffer, lambda nbytes: 2)
+
+    def convert(rb: pa.RecordBatch) -> dict[str, object]:
+        lo = int(rb.column(0)[0].as_py())
+        seqs = [torch.full((1 + (lo + r) % 3,), lo + r, dtype=torch.int64) for r in range(rb.num_rows)]
+        return {
+            "x": torch.full((rb.num_rows, 1 << 16), lo, dtype=torch.int32),
+            "tok": torch.nested.nested_tensor(seqs, layout=torch.jagged),
+        }
+
+    def staged() -> Iterator[StagedMessage]:  # staged lazily on the mover's thread: the two slots are reused six times
+        for k in range(8):
+            yield stage_message(ring, [pa.record_batch({"i": pa.array(range(4 * k, 4 * k + 4))})], convert)
+
+    mover = Mover(staged(), engine, ring)
+    mover.start()
+    outs = []
+    for _, b, _ in device_batches(mover, 4):
+        torch.cuda._sleep(1_000_000)  # type: ignore[no-untyped-call]  # the consumer's stream is busy
+        outs.append((b["x"] * 1, b["tok"].values() * 1))
+    mover.join()
+    torch.cuda.synchronize()
+    assert ring.buffer is not None and ring.buffer.is_pinned()
+    for k, (x, tok) in enumerate(outs):
+        assert bool((x == 4 * k).all())
+        assert tok.tolist() == [4 * k + r for r in range(4) for _ in range(1 + (4 * k + r) % 3)]
+    ring.close()
+    engine.close()

@@ -38,6 +38,9 @@ def test_the_signature_is_the_designed_one() -> None:
         # issues 17 and 21: this wave's new knobs live in ReadOptions
         "normalize": None, "decode_on": "server", "as_tuple": False,
         "window_bytes": None, "hedge": True, "move": True,  # issue 19: fetch ahead, hedging, moving work
+        "ragged": "nested", "pad_value": 0,  # issue 31: list columns
+        "pack": None,  # issue 31: token windows
+        "with_index": False,  # issue 34: the row_index column
     }
     conn = {n: f.default for n, f in ConnectOptions.__dataclass_fields__.items()}
     assert conn == {"token": None, "tls_root_certs": None, "timeout": None, "retries": None, "retry_timeout": 30.0}

@@ -48,6 +48,13 @@ class LazyEngine:
         self.fences.append(fence)
         return out, fence
 
+    def copy_slot(self, host: torch.Tensor) -> tuple[torch.Tensor, LazyFence]:
+        """The device path's copy (``_mover``): one flat buffer, read only when the fence completes."""
+        out = torch.zeros_like(host)
+        fence = LazyFence(self, [(out, host)])
+        self.fences.append(fence)
+        return out, fence
+
     def pending(self) -> int:
         return sum(1 for f in self.fences if not f.done)
 

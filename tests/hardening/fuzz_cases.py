@@ -35,8 +35,12 @@ def _scalar(rng: random.Random, field: FieldDescriptor) -> Any:
         return rng.choice(_FLOATS) if rng.random() < 0.7 else rng.uniform(-10, 10)
     top = _limit(field)
     if rng.random() < 0.7:
-        return min(rng.choice(_UINTS), top)
-    return rng.getrandbits(rng.choice([4, 8, 16, 32, 64])) & top
+        value = min(rng.choice(_UINTS), top)
+    else:
+        value = rng.getrandbits(rng.choice([4, 8, 16, 32, 64])) & top
+    if t in (FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_SINT64, FieldDescriptor.TYPE_SFIXED64):
+        return value - (1 << 64) if value >= 1 << 63 else value  # signed: the same bits, negatives too
+    return value
 
 
 def _mutate_one(rng: random.Random, msg: Any, depth: int = 0) -> None:

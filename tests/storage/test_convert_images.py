@@ -132,3 +132,27 @@ def test_cli_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "skipped 2 image(s) that do not decode" in captured.err and "notes.jpg" in captured.err
     with pytest.raises(SystemExit):
         parser.parse_args(["a", "b", "--on-bad-image", "ignore"])
+
+
+def test_split_folders_are_refused_as_one_dataset_and_converted_each(tmp_path: Path, read_dataset: ReadAll) -> None:
+    """ROOT/train and ROOT/val are splits, not two classes: convert() refuses naming them; the CLI
+    converts each into DST/<split> with one class list; a class that happens to be called ``val``
+    (images directly inside) stays a class."""
+    root = tmp_path / "root"
+    folder(root / "train")
+    folder(root / "val", {"c/0.jpg": jpeg(8, 8, seed=5)})  # a class only val has
+    with pytest.raises(ConfigError, match=r"holds dataset splits \(train/, val/\)"):
+        convert(str(root), str(tmp_path / "one"), settings())
+    parser = argparse.ArgumentParser()
+    convert_cli.add_arguments(parser)
+    assert convert_cli.run(parser.parse_args([str(root), str(tmp_path / "out"), "--no-progress"])) == 0
+    train, val = served(tmp_path / "out" / "train", read_dataset), served(tmp_path / "out" / "val", read_dataset)
+    assert json.loads(train.schema.metadata[b"flightfeed.classes"]) == ["a", "b", "c"]
+    assert train.column("label").to_pylist() == [0, 0, 0, 1, 1, 1]
+    assert val.column("label").to_pylist() == [0, 0, 0, 1, 1, 1, 2]
+    assert val.column("source_path").to_pylist()[-1] == "val/c/0.jpg"
+    plain = tmp_path / "plain"
+    folder(plain, {"val/0.jpg": jpeg(8, 8, seed=6)})  # classes a, b and val
+    manifest = convert(str(plain), str(tmp_path / "p"), settings(source_path=False))
+    assert json.loads(manifest.schema.metadata[b"flightfeed.classes"]) == ["a", "b", "val"]
+    assert manifest.schema.names == ["image", "label"]  # --no-source-path

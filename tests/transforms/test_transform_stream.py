@@ -125,3 +125,15 @@ def test_val_preset_is_deterministic_and_fixed_size(make_images: MakeImages) -> 
     assert a == b
     first = next(iter(make_images(transform=ds.transform)))
     assert tuple(first["image"].shape) == (8, 3, 36, 36)
+
+
+def test_row_index_follows_transforms_and_skipped_rows(make_images: MakeImages) -> None:
+    """``with_index``: the stored row of each transformed row; rows that did not decode are gone from
+    ``row_index`` too (the index is added before they are dropped)."""
+    ds = make_images(streams=2, with_index=True)
+    ds.set_epoch(1)
+    seen = []
+    for b in ds:
+        assert b["row_index"].tolist() == b["index"].tolist()
+        seen += b["row_index"].tolist()
+    assert sorted(seen) == [i for i in range(ROWS) if i not in CORRUPT]

@@ -11,8 +11,11 @@
 
 from flightfeed.client._datapipe import FlightDataPipe
 from flightfeed.client._dataset import FlightDataset
+from flightfeed.client._mix_plan import Mixture
+from flightfeed.client._mixture import MixtureDataset
 from flightfeed.client._node import FlightNode
 from flightfeed.client._options import ConnectOptions, ReadOptions
+from flightfeed.client._pack import Pack
 from flightfeed.wire.errors import (
     ConfigError,
     DatasetNotFound,
@@ -28,6 +31,9 @@ __all__ = [
     "FlightDataset",
     "ConnectOptions",
     "ReadOptions",
+    "Pack",
+    "Mixture",
+    "MixtureDataset",
     "FlightNode",
     "FlightDataPipe",
     "FlightFeedError",

@@ -26,7 +26,7 @@ from flightfeed.client._options import ConnectOptions, ReadOptions
 from flightfeed.wire.errors import Unauthenticated
 from flightfeed.wire.tokens import read_token_file
 
-__all__ = ["add_arguments", "run", "measure_epoch", "summarize"]
+__all__ = ["add_arguments", "run", "measure_epoch", "summarize", "shared_counts"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -100,6 +100,7 @@ def _read(path: str | None) -> bytes | None:
 
 def run(args: argparse.Namespace) -> int:
     token = read_token_file(args.auth_token_file) if args.auth_token_file else None
+    connect = ConnectOptions(token=token, tls_root_certs=_read(args.tls_root_cert))
     ds = FlightDataset(
         args.location,
         args.name,
@@ -107,13 +108,15 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         shuffle=args.shuffle,
         device=args.device,
-        connect=ConnectOptions(token=token, tls_root_certs=_read(args.tls_root_cert)),
+        connect=connect,
         options=ReadOptions(
             streams=args.streams, message_rows=args.message_rows, report_interval=args.report_interval or None
         ),
     )
     try:
+        before = shared_counts(args.location, args.name, connect)
         epochs = [measure_epoch(ds, e, step_s=args.step_ms / 1e3) for e in range(args.epochs)]
+        after = shared_counts(args.location, args.name, connect)
     except Unauthenticated:
         given = "a token that the server refused" if token else "no token"
         raise Unauthenticated(
@@ -132,6 +135,15 @@ def run(args: argparse.Namespace) -> int:
         "epochs": epochs,
         "median": summarize(epochs),
     }
+    if before is not None and after is not None:
+        hits, messages = after[0] - before[0], after[1] - before[1]
+        result["shared_hits"], result["shared_messages"] = hits, messages
+        if hits > 0:
+            result["note"] = (
+                f"shared hits: {hits} of {messages} messages were served from the share window (made earlier for "
+                "an identical request: not read or decoded again), so these figures are not a cold run's; serve "
+                "with --share-window 0 (or change the seed) to measure one"
+            )
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -153,4 +165,24 @@ def _table(result: dict[str, Any]) -> str:
             f"{label:>6} {e['rows_per_s']:>11,.0f} {e['gb_per_s']:>7.2f} {e['stall_ratio'] * 100:>5.1f}% "
             f"{e['wait_s']:>7.2f} {e['fetch_convert_s']:>12.2f} {e.get('device_s', 0.0):>8.2f}"
         )
+    if result.get("note"):
+        lines.append(result["note"])
     return "\n".join(lines)
+
+
+def shared_counts(location: str, name: str, connect: ConnectOptions) -> tuple[int, int] | None:
+    """(shared hits, hits + misses) of dataset ``name`` on the node at ``location`` (its ``stats``
+    action), or None where it does not say (a multi-node tier counts per node: this one only)."""
+    import pyarrow.flight as flight
+
+    kwargs: dict[str, Any] = {"tls_root_certs": connect.tls_root_certs} if connect.tls_root_certs else {}
+    client = flight.FlightClient(location.split(",")[0].strip(), **kwargs)
+    try:
+        answers = client.do_action(flight.Action("stats", b""), connect.call_options())
+        body = b"".join(r.body.to_pybytes() for r in answers)
+        entry = json.loads(body).get("shared", {}).get("datasets", {}).get(name, {})
+    except (flight.FlightError, ValueError, AttributeError):
+        return None
+    finally:
+        client.close()
+    return int(entry.get("hits", 0)), int(entry.get("hits", 0)) + int(entry.get("misses", 0))

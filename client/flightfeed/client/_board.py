@@ -67,6 +67,7 @@ class Board(Estimates):
     moving: bool = True  # False: each lane fetches only its planned messages, one at a time (no moves)
     window_bytes: int = 0  # > 0: widen ``window`` to this many bytes of the largest message seen
     count: Callable[[str, int], None] = field(default=lambda event, n: None)
+    discard: Callable[[Any], None] = field(default=lambda payload: None)  # a duplicate's payload (``_ring``)
     clock: Callable[[], float] = time.monotonic
     cond: threading.Condition = field(default_factory=threading.Condition, init=False)
     head: int = field(default=0, init=False)  # next message the consumer takes
@@ -371,6 +372,7 @@ class Board(Estimates):
             run.gated = False
             if self.done[j]:
                 self._bump("duplicates")
+                self.discard(payload)
             else:
                 self.done[j] = 1
                 self.slots[j] = payload

@@ -5,6 +5,8 @@
   tensors of shape ``(rows, *shape)`` (views of the flattened values)
 * booleans -> bool tensors (Arrow packs bits: this one copies)
 * binary/string columns -> Python lists (no tensor form; nothing is dropped)
+* ``list`` / ``large_list`` columns -> jagged nested tensors or padded tensors + ``NAME_lengths``
+  (``_ragged``, chosen by ``ReadOptions(ragged=..., pad_value=...)``)
 
 The tensors alias Arrow memory: treat them as read-only.
 """
@@ -17,6 +19,9 @@ from typing import Any
 import pyarrow as pa
 import torch
 import torch.utils.dlpack
+
+from flightfeed.client._ragged import RaggedSpec, check_mapping, is_ragged, policy_of, ragged_to_torch
+from flightfeed.wire.errors import ConfigError
 
 _Arr = Any  # pyarrow arrays/fields (the stubs type them per scalar type)
 
@@ -45,7 +50,11 @@ def _leaf(arr: _Arr) -> _Arr:
         if isinstance(arr, pa.ExtensionArray):
             arr = arr.storage
         elif isinstance(arr, pa.FixedSizeListArray):
-            arr = arr.flatten()  # honours the slice offset (.values does not)
+            if arr.null_count:
+                arr = arr.flatten()  # honours the slice offset (.values does not)
+            else:  # the same, without a compute call per column per batch
+                size = arr.type.list_size
+                arr = arr.values.slice(arr.offset * size, len(arr) * size)
         else:
             return arr
 
@@ -73,5 +82,20 @@ def column_to_torch(field: _Arr, arr: _Arr) -> Any:
     )
 
 
-def batch_to_torch(batch: pa.RecordBatch) -> dict[str, Any]:
-    return {f.name: column_to_torch(f, batch.column(i)) for i, f in enumerate(batch.schema)}
+def batch_to_torch(batch: pa.RecordBatch, ragged: RaggedSpec = "nested", pad_value: float = 0) -> dict[str, Any]:
+    if not isinstance(ragged, str):
+        check_mapping(ragged, batch.schema)
+    out: dict[str, Any] = {}
+    for i, f in enumerate(batch.schema):
+        if not is_ragged(f.type):
+            out[f.name] = column_to_torch(f, batch.column(i))
+            continue
+        policy = policy_of(ragged, f.name)
+        for key, value in ragged_to_torch(f, batch.column(i), policy, pad_value, column_to_torch).items():
+            if key in out or (key != f.name and key in batch.schema.names):
+                raise ConfigError(
+                    f"column {f.name!r} is padded and its lengths would be named {key!r}, which is "
+                    "another column of the batch: rename that column or read this one as 'nested'"
+                )
+            out[key] = value
+    return out

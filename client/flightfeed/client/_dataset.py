@@ -9,26 +9,32 @@ sequence, even against a restarted server.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ClassVar
 
 import torch.utils.data
 
 from flightfeed.client._assemble import split_batches
 from flightfeed.client._convert import batch_to_torch
 from flightfeed.client._datapipe import FlightDataPipe
-from flightfeed.client._device import DeviceStage
+from flightfeed.client._device import CopyEngine, DeviceStage
 from flightfeed.client._images import check_decode_on, image_stage
 from flightfeed.client._info import dataset_info
+from flightfeed.client._info_helper import helper_needed, info_via_helper
 from flightfeed.client._lanes import Lane, Lanes, LaneSettings, join_lanes
 from flightfeed.client._members import Members
+from flightfeed.client._mix_plan import Mixture
+from flightfeed.client._mover import DevicePath, device_batches
 from flightfeed.client._node import FlightNode
 from flightfeed.client._normalize import normalize_option
 from flightfeed.client._options import ConnectOptions, ReadOptions, checked_settings, refuse_moved
+from flightfeed.client._pack import packed_to_torch, set_pack, widen
 from flightfeed.client._pool import ConnectionPool
+from flightfeed.client._ragged import tuple_of
 from flightfeed.client._report import _default_client_id, start_reporter
 from flightfeed.client._request import ReadJob, columns_arg, open_readers, read_command
 from flightfeed.client._skips import positions_of
@@ -41,12 +47,13 @@ from flightfeed.client._workers import (
     SharedSlots,
     drop_rows,
     hint_once,
+    process_slots,
     refuse_worker_state_here,
     skip_delivered,
     worker_start,
 )
-from flightfeed.wire.errors import ConfigError
-from flightfeed.wire.messages import ReadCommand
+from flightfeed.wire.errors import ConfigError, StreamError
+from flightfeed.wire.messages import INDEX_COLUMN, ReadCommand
 from flightfeed.wire.transforms import TransformSpec, set_transform
 
 __all__ = ["FlightDataset"]
@@ -83,13 +90,27 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
     on_decode_error, report_interval)``: stream and tuning knobs (see :class:`ReadOptions`).
     The former flat keywords (``streams=``, ``token=``, ...) raise ConfigError naming their new place.
     ``stats()`` counts ``retries`` and ``failovers``.
+
+    ``name`` may be a ``Mixture({"web": 0.7, "code": 0.2, "books": 0.1}, until=None, batches=None)``:
+    one reader over several datasets with weights (``_mixture``; the epoch's end in ``_mix_plan``).
     """
+
+    #: the reader of a ``Mixture`` name (``_mixture`` sets it; ``flightfeed.client`` imports that)
+    mixture_class: ClassVar[type[FlightDataset] | None] = None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> FlightDataset:
+        name = args[1] if len(args) > 1 else kwargs.get("name")
+        if cls is FlightDataset and isinstance(name, Mixture):
+            if FlightDataset.mixture_class is None:
+                raise ConfigError("mixtures need flightfeed.client._mixture; import flightfeed.client")
+            cls = FlightDataset.mixture_class
+        return super().__new__(cls)
 
     @refuse_moved
     def __init__(
         self,
         location: str,
-        name: str,
+        name: str | Mixture,
         columns: str | Sequence[str] | None = None,
         batch_size: int = 256,
         shuffle: bool = True,
@@ -104,6 +125,8 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         options: ReadOptions | None = None,
     ) -> None:
         super().__init__()
+        if isinstance(name, Mixture):  # __new__ made a mixture reader for it
+            raise ConfigError("a Mixture is read by flightfeed.client.MixtureDataset")
         self.location, self.name = location, name
         self._members = Members(location)  # checks every comma-separated entry; learns the tier's others
         self.columns = columns_arg(columns)
@@ -114,13 +137,19 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         # server-side transforms (see the class doc); checked here for shape, on the server in full
         self.transform = transform
         set_transform(ReadCommand(), transform, self.options.on_decode_error)
+        set_pack(ReadCommand(), self.options.pack, self.columns)  # a clear error now: columns vs pack
         # image output on the trainer (``_images``): decode on the trainer, normalised float32 CHW
         check_decode_on(self.options.decode_on, transform)
         self._image_decoder: Any = None  # decode_on="trainer": None = torchvision's (tests pass their own)
+        self._copy_engine: Callable[[torch.device], CopyEngine] | None = None  # tests/benches: a CpuEngine
+        self._devices: list[DevicePath] = []  # the device path's engine + pinned ring, kept across epochs
         self._shared = SharedSlots()  # the epoch and worker activity, shared with DataLoader workers
+        self._job_slots = process_slots()  # what is said once per job (all its datasets)
+        self._states_asked = False  # a DataLoader worker's copy: its loader collects states (StatefulDataLoader)
         self._worker_mark = 0  # WORKER_ITERATIONS when this process last read or loaded a state itself
         self._client_id = _default_client_id()  # one identity in the server's metrics for all epochs
         self._info: dict[str, Any] | None = None
+        self._windows: int | None = None  # with ReadOptions(pack=...): windows per epoch (``__len__``)
         self._state = ReadState.fresh(self._settings())
         self._resume: ReadState | None = None
         self._pool: ConnectionPool | None = None
@@ -148,7 +177,13 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
             "batch_size": self.batch_size,
             "drop_last": self.drop_last,
             "transform": json.loads(json.dumps(self.transform)),  # as a checkpoint stores it
+            "pack": self.options.pack.as_dict() if self.options.pack is not None else None,
         }
+
+    @property
+    def _tuple_columns(self) -> list[str]:
+        """What ``as_tuple`` yields, in order: ``columns``, then ``row_index`` with ``with_index``."""
+        return [*self.columns, INDEX_COLUMN] if self.options.with_index else self.columns
 
     @property
     def epoch(self) -> int:
@@ -175,13 +210,33 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         Raises ConfigError in the main process while DataLoader workers read this dataset: the
         position lives in the workers (torchdata's StatefulDataLoader collects their states)."""
         in_main = torch.utils.data.get_worker_info() is None
-        if in_main and self._shared.get(SharedSlots.WORKER_ITERATIONS) != self._worker_mark:
+        if not in_main:
+            self._states_asked = True  # StatefulDataLoader asks each worker before its first batch
+        if in_main:
+            self._refuse_while_workers_read("state_dict()")
+        return self._state.to_dict()
+
+    @property
+    def position(self) -> int:
+        """Batches this rank has already delivered in the current epoch (``set_epoch``): after
+        ``load_state_dict``, the batches before the checkpoint (so ``enumerate(loader, ds.position)``
+        numbers a resumed epoch's batches as the whole epoch does, out of ``len(ds)``); 0 before an
+        epoch starts; ``len(ds)`` when it is done. Like ``state_dict()``, it raises ConfigError in
+        the main process while DataLoader workers read this dataset (the position lives in them)."""
+        if torch.utils.data.get_worker_info() is None:
+            self._refuse_while_workers_read("position")
+        state = self._resume if self._resume is not None else self._state
+        if state.epoch != self.epoch:
+            return 0
+        return state.batches_done()
+
+    def _refuse_while_workers_read(self, what: str) -> None:
+        if self._shared.get(SharedSlots.WORKER_ITERATIONS) != self._worker_mark:
             raise ConfigError(
                 f"FlightDataset {self.name!r} is being read by DataLoader worker processes, so this "
-                "process's state_dict() would not say what they delivered (resuming from it would replay "
+                f"process's {what} would not say what they delivered (resuming from it would replay "
                 f"the epoch); {STATEFUL_HINT}"
             )
-        return self._state.to_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue exactly where ``state`` left off on the next iteration."""
@@ -196,9 +251,15 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
 
     def info(self) -> dict[str, Any]:
         """What the server says about the dataset: ``name``, ``rows``, ``columns`` (name -> Arrow
-        type), ``classes`` (class names of a converted image folder, else None) and ``schema``."""
+        type), ``classes`` (class names of a converted image folder, else None) and ``schema``.
+
+        In a process that has not used Flight yet, a helper process asks (``_info_helper``), so
+        ``len(ds)`` before ``fork``-started DataLoader workers leaves them working."""
         if self._info is None:
-            self._info = dataset_info(self._get_pool(), self._members, self.connect, self.name, self.columns)
+            if helper_needed():  # keep this process gRPC-free: fork-started DataLoader workers may follow
+                self._info = info_via_helper(self._members, self.connect, self.name, self.columns)
+            else:
+                self._info = dataset_info(self._get_pool(), self._members, self.connect, self.name, self.columns)
         return self._info
 
     @property
@@ -253,8 +314,18 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         state = self._resume if self._resume is not None else self._state
         if state.epoch != epoch:
             state = ReadState.fresh(self._settings(), epoch=epoch)
-        num_rows = state.num_rows or int(self.info()["rows"])
+        num_rows = state.num_rows or self._epoch_rows(topo, state)
         return state.epoch_batches(num_rows, topo.rank, topo.world_size)
+
+    def _epoch_rows(self, topo: Topology, state: ReadState) -> int:
+        """Rows of an epoch: the dataset's, or with ``pack`` its windows (the same in every epoch:
+        the tokens are), which the server counts when it plans the tickets."""
+        if self.options.pack is None:
+            return int(self.info()["rows"])
+        if self._windows is None:
+            readers = self.open_streams(topo, state, threading.Event(), state.epoch)
+            self._windows = int(readers[0].ticket.num_rows) if readers else 0
+        return self._windows
 
     def __iter__(self) -> Iterator[Any]:
         return self._iterate()
@@ -271,24 +342,39 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
             start = worker_start(start, topo)
         if in_worker:
             self._shared.bump(SharedSlots.WORKER_ITERATIONS)
-            hint_once(self._shared, topo)
+            hint_once(self._shared, self._job_slots, topo, self.name, self._states_asked)
         else:
             self._worker_mark = self._shared.get(SharedSlots.WORKER_ITERATIONS)
         stop = threading.Event()
         readers = self.open_streams(topo, start, stop, epoch)
         self._state = start.pinned(readers[0].ticket if readers else None, topo.rank, topo.world_size)
         skip = skip_delivered(readers, start.worker_rows) if topo.num_workers > 1 else 0
-        lanes = Lanes(readers, prefetch=self.options.prefetch, settings=self._lane_settings, count=self.meter.count)
+        path = self._device_path() if topo.num_workers == 1 else None
+        keep_arrow = self.options.decode_on == "trainer"  # the trainer decode reads the Arrow batch
+        convert = functools.partial(batch_to_torch, ragged=self.options.ragged, pad_value=self.options.pad_value)
+        hooks = {} if path is None else path.hooks(
+            readers, self.options.prefetch, self._lane_settings, self.meter.spent, keep_arrow=keep_arrow,
+            convert=convert, pad_value=self.options.pad_value,
+        )
+        lanes = Lanes(
+            readers, prefetch=self.options.prefetch, settings=self._lane_settings, count=self.meter.count, **hooks
+        )
         self.meter.set("nodes", lanes.nodes)
         running = (stop, lanes.lanes)
         self._running.append(running)
+        mover = path.start(lanes, self.meter.spent) if path is not None else None
         lanes.start()
-        batches = split_batches(drop_rows(lanes.messages(), skip), self.batch_size)
-        stage = _device_stage(self.device, self.meter)
+        batches: Iterator[tuple[Any, Any, int]] = (
+            device_batches(mover, self.batch_size) if mover is not None
+            else ((rb, None, rb.nbytes) for rb in split_batches(drop_rows(lanes.messages(), skip), self.batch_size))
+        )
+        stage = _device_stage(self.device if path is None else None, self.meter)
         as_tuple = self.options.as_tuple
+        ragged, pad_value = self.options.ragged, self.options.pad_value
         post = image_stage(
             self.device, normalize_option(self.options.normalize), self.options.decode_on, self._image_decoder
         )
+        pack = self.options.pack
         self.meter.start()
         reporter = start_reporter(  # to the member that answered this iteration's get_flight_info
             self._members.order()[0], self.meter.figures, interval=self.options.report_interval,
@@ -300,9 +386,10 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         try:
             while True:
                 t0 = time.perf_counter()
-                rb = next(batches, None)
-                if rb is None:
+                item = next(batches, None)
+                if item is None:
                     break
+                rb, staged, nbytes = item
                 t1 = time.perf_counter()
                 self.meter.spent("fetch", t1 - t0)
                 positions = positions_of(rb)
@@ -311,27 +398,47 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
                     if not rb.num_rows:  # every row of this batch was skipped
                         self._state = self._state.advanced(positions)
                         continue
-                tensors = batch_to_torch(rb)
-                self.meter.spent("convert", time.perf_counter() - t1)
-                out = stage(tensors)  # the device stage reports its own time
+                if staged is None:
+                    if pack is not None and self.device is None:  # CPU: one widening copy (``_pack``)
+                        tensors = packed_to_torch(rb, pack.column)
+                    else:
+                        tensors = batch_to_torch(rb, ragged, pad_value)
+                    self.meter.spent("convert", time.perf_counter() - t1)
+                    out = stage(tensors)  # the device stage reports its own time
+                else:  # on the device already (``_mover``)
+                    out = staged
+                if pack is not None:
+                    out = widen(out, pack.column)  # int64 tokens, int32 positions (``_pack``)
                 if post is not None:
                     t2 = time.perf_counter()
                     out = post(out, rb)
                     self.meter.spent("images", time.perf_counter() - t2)
-                self.meter.waited(time.perf_counter() - t0, rb.num_rows, rb.nbytes)
+                self.meter.waited(time.perf_counter() - t0, rb.num_rows, nbytes)
                 self._state = self._state.advanced(positions)
-                yield tuple(out[c] for c in self.columns) if as_tuple else out
+                yield tuple_of(out, self._tuple_columns) if as_tuple else out
         finally:
             self.meter.stop()
             if reporter is not None:  # no last report to a node that failed meanwhile (it would wait its timeout)
                 reporter.close(final=not self._members.suspect(reporter.location))
             stop.set()
+            if mover is not None:
+                lanes.board.fail(StreamError("the iteration was closed"))  # wakes the mover
+                mover.close()
             for lane in lanes.lanes:
                 lane.cancel()
             join_lanes(lanes.lanes)  # a lane waiting on a frozen node is not waited for
             stage.close()
+            if path is not None:
+                path.finish(lanes)
             if running in self._running:
                 self._running.remove(running)
+
+    def _device_path(self) -> DevicePath | None:
+        """The device path (lanes stage into a pinned ring: ``_mover``), or None: batches stay on
+        Arrow memory (``device=None``/``"cpu"`` without a test engine)."""
+        if self.device is None or (self.device.type == "cpu" and self._copy_engine is None):
+            return None
+        return _unused_path(self._devices, self.device, self._copy_engine)
 
     # -- adapters -------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -340,6 +447,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         state["meter"] = None
         state["_running"] = []
         state["_info"] = None
+        state["_devices"] = []
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -365,6 +473,18 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         if self._pool is not None:
             self._pool.close()
             self._pool = None
+        for path in self._devices:
+            if not path.busy:
+                path.close()
+
+
+def _unused_path(paths: list[DevicePath], device: torch.device, make: Any) -> DevicePath:
+    """An idle device path (its ring is reused), or a new one for a concurrent iteration."""
+    for p in paths:
+        if not p.busy:
+            return p
+    paths.append(DevicePath(device, make))
+    return paths[-1]
 
 
 def _device_stage(device: torch.device | None, meter: StallMeter) -> DeviceStage:

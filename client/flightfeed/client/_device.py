@@ -11,6 +11,12 @@ memory: ``slots`` x one batch). Non-tensor columns (lists of bytes) pass through
 The ring logic talks to a :class:`CopyEngine`; :class:`CudaEngine` is the real one, and tests
 drive the ring on CPU with their own engine. ``device=None``/``"cpu"`` has no stage at all: the
 batch stays on Arrow memory (no pinned memory without CUDA).
+
+``FlightDataset`` itself now stages on the streams' threads, per message, into one ring
+(``_ring``) and copies with one mover thread (``_mover``) through the same engines'
+:meth:`CopyEngine.copy_slot`; :class:`CpuEngine` is the GPU-less engine of that path. The
+per-batch :class:`StagingRing` / :class:`DeviceStage` here remain for callers that stage batches
+themselves (and say why there is no CUDA path, :func:`open_engine`).
 """
 
 from __future__ import annotations
@@ -20,12 +26,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
 import torch
 import torch.utils.data
 
 from flightfeed.wire.errors import ConfigError
 
-__all__ = ["DEFAULT_SLOTS", "CopyEngine", "CudaEngine", "DeviceStage", "Fence", "StagingRing"]
+__all__ = [
+    "DEFAULT_SLOTS", "CopyEngine", "CpuEngine", "CudaEngine", "DeviceStage", "Fence", "StagingRing", "open_engine",
+]
 
 DEFAULT_SLOTS = 3  # copies in flight: one being consumed, one landing, one being staged
 
@@ -47,21 +56,44 @@ class CopyEngine(Protocol):
         """Start copying ``staged`` to the device; the consumer's stream is ordered after it."""
         ...
 
+    def copy_slot(self, host: torch.Tensor) -> tuple[torch.Tensor, Fence]:
+        """Start copying the 1-d uint8 ``host`` (a slot of the lanes' ring, ``_ring``) into a device
+        buffer of its size (called on the mover's thread); the consumer's stream is ordered after it."""
+        ...
+
     def close(self) -> None: ...
 
 
 class CudaEngine:
     """Copies on a side stream; events fence the slots; the consumer's stream waits on them."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, *, consumer: Any = None) -> None:
         self.device = device
         self.stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        # the stream that uses the batches: the current one per call, or the one given (the mover
+        # thread copies for a consumer on another thread, whose current stream it cannot see)
+        self.consumer = consumer
 
     def host_buffer(self, nbytes: int) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
 
+    def _consumer(self) -> Any:
+        return self.consumer if self.consumer is not None else torch.cuda.current_stream(self.device)
+
+    def copy_slot(self, host: torch.Tensor) -> tuple[torch.Tensor, Fence]:
+        consumer = self._consumer()
+        with torch.cuda.stream(self.stream):
+            # from the caching allocator: the same blocks come back message after message
+            out = torch.empty(host.numel(), dtype=torch.uint8, device=self.device)
+            out.copy_(host, non_blocking=True)
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record(self.stream)
+        consumer.wait_event(event)
+        out.record_stream(consumer)  # views of it (the columns) share its storage
+        return out, event
+
     def to_device(self, staged: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], Fence]:
-        consumer = torch.cuda.current_stream(self.device)
+        consumer = self._consumer()
         with torch.cuda.stream(self.stream):
             out = {k: v.to(self.device, non_blocking=True) for k, v in staged.items()}
             event = torch.cuda.Event()  # type: ignore[no-untyped-call]
@@ -73,6 +105,71 @@ class CudaEngine:
 
     def close(self) -> None:
         self.stream.synchronize()
+
+
+class _Done:
+    """The fence of a copy that finished when it was issued."""
+
+    def synchronize(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
+class CpuEngine:
+    """A CPU stand-in for :class:`CudaEngine`: the "device" is a second host buffer, filled on the
+    calling thread (the mover's, on the device path) with ``numpy.copyto`` (no GIL). It drives the
+    identical ring, threads and fences without a GPU (tests, ``bench_gpu.py`` on a CPU machine)."""
+
+    POOL = 8  # "device" buffers kept for reuse
+
+    def __init__(self, device: torch.device | None = None) -> None:
+        self.device = device or torch.device("cpu")
+        self.copies = 0
+        self.reused = 0  # copies into a buffer that an earlier message used
+        self.closed = False
+        self._pool: list[torch.Tensor] = []
+
+    def host_buffer(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def _device_buffer(self, nbytes: int) -> torch.Tensor:
+        """A buffer of ``nbytes`` that no batch views any more (as the caching allocator hands a
+        block back), else a new one: no fresh pages, no page faults, message after message."""
+        for buf in self._pool:
+            if buf.numel() == nbytes and _unreferenced(buf):
+                self.reused += 1
+                return buf
+        buf = torch.empty(nbytes, dtype=torch.uint8)
+        if len(self._pool) >= self.POOL:
+            self._pool.pop(0)
+        self._pool.append(buf)
+        return buf
+
+    def copy_slot(self, host: torch.Tensor) -> tuple[torch.Tensor, Fence]:
+        out = self._device_buffer(host.numel())
+        if host.numel():
+            np.copyto(out.numpy(), host.numpy())
+        self.copies += 1
+        return out, _Done()
+
+    def to_device(self, staged: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], Fence]:
+        self.copies += 1
+        return {k: v.clone() for k, v in staged.items()}, _Done()
+
+    def close(self) -> None:
+        self.closed = True
+        self._pool.clear()
+
+
+def _unreferenced(buf: torch.Tensor) -> bool:
+    """Only ``buf`` itself holds its storage (no view of it is alive); False where torch cannot say."""
+    use_count = getattr(torch._C, "_storage_Use_Count", None)
+    if use_count is None:
+        return False
+    # the pool's tensor and the temporary storage object below: two references
+    return int(use_count(buf.untyped_storage()._cdata)) <= 2
 
 
 @dataclass
@@ -177,25 +274,33 @@ class DeviceStage:
 
     def _open_engine(self) -> CopyEngine:
         assert self.device is not None
-        if self._make_engine is not None:
-            return self._make_engine(self.device)
-        if self.device.type != "cuda":
-            raise ConfigError(f"device {str(self.device)!r} is not supported; use None/'cpu' or 'cuda[:N]'")
-        if torch.utils.data.get_worker_info() is not None:
-            raise ConfigError(
-                "device='cuda' inside a DataLoader worker process; keep device=None in the dataset "
-                "and move batches in the main process (or iterate the dataset without workers)"
-            )
-        if not torch.cuda.is_available():
-            raise ConfigError(
-                f"device={str(self.device)!r} but torch {torch.__version__} sees no CUDA device; "
-                "use device=None (CPU tensors) on this machine"
-            )
-        device = self.device if self.device.index is not None else torch.device("cuda", torch.cuda.current_device())
-        return CudaEngine(device)
+        return open_engine(self.device, self._make_engine)
 
     def close(self) -> None:
         ring, self.ring = self.ring, None
         if ring is not None:
             ring.drain()
             ring.engine.close()
+
+
+def open_engine(
+    device: torch.device, make: Callable[[torch.device], CopyEngine] | None = None, *, consumer: bool = False
+) -> CopyEngine:
+    """The engine for ``device`` (``make``'s, if given), or a ConfigError saying why there is none.
+    ``consumer``: capture the calling thread's current stream as the consumer's (the mover path)."""
+    if make is not None:
+        return make(device)
+    if device.type != "cuda":
+        raise ConfigError(f"device {str(device)!r} is not supported; use None/'cpu' or 'cuda[:N]'")
+    if torch.utils.data.get_worker_info() is not None:
+        raise ConfigError(
+            "device='cuda' inside a DataLoader worker process; keep device=None in the dataset "
+            "and move batches in the main process (or iterate the dataset without workers)"
+        )
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            f"device={str(device)!r} but torch {torch.__version__} sees no CUDA device; "
+            "use device=None (CPU tensors) on this machine"
+        )
+    device = device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
+    return CudaEngine(device, consumer=torch.cuda.current_stream(device) if consumer else None)

@@ -20,7 +20,7 @@ from typing import Any
 
 from flightfeed.wire.errors import ConfigError
 
-__all__ = ["note_grpc_use", "check_fork", "abandon", "FORK_HINT"]
+__all__ = ["note_grpc_use", "check_fork", "abandon", "grpc_used", "FORK_HINT"]
 
 _GRPC_PID: int | None = None  # the process that made the first Flight client (inherited by a fork)
 _ABANDONED: list[Any] = []  # a forked child's inherited gRPC objects: kept alive, never closed
@@ -40,6 +40,11 @@ def check_fork(what: str = "Arrow Flight") -> None:
             f"{what}: this process (pid {pid}) was forked from process {_GRPC_PID}, which had already "
             f"used Arrow Flight (gRPC), and gRPC hangs after fork: {FORK_HINT}"
         )
+
+
+def grpc_used() -> bool:
+    """Whether this process (or the one it was forked from) made a Flight client."""
+    return _GRPC_PID is not None
 
 
 def note_grpc_use() -> None:

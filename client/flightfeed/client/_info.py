@@ -19,7 +19,7 @@ from flightfeed.client._options import ConnectOptions
 from flightfeed.client._pool import ConnectionPool
 from flightfeed.wire.classes import classes_of
 
-__all__ = ["dataset_info"]
+__all__ = ["dataset_info", "describe"]
 
 
 def dataset_info(
@@ -39,12 +39,16 @@ def dataset_info(
             raise
 
     info = first_answer(get_info, members, connect.policy(), what=what)
-    schema: pa.Schema = info.schema
+    return describe(info.schema, int(info.total_records), name, columns)
+
+
+def describe(schema: pa.Schema, rows: int, name: str, columns: Sequence[str]) -> dict[str, Any]:
+    """The info dict of a dataset whose path FlightInfo said ``schema`` and ``rows``."""
     if columns:
         schema = pa.schema([schema.field(c) for c in columns if c in schema.names], metadata=schema.metadata)  # type: ignore[arg-type]
     return {
         "name": name,
-        "rows": int(info.total_records),
+        "rows": rows,
         "columns": {f.name: str(f.type) for f in schema},
         "classes": classes_of(schema),
         "schema": schema,

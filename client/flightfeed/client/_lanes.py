@@ -73,8 +73,13 @@ class Lanes:
         prefetch: int,
         settings: LaneSettings | None = None,
         count: Callable[[str, int], None] | None = None,
+        stage: Callable[[list[pa.RecordBatch]], Any] | None = None,
+        discard: Callable[[Any], None] | None = None,
     ) -> None:
         settings = settings or LaneSettings()
+        #: a whole message -> its payload, on the receiving lane's thread (the device path stages it
+        #: into the pinned ring: ``_ring``); None: the payload is the message's RecordBatches
+        self.stage = stage
         self.readers = list(readers)
         spans = [span_of(r.ticket) for r in self.readers]
         order = list(stream_messages(spans))
@@ -96,6 +101,7 @@ class Lanes:
             moving=settings.move,
             window_bytes=max(0, budget),
             count=count or (lambda event, n: None),
+            discard=discard or (lambda payload: None),
         )
         self.lanes = [Lane(self, slot, r, grid, step) for slot, r in enumerate(self.readers)]
         #: data nodes (locations) the lanes start on: what the client reports (the server's scaling rule)
@@ -116,6 +122,7 @@ class Lane(threading.Thread):
     def __init__(self, lanes: Lanes, slot: int, reader: Any, grid: list[int], step: int) -> None:
         super().__init__(name=f"flightfeed-stream-{slot}", daemon=True)
         self.board = lanes.board
+        self.stage = lanes.stage
         self.slot, self.grid, self.step = slot, grid, step
         self.template = reader.ticket
         self.pool: ConnectionPool = reader.pool
@@ -258,7 +265,16 @@ class Lane(threading.Thread):
                     have += positions
                     if have < rows[run.current]:
                         continue
-                    more = self.board.deliver(run, pending, sum(p.nbytes for p in pending))
+                    nbytes = sum(p.nbytes for p in pending)
+                    payload: Any = pending
+                    if self.stage is not None:
+                        try:
+                            payload = self.stage(pending)
+                        except Exception as exc:  # no retry fixes a column that cannot be staged
+                            self.board.fail(exc)
+                            self._drop(reader, run)
+                            return
+                    more = self.board.deliver(run, payload, nbytes)
                     self.delivered += 1
                     pending, have = [], 0
                     if not more:

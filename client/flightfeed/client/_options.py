@@ -19,6 +19,8 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import pyarrow.flight as flight
 
 from flightfeed.client._normalize import NormalizeSpec, normalize_option
+from flightfeed.client._pack import Pack
+from flightfeed.client._ragged import RaggedSpec, check_ragged
 from flightfeed.client._retry import RetryPolicy
 from flightfeed.wire.errors import ConfigError
 from flightfeed.wire.messages import DECODE_ERROR_POLICIES
@@ -124,6 +126,16 @@ class ReadOptions:
     every message on the stream (and node) the plan put it on, as streams worked before work could
     move: the job then runs at its slowest node's pace, but each message is requested exactly once
     and always from the same place (what a sweep sharing one decode per message counts on).
+    ``ragged``: what ``list``/``large_list`` columns become: ``"nested"`` (default: a
+    ``torch.nested`` jagged tensor whose values are a view of the Arrow buffer), ``"padded"``
+    (``(rows, longest, *inner)`` filled with ``pad_value``, plus an int64 column ``NAME_lengths``)
+    or a ``{column: policy}`` mapping (columns not named are ``"nested"``); see ``_ragged``.
+    ``pack``: ``Pack(column="tokens", seq_len=L)`` serves a document dataset's token column as fixed
+    windows: batches ``{column: int64 (B, L + 1), "position_ids": int32 (B, L + 1)}`` (``_pack``).
+    ``with_index``: each batch also holds ``row_index``, an int64 tensor of every row's global stored
+    row index (shards sorted by path, rows in file order: the row ``flightfeed inspect`` and h5py
+    number), in the batch's order whatever the shuffle, streams, workers or resume; with
+    ``as_tuple=True`` it is the tuple's last element.
     """
 
     streams: int = 4
@@ -140,8 +152,15 @@ class ReadOptions:
     window_bytes: int | None = None
     hedge: bool = True
     move: bool = True
+    ragged: RaggedSpec = "nested"
+    pad_value: float = 0
+    pack: Pack | None = None
+    with_index: bool = False
 
     def __post_init__(self) -> None:
+        check_ragged(self.ragged, self.pad_value)
+        if not isinstance(self.ragged, str):  # a private copy: a caller's later edits change nothing
+            object.__setattr__(self, "ragged", dict(self.ragged))
         _count("streams", self.streams, 1)
         _count("prefetch", self.prefetch, 1)
         for name in ("message_rows", "block_rows", "buffer_rows"):
@@ -154,15 +173,19 @@ class ReadOptions:
         normalize_option(self.normalize)  # a clear error now rather than at the first batch
         if self.window_bytes is not None:
             _count("window_bytes", self.window_bytes, 0)
-        for flag in ("hedge", "move"):
+        for flag in ("hedge", "move", "with_index"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(f"{flag} is {getattr(self, flag)!r}; it must be True or False")
+        if self.with_index and self.pack is not None:
+            raise ConfigError("with_index=True and pack: a packed window is cut across documents, not a stored row")
         if self.decode_on not in DECODE_ON:
             raise ConfigError(
                 f"decode_on is {self.decode_on!r}; allowed: 'server' (the data node decodes) or 'trainer'"
             )
         if not isinstance(self.as_tuple, bool):
             raise ConfigError(f"as_tuple is {self.as_tuple!r}; it must be True or False")
+        if self.pack is not None and not isinstance(self.pack, Pack):
+            raise ConfigError(f"pack is a {type(self.pack).__name__}; pass pack=Pack(column=..., seq_len=...)")
 
 
 def checked_settings(
@@ -176,6 +199,7 @@ def checked_settings(
     if options is not None and not isinstance(options, ReadOptions):
         raise ConfigError(f"options is a {type(options).__name__}; pass options=ReadOptions(...)")
     read = options if options is not None else ReadOptions()
+    check_ragged(read.ragged, read.pad_value, columns)
     if read.as_tuple and not columns:
         raise ConfigError(
             "ReadOptions(as_tuple=True) yields the columns in the order of columns=[...]: name them, "

@@ -22,6 +22,7 @@ from flightfeed.client._boundary import flight_call
 from flightfeed.client._dial import first_answer
 from flightfeed.client._members import Members
 from flightfeed.client._options import ConnectOptions, ReadOptions
+from flightfeed.client._pack import set_pack
 from flightfeed.client._pool import ConnectionPool
 from flightfeed.client._state import ReadState
 from flightfeed.client._streams import StreamReader
@@ -81,8 +82,10 @@ def read_command(job: ReadJob, topo: Topology, start: ReadState, epoch: int) -> 
         fingerprint=start.fingerprint,
         compression=opts.compression or "",
         message_rows=(start.message_rows if start.num_workers > 1 else 0) or opts.message_rows,
+        with_index=opts.with_index,
     )
     set_transform(cmd, job.transform, opts.on_decode_error)
+    set_pack(cmd, opts.pack, job.columns)
     if opts.decode_on == "trainer":
         defer_decode(cmd)  # bytes + crop + flip: the trainer decodes (``_trainer_decode``)
     cmd.shuffle.enabled = job.shuffle

@@ -18,7 +18,7 @@ from flightfeed.wire.plan import Partition, ceil_div
 __all__ = ["ReadState", "STATE_VERSION"]
 
 STATE_VERSION = 1
-_SETTINGS = ("dataset", "columns", "seed", "shuffle", "batch_size", "drop_last", "transform")
+_SETTINGS = ("dataset", "columns", "seed", "shuffle", "batch_size", "drop_last", "transform", "pack")
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,11 @@ class ReadState:
             rows_consumed=0,
             prior_batches=self.prior_batches + ceil_div(self.rows_consumed, batch),
         )
+
+    def batches_done(self) -> int:
+        """Batches this state's rank delivered in its epoch (those before a re-partition included)."""
+        rows = self.worker_rows if self.num_workers > 1 else self.rows_consumed
+        return self.prior_batches + ceil_div(rows, int(self.settings["batch_size"]))
 
     def epoch_batches(self, num_rows: int, rank: int, world_size: int) -> int:
         """Batches ``rank`` of ``world_size`` yields in this state's whole epoch (the ones before a

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,7 +27,7 @@ from torch.nn import functional as tnf
 
 from flightfeed.wire.errors import ConfigError
 
-__all__ = ["TrainerDecode", "torchvision_decoder", "byte_views"]
+__all__ = ["TrainerDecode", "batched_resized_crop", "byte_views", "resized_crop", "torchvision_decoder"]
 
 Decoder = Callable[[list[torch.Tensor], torch.device, str], Sequence[torch.Tensor]]
 
@@ -85,19 +86,78 @@ class TrainerDecode:
         mode = meta.get(b"flightfeed.mode", b"RGB").decode()
         if self._decoder is None:
             self._decoder = torchvision_decoder()
-        images = self._decoder(byte_views(rb.column(self.column)), self.device, mode)
+        images = self._decoder(byte_views(rb.column(self.column)), self.device, mode)  # one batched call
         crops: Any = rb.column(crop_name)
-        boxes = crops.storage.flatten().to_numpy().reshape(-1, 4).tolist()
-        flips = rb.column(flip_name).to_pylist()
-        channels = 1 if mode == "L" else 3
-        out = torch.empty((len(images), channels, height, width), dtype=torch.uint8, device=self.device)
-        for k, img in enumerate(images):
-            top, left, h, w = boxes[k]
-            out[k] = resized_crop(img, top, left, h, w, height, width, flip=bool(flips[k]))
+        boxes = torch.from_numpy(getattr(crops, "storage", crops).flatten().to_numpy().reshape(-1, 4).astype(np.int64))
+        flips = torch.from_numpy(rb.column(flip_name).to_numpy(zero_copy_only=False).astype(bool))
+        out = batched_resized_crop(list(images), boxes, flips, height, width)
         batch[self.column] = out.permute(0, 2, 3, 1)  # HWC, like the node's decode path (a view)
         batch.pop(crop_name, None)
         batch.pop(flip_name, None)
         return batch
+
+
+#: images resampled per matmul (bounds the float copy of the padded batch on the device)
+CHUNK = 64
+
+
+def batched_resized_crop(
+    images: list[torch.Tensor], boxes: torch.Tensor, flips: torch.Tensor, out_h: int, out_w: int
+) -> torch.Tensor:
+    """:func:`resized_crop` of every image at once: ``(B, C, out_h, out_w)`` uint8 on the images'
+    device. Each crop+resize+flip is a pair of resampling matrices (torch's antialiased bilinear
+    weights, the crop's offset and the flip folded in; rows outside the image weigh zero padding),
+    applied to the zero-padded batch with two batched matmuls: a few kernels per batch, not per
+    image. ``boxes``: ``(B, 4)`` top, left, height, width; ``flips``: ``(B,)`` bool."""
+    n = len(images)
+    channels = images[0].shape[0] if n else 3
+    device = images[0].device if n else torch.device("cpu")
+    out = torch.empty((n, channels, out_h, out_w), dtype=torch.uint8, device=device)
+    if not n:
+        return out
+    host = boxes.tolist()
+    boxes = boxes.to(device=device, dtype=torch.float64)
+    flips = flips.to(device=device, dtype=torch.bool)
+    for lo in range(0, n, CHUNK):
+        part = images[lo : lo + CHUNK]
+        height = max(int(img.shape[1]) for img in part)
+        width = max(int(img.shape[2]) for img in part)
+        padded = torch.zeros((len(part), channels, height, width), dtype=torch.uint8, device=device)
+        for k, img in enumerate(part):  # one copy each: the images differ in size
+            padded[k, :, : img.shape[1], : img.shape[2]] = img
+        b = boxes[lo : lo + CHUNK]
+        # taps per output: twice the widest downscale factor, and two (known here: no device sync)
+        span_h = 2 * math.ceil(max(1.0, *(bx[2] / out_h for bx in host[lo : lo + CHUNK]))) + 2
+        span_w = 2 * math.ceil(max(1.0, *(bx[3] / out_w for bx in host[lo : lo + CHUNK]))) + 2
+        rows = _resample_matrix(b[:, 0], b[:, 2], out_h, height, span_h)  # (b, out_h, height)
+        cols = _resample_matrix(b[:, 1], b[:, 3], out_w, width, span_w)  # (b, out_w, width)
+        cols = torch.where(flips[lo : lo + CHUNK, None, None], cols.flip(1), cols)
+        x = padded.float()
+        y = rows[:, None] @ x @ cols.transpose(1, 2)[:, None]
+        out[lo : lo + CHUNK] = y.round_().clamp_(0, 255).to(torch.uint8)
+    return out
+
+
+def _resample_matrix(start: torch.Tensor, size: torch.Tensor, out: int, full: int, span: int) -> torch.Tensor:
+    """``(B, out, full)`` float32 weights: output ``i`` of the crop ``[start, start + size)`` of an
+    axis of length ``full``, resampled to ``out`` as torch's bilinear ``antialias=True`` does (a
+    triangle filter widened by the downscale factor, normalised over the crop, zero outside it)."""
+    device = start.device
+    scale = (size / out)[:, None, None]  # (B, 1, 1)
+    support = torch.clamp(scale, min=1.0)
+    invscale = torch.where(scale >= 1.0, 1.0 / scale, torch.ones_like(scale))
+    i = torch.arange(out, device=device, dtype=torch.float64)[None, :, None]
+    center = scale * (i + 0.5)
+    lo = torch.clamp(torch.floor(center - support + 0.5), min=0.0)
+    hi = torch.minimum(torch.floor(center + support + 0.5), size[:, None, None])
+    # the normalisation sums over the whole crop, also where it lies outside the axis (zero padding)
+    taps = lo + torch.arange(span, device=device, dtype=torch.float64)[None, None, :]
+    tap_w = torch.clamp(1.0 - ((taps - center + 0.5) * invscale).abs(), min=0.0) * (taps < hi)
+    total = tap_w.sum(-1, keepdim=True).clamp_min(1e-12)
+    y = torch.arange(full, device=device, dtype=torch.float64)[None, None, :]
+    r = y - start[:, None, None]  # the axis position in crop coordinates
+    weights = torch.clamp(1.0 - ((r - center + 0.5) * invscale).abs(), min=0.0) * ((r >= lo) & (r < hi))
+    return (weights / total).float()
 
 
 def resized_crop(

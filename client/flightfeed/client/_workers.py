@@ -37,6 +37,7 @@ __all__ = [
     "skip_delivered",
     "drop_rows",
     "hint_once",
+    "process_slots",
     "WORKERS_HINT",
     "STATEFUL_HINT",
 ]
@@ -57,10 +58,10 @@ STATEFUL_HINT = (
 class SharedSlots:
     """A few int64 slots in shared memory, shared by a dataset and its DataLoader workers' copies."""
 
-    EPOCH, WORKER_ITERATIONS, HINTED = 0, 1, 2
+    EPOCH, WORKER_ITERATIONS, HINTED, CHECKPOINT_NOTED = 0, 1, 2, 3
 
-    def __init__(self) -> None:
-        self.slots = torch.zeros(3, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+    def __init__(self, size: int = 4) -> None:
+        self.slots = torch.zeros(size, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
 
     def get(self, slot: int) -> int:
         return int(self.slots[slot])
@@ -134,8 +135,36 @@ def drop_rows(messages: Iterator[list[pa.RecordBatch]], rows: int) -> Iterator[l
         yield parts
 
 
-def hint_once(slots: SharedSlots, topo: Topology) -> None:
-    """Say once per dataset (worker 0 of the first worker iteration) that workers add nothing."""
-    if topo.worker == 0 and slots.get(SharedSlots.HINTED) == 0:
-        slots.set(SharedSlots.HINTED, 1)
-        log.warning("flightfeed: %s", WORKERS_HINT)
+_PROCESS_SLOTS: SharedSlots | None = None
+
+
+def process_slots() -> SharedSlots:
+    """Slots shared by every dataset this process makes (and so by all their workers): what is said
+    once per job, whatever its datasets (train and val)."""
+    global _PROCESS_SLOTS
+    if _PROCESS_SLOTS is None:
+        _PROCESS_SLOTS = SharedSlots(1)
+    return _PROCESS_SLOTS
+
+
+def hint_once(slots: SharedSlots, job: SharedSlots, topo: Topology, name: str, stateful: bool) -> None:
+    """At the first worker iteration (worker 0), say in one warning: once per job (``job``: the
+    :func:`process_slots`), that workers add nothing; once per dataset read by a plain DataLoader
+    (``stateful``: False), that its ``state_dict()`` in the main process will raise, so a
+    checkpoint needs StatefulDataLoader — now, not at the first checkpoint hours later."""
+    if topo.worker != 0:
+        return
+    said = []
+    if job.get(0) == 0:
+        job.set(0, 1)
+        said.append(WORKERS_HINT)
+    if not stateful and slots.get(SharedSlots.CHECKPOINT_NOTED) == 0:
+        slots.set(SharedSlots.CHECKPOINT_NOTED, 1)
+        said.append(
+            f"FlightDataset {name!r} is read by the workers of a plain DataLoader: its state_dict() in the main "
+            "process raises ConfigError while they read (the positions live in the workers), so a mid-epoch "
+            f"checkpoint of it needs StatefulDataLoader: {STATEFUL_HINT}. A checkpoint at an epoch's end needs "
+            "only the epoch (set_epoch)."
+        )
+    if said:
+        log.warning("flightfeed: %s", " ".join(said))

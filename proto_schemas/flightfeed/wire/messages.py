@@ -19,6 +19,7 @@ __all__ = [
     "WIRE_VERSION",
     "COMPRESSIONS",
     "MAX_STREAMS",
+    "MAX_SEQ_LEN",
     "ReadCommand",
     "StreamTicket",
     "Shuffle",
@@ -26,6 +27,7 @@ __all__ = [
     "TransformStep",
     "SkipInfo",
     "DECODE_ERROR_POLICIES",
+    "INDEX_COLUMN",
     "decode_command",
     "decode_ticket",
     "decode_report",
@@ -39,6 +41,7 @@ MAX_STREAMS = 256
 MAX_WORLD = 1 << 20
 MAX_BATCH_ROWS = 1 << 24
 MAX_SEED = (1 << 63) - 1
+MAX_SEQ_LEN = 1 << 24  # tokens per packed window (pack.seq_len)
 
 ReadCommand: Any = feed_pb2.ReadCommand
 StreamTicket: Any = feed_pb2.StreamTicket
@@ -47,6 +50,7 @@ ClientReport: Any = feed_pb2.ClientReport
 TransformStep: Any = feed_pb2.TransformStep
 SkipInfo: Any = feed_pb2.SkipInfo
 DECODE_ERROR_POLICIES = ("", "raise", "skip")
+INDEX_COLUMN = "row_index"  # ReadCommand.with_index: int64, each row's global stored row index
 
 
 def _parse(cls: Any, data: bytes, what: str) -> Any:
@@ -108,8 +112,29 @@ def check_command(cmd: Any) -> None:
             field="message_rows",
         )
     _check_transforms(cmd)
+    if cmd.HasField("pack"):
+        _check_pack(cmd.pack)
     if len(set(cmd.columns)) != len(cmd.columns):
         raise InvalidRequest(f"columns {list(cmd.columns)} name a column twice", field="columns")
+    if cmd.with_index and cmd.HasField("pack"):
+        raise InvalidRequest(
+            "with_index and pack together: a packed row is a token window cut across documents, not a stored "
+            "row; drop with_index (or pack)",
+            field="with_index",
+        )
+    if cmd.with_index and INDEX_COLUMN in cmd.columns:
+        raise InvalidRequest(
+            f"columns name {INDEX_COLUMN!r}, the column with_index adds: drop it from columns (or with_index)",
+            field="columns",
+        )
+
+
+def _check_pack(pack: Any) -> None:
+    """Structure of a Pack; the column's type is checked against the dataset on the server."""
+    if not pack.column:
+        raise InvalidRequest("pack.column is empty: name the dataset's token column", field="pack.column")
+    if not 1 <= pack.seq_len <= MAX_SEQ_LEN:
+        raise InvalidRequest(f"pack.seq_len is {pack.seq_len}; allowed: 1..{MAX_SEQ_LEN}", field="pack.seq_len")
 
 
 def _check_transforms(cmd: Any) -> None:

@@ -1,6 +1,12 @@
 """``flightfeed serve NAME=URI ...``: open the datasets, serve them over Flight (plus the sidecar)
 until SIGINT/SIGTERM, then shut down gracefully (in-flight streams get ``--grace`` seconds).
 
+With no tuning flags the node uses every core it is given (``cores.available_cores``): one
+serving process per 4 cores (``cluster.workers.default_workers``: one process on 2-4 cores), each
+stream on its own gRPC thread with the hot stages (stored send, shuffled gather, HDF5 inflate,
+image decode, block verification) in native code without the GIL, and each process's decode pool
+sized to its share of the cores.
+
 ``--workers N`` starts N-1 supervised worker processes serving the same datasets on their own
 ports (restarted with backoff when they die; they exit when this process dies); ``--peers`` /
 ``--peers-dns`` name the other data nodes. ``get_flight_info`` spreads endpoints over every live
@@ -20,10 +26,18 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from flightfeed.server.cluster import READY_PREFIX, Membership, WorkerPool, parse_peers, parse_peers_dns
+from flightfeed.server.cluster import (
+    READY_PREFIX,
+    Membership,
+    WorkerPool,
+    default_workers,
+    parse_peers,
+    parse_peers_dns,
+)
 from flightfeed.server.cluster.credential import read_cluster_key
 from flightfeed.server.cluster.lifecycle import drain_and_exit, exit_with_parent, install_signals, wait_for
 from flightfeed.server.cluster.locality import ShardRouter
+from flightfeed.server.cores import available_cores
 from flightfeed.server.data.catalog import Catalog
 from flightfeed.server.guards.budget import DEFAULT_BYTES_IN_FLIGHT, DEFAULT_CLIENT_BYTES_IN_FLIGHT, BytesInFlight
 from flightfeed.server.guards.exposure import warn_if_exposed
@@ -60,7 +74,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     side = p.add_mutually_exclusive_group()
     side.add_argument("--sidecar-port", type=int, default=None, help="metrics sidecar port (default 8816)")
     side.add_argument("--no-sidecar", action="store_true", help="do not start the metrics sidecar")
-    p.add_argument("--workers", type=int, default=None, help="worker processes serving streams (default 1)")
+    p.add_argument(
+        "--workers", type=int, default=None,
+        help="processes serving streams (default: one per 4 cores given, rounded up: 1 on 2-4 cores, 4 on 16)",
+    )
     p.add_argument("--config", metavar="FILE", help="TOML or JSON file with the same settings (flags win)")
     p.add_argument("--tls-cert", metavar="PEM", help="TLS certificate chain (serve grpc+tls)")
     p.add_argument("--tls-key", metavar="PEM", help="TLS private key")
@@ -91,7 +108,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--decode-workers",
         type=int,
         default=None,
-        help="threads decoding/transforming images for transform requests (default: this node's cores)",
+        help="threads decoding/transforming images for transform requests (default: the cores this process "
+        "is given: its CPU affinity, capped by a cgroup CPU quota)",
     )
     p.add_argument(
         "--grace", type=float, default=None,
@@ -249,6 +267,8 @@ def _worker_argv(args: argparse.Namespace, datasets: dict[str, str], host: str) 
         out += ["--cast", cast]
     for group in getattr(args, "hdf5_group", None) or []:
         out += ["--hdf5-group", group]
+    for picked in getattr(args, "hdf5_columns", None) or []:
+        out += ["--hdf5-columns", picked]
     return out
 
 
@@ -259,7 +279,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("no datasets: give NAME=URI arguments (e.g. flightfeed serve train=/data/train)")
     host = _setting(args, config, "host", "127.0.0.1")
     port = int(_setting(args, config, "port", 8815))
-    workers = int(_setting(args, config, "workers", 1))
+    cores = available_cores()
+    workers = int(_setting(args, config, "workers", default_workers(cores)))
     if workers < 1:
         raise ConfigError(f"--workers {workers}: must be >= 1")
     grace = float(_setting(args, config, "grace", 30.0))
@@ -298,9 +319,9 @@ def run(args: argparse.Namespace) -> int:
     if settings.readahead_windows < 0:
         raise ConfigError(f"--read-ahead {settings.readahead_windows}: must be >= 0 (0 turns read-ahead off)")
     decode_workers = _setting(args, config, "decode_workers", None)
-    transformer = transformer_from_config(
-        config, int(decode_workers) if decode_workers is not None else os.cpu_count() or 1, metrics
-    )
+    if decode_workers is None:  # the process's share of the cores (--workers' processes get the same)
+        decode_workers = -(-cores // workers)
+    transformer = transformer_from_config(config, int(decode_workers), metrics)
     limits = Limits(
         message_bytes=settings.message_bytes,
         max_streams=int(_setting(args, config, "max_streams", DEFAULT_MAX_STREAMS)),
@@ -320,6 +341,8 @@ def run(args: argparse.Namespace) -> int:
         shown_sidecar = sidecar_host if sidecar_on else None
         warn_if_exposed(host, shown_sidecar, has_token=token is not None, has_tls=tls is not None)
     catalog = _open_catalog(datasets, options)
+    if not args.exit_with_parent:
+        print(f"cores: {cores}; serving processes: {workers}; decode threads per process: {decode_workers}", flush=True)
     scheme = "grpc+tls" if tls else "grpc"
     stop = threading.Event()
     install_signals(stop)  # before anything is announced: a SIGTERM now is a clean shutdown
@@ -342,6 +365,8 @@ def run(args: argparse.Namespace) -> int:
         if workers > 1:
             command = [sys.executable, "-m", "flightfeed.server", "serve", *_worker_argv(args, datasets, host)]
             command += ["--workers", "1", "--no-sidecar", "--port", "0", "--grace", str(grace), "--exit-with-parent"]
+            if getattr(args, "decode_workers", None) is None:
+                command += ["--decode-workers", str(decode_workers)]
             cluster.workers = WorkerPool(command, workers - 1, token=token, tls_root_certs=roots)
             cluster.workers.start()
         if clustered:

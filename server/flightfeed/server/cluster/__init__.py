@@ -10,7 +10,7 @@ from flightfeed.server.cluster.node import Cluster
 from flightfeed.server.cluster.peers import Membership, Peer, Resolver, parse_peers, parse_peers_dns, system_resolver
 from flightfeed.server.cluster.probe import HealthProbe
 from flightfeed.server.cluster.spread import spread
-from flightfeed.server.cluster.workers import READY_PREFIX, WorkerPool
+from flightfeed.server.cluster.workers import READY_PREFIX, WorkerPool, default_workers
 
 __all__ = [
     "Cluster",
@@ -24,4 +24,5 @@ __all__ = [
     "spread",
     "READY_PREFIX",
     "WorkerPool",
+    "default_workers",
 ]

@@ -25,11 +25,25 @@ from typing import Any
 from flightfeed.server.cluster.probe import HealthProbe
 from flightfeed.wire.errors import ConfigError
 
-__all__ = ["WorkerPool", "READY_PREFIX"]
+__all__ = ["WorkerPool", "READY_PREFIX", "CORES_PER_PROCESS", "default_workers"]
 
 log = logging.getLogger("flightfeed.server")
 
 READY_PREFIX = "flight: "
+
+#: cores one serving process is given by default (``flightfeed serve`` without ``--workers``).
+#: Within a process the hot stages run without the GIL, but not all of their time: measured on
+#: one thread (``bench/bench_scaling.py``, thread CPU inside the GIL-free calls) the shuffled
+#: gather is ~63% GIL-free and JPEG decode + augment ~89%, so by Amdahl one process gets ~1.5x /
+#: ~1.8x from 2 cores and ~1.9x / ~3.0x from 4, and no more than 2.7x / 9x from any number.
+#: More cores are put to work by more processes (each with its own GIL and h5py lock).
+CORES_PER_PROCESS = 4
+
+
+def default_workers(cores: int) -> int:
+    """Serving processes for ``cores`` cores: one per ``CORES_PER_PROCESS`` (rounded up), so a
+    2-4 core machine runs one process and a 16-core node four."""
+    return max(1, -(-max(1, cores) // CORES_PER_PROCESS))
 
 
 @dataclass

@@ -155,6 +155,18 @@ class EpochOrder:
             return pos.copy()
         return self._unblock(self._unwindow(pos))
 
+    def window_rows(self, w: int) -> _I64:
+        """Stored rows at the positions of shuffle window ``w`` (``[w * buffer_rows, ...)``), in order:
+        ``rows`` over one whole window without its per-position window lookup (token packing maps
+        every document of an epoch this way)."""
+        start = w * self.buffer_rows
+        length = min(self.buffer_rows, self.num_rows - start)
+        if length <= 0:
+            return np.empty(0, dtype=np.int64)
+        if not self.shuffle:
+            return np.arange(start, start + length, dtype=np.int64)
+        return self._unblock(start + _window_perm(self._words, w, length))
+
     def stored_runs(self, s_lo: int, s_hi: int) -> list[tuple[int, int]]:
         """The stored rows behind positions ``[s_lo, s_hi)`` of the block-shuffled sequence S (a
         window's rows, in any order) as ``(first_row, rows)`` runs, one per block touched."""

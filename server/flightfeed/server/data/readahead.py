@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import os
 import threading
 import time
 from collections import OrderedDict, deque
@@ -39,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from flightfeed.server.cores import available_cores
 from flightfeed.server.data.catalog import Dataset
 from flightfeed.server.data.order import EpochOrder
 from flightfeed.server.data.shuffle_sizing import cache_windows
@@ -88,9 +88,10 @@ class ReadAhead:
         self._thread: threading.Thread | None = None
         self._stopped = False
         self._decoded = 0  # the I/O thread's decoded bytes for its current task
-        #: chunks of a task are decoded by this many threads at once (HDF5 deflate chunks inflate
-        #: outside h5py's lock, ``readers/hdf5_chunks``); their results are awaited by the I/O thread
-        self.decode_threads = max(1, decode_threads or min(4, os.cpu_count() or 1))
+        #: chunks of a task are decoded by this many threads at once, one per core by default (HDF5
+        #: deflate chunks inflate outside h5py's lock and the GIL, ``readers/hdf5_chunks``); their
+        #: results are awaited by the I/O thread. Memory stays bounded by ``chunk_budget``.
+        self.decode_threads = max(1, decode_threads or available_cores())
         self._decoders: ThreadPoolExecutor | None = None
         self._jobs: list[Future[int]] = []
         self.bytes_ahead = 0  # totals, also when no metrics are attached

@@ -105,19 +105,21 @@ def _check_message_rows(rows: int, batch_rows: int, row_bytes: int, limits: Limi
         )
 
 
-def check_ticket(ds: Dataset, ticket: Any, limits: Limits, row_bytes: int) -> None:
-    """Range checks of a StreamTicket's fields for dataset ``ds`` (beyond the structural ones)."""
+def check_ticket(ds: Dataset, ticket: Any, limits: Limits, row_bytes: int, rows: int | None = None) -> None:
+    """Range checks of a StreamTicket's fields for dataset ``ds`` (beyond the structural ones);
+    ``rows``: the request's rows when they are not the dataset's (token windows of a packed request)."""
     read = ticket.read
     check_read(ds, read, limits, row_bytes)
-    if read.global_start > ds.num_rows:
+    num_rows = ds.num_rows if rows is None else rows
+    if read.global_start > num_rows:
         raise InvalidRequest(
-            f"ticket.read.global_start {read.global_start} is past dataset {ds.name!r}'s {ds.num_rows} rows; "
+            f"ticket.read.global_start {read.global_start} is past dataset {ds.name!r}'s {num_rows} rows; "
             "ask get_flight_info for fresh tickets",
             field="ticket.read.global_start",
         )
-    if ticket.end_row > ds.num_rows:
+    if ticket.end_row > num_rows:
         raise InvalidRequest(
-            f"ticket.end_row {ticket.end_row} is past dataset {ds.name!r}'s {ds.num_rows} rows; "
+            f"ticket.end_row {ticket.end_row} is past dataset {ds.name!r}'s {num_rows} rows; "
             "ask get_flight_info for fresh tickets",
             field="ticket.end_row",
         )

@@ -24,7 +24,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
 
-__all__ = ["SharedMetrics", "shared_snapshot"]
+__all__ = ["SharedMetrics", "shared_snapshot", "shared_note"]
 
 
 class SharedMetrics:
@@ -125,7 +125,20 @@ def shared_snapshot(m: SharedMetrics) -> dict[str, Any]:
         "hit_ratio": _ratio(totals["hits"], totals["hits"] + totals["misses"]),
         "trainers": max(trainers.values(), default=0),
         "datasets": datasets,
+        "note": shared_note(totals["hits"], totals["hits"] + totals["misses"]),
     }
+
+
+def shared_note(hits: int, messages: int) -> str | None:
+    """What shared hits mean to anyone measuring (None without hits): a re-run of an identical job
+    (same dataset, seed, epoch, transform, ...) is served from messages made earlier."""
+    if hits <= 0:
+        return None
+    return (
+        f"shared hits: {hits} of {messages} messages were served from the share window (made earlier for an "
+        "identical request: not read or decoded again), so the server CPU and throughput of such a run are not "
+        "a cold run's; serve with --share-window 0 (or change the seed) to measure one"
+    )
 
 
 def _ratio(num: float, den: float) -> float | None:

@@ -16,7 +16,7 @@ __all__ = ["ShardReader", "ArrowShard", "open_shard", "format_of", "ARROW_SUFFIX
 HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5", ".nc", ".nc4")
 
 
-_FLAGS = {"group": "--hdf5-group", "casts": "--cast"}
+_FLAGS = {"group": "--hdf5-group", "casts": "--cast", "datasets": "--hdf5-columns"}
 
 
 def format_of(path: str) -> str:

@@ -25,6 +25,7 @@ from typing import Any
 
 import xxhash
 
+from flightfeed.server.cores import available_cores
 from flightfeed.wire.errors import DatasetError, ShardError
 
 __all__ = ["BLOCK_BYTES", "BLOCK_ALGO", "BlockSums", "BlockCheck", "hash_block", "digest_file", "chunk_ranges"]
@@ -39,9 +40,9 @@ _READ_BYTES = 8 << 20
 ReadRange = Callable[[int, int], Any]
 
 
-#: one background thread per process hashes the blocks readers will want next (xxhash releases
-#: the GIL): a stream's next record batch is verified while this one is sent
-_AHEAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flightfeed-verify-ahead")
+#: background threads (one per core) hash the blocks readers will want next (xxhash releases the
+#: GIL): a stream's next record batch is verified while this one is sent, the streams' in parallel
+_AHEAD = ThreadPoolExecutor(max_workers=available_cores(), thread_name_prefix="flightfeed-verify-ahead")
 
 
 def hash_block(data: Any) -> str:
@@ -110,6 +111,7 @@ class BlockCheck:
         self._failed: dict[int, str] = {}
         self._lock = threading.Lock()
         self._ahead: set[int] = set()  # blocks queued for the background
+        self._busy: dict[int, threading.Event] = {}  # blocks being hashed now -> set when done
         self._listeners: list[Callable[[str], None]] = []
         self.complete = False
         #: blocks hashed by this check (each at most once)
@@ -119,21 +121,45 @@ class BlockCheck:
         self._listeners.append(listener)
 
     def ensure(self, lo: int, hi: int) -> None:
-        """Verify every block overlapping bytes ``[lo, hi)``; ShardError on a mismatch."""
+        """Verify every block overlapping bytes ``[lo, hi)``; ShardError on a mismatch.
+
+        Blocks are hashed outside the check's lock (xxhash releases the GIL), each by the first
+        thread that wants it: threads verifying different blocks of one shard run in parallel,
+        and a thread that needs a block another is hashing waits for that hash."""
         if self.complete:
             return
         size = self.sums.size
         first, last = max(0, lo) // size, max(lo + 1, min(hi, self.nbytes)) - 1
         todo = [b for b in range(first, min(last // size, len(self._ok) - 1) + 1) if not self._ok[b]]
-        if not todo:
-            return
-        with self._lock:
-            for b in todo:
-                if b in self._failed:
-                    raise ShardError(self._failed[b])
-                if not self._ok[b]:
+        while todo:
+            mine: list[int] = []
+            theirs: list[threading.Event] = []
+            with self._lock:
+                for b in todo:
+                    if b in self._failed:
+                        raise ShardError(self._failed[b])
+                    if self._ok[b]:
+                        continue
+                    busy = self._busy.get(b)
+                    if busy is None:
+                        self._busy[b] = threading.Event()
+                        mine.append(b)
+                    else:
+                        theirs.append(busy)
+            try:
+                for b in mine:
                     self._verify(b)
-            if all(self._ok):
+            finally:
+                with self._lock:
+                    for b in mine:
+                        self._busy.pop(b).set()
+            for busy in theirs:
+                busy.wait()
+            # blocks another thread was hashing: passed, failed (raised above next round) or
+            # not hashed after all (its file went away): hashed here next round
+            todo = [b for b in todo if not self._ok[b]]
+        with self._lock:
+            if not self.complete and all(self._ok):
                 self.complete = True
 
     def ensure_all(self) -> None:
@@ -160,17 +186,18 @@ class BlockCheck:
     def _verify(self, b: int) -> None:
         size = self.sums.size
         lo, hi = b * size, min(self.nbytes, (b + 1) * size)
-        got = hash_block(self._read(lo, hi))
+        got = hash_block(self._read(lo, hi))  # outside the lock
         want = self.sums.hashes[b]
-        if got == want:
-            self._ok[b] = 1
-            self.verified += 1
-            return
-        reason = (
-            f"shard {self.where}: block {b} (bytes {lo}-{hi}) does not match its manifest checksum "
-            f"({self.sums.algo} {got}, manifest {want}); none of its rows are served"
-        )
-        self._failed[b] = reason
+        with self._lock:
+            if got == want:
+                self._ok[b] = 1
+                self.verified += 1
+                return
+            reason = (
+                f"shard {self.where}: block {b} (bytes {lo}-{hi}) does not match its manifest checksum "
+                f"({self.sums.algo} {got}, manifest {want}); none of its rows are served"
+            )
+            self._failed[b] = reason
         for listener in list(self._listeners):
             listener(reason)
         raise ShardError(reason)

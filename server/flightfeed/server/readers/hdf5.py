@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import h5py
@@ -50,12 +50,13 @@ def open_hdf5_shard(path: str, uri: str | None = None, **options: object) -> Hdf
     """Open one ``.h5`` file as a shard (see the module docstring); errors name the file.
 
     Options: ``group`` (str: the group to serve), ``casts`` (mapping column -> NumPy dtype name,
-    e.g. ``{"x": "float32"}``) and ``target_chunk_bytes`` (int).
+    e.g. ``{"x": "float32"}``), ``datasets`` (the group's datasets that become columns:
+    ``--hdf5-columns``) and ``target_chunk_bytes`` (int).
     """
-    unknown = sorted(set(options) - {"group", "casts", "target_chunk_bytes"})
+    unknown = sorted(set(options) - {"group", "casts", "datasets", "target_chunk_bytes"})
     if unknown:
-        raise ConfigError(f"HDF5 reader: unknown option(s) {', '.join(unknown)} (known: group, casts)")
-    group, casts = options.get("group"), options.get("casts") or {}
+        raise ConfigError(f"HDF5 reader: unknown option(s) {', '.join(unknown)} (known: group, casts, datasets)")
+    group, casts, picked = options.get("group"), options.get("casts") or {}, options.get("datasets")
     target = options.get("target_chunk_bytes", TARGET_CHUNK_BYTES)
     if group is not None and not isinstance(group, str):
         raise ConfigError(f"HDF5 reader: group must be a string, not {group!r}")
@@ -63,7 +64,12 @@ def open_hdf5_shard(path: str, uri: str | None = None, **options: object) -> Hdf
         raise ConfigError(f"HDF5 reader: casts must map column names to dtype names, not {casts!r}")
     if not isinstance(target, int) or target <= 0:
         raise ConfigError(f"HDF5 reader: target_chunk_bytes must be a positive int, not {target!r}")
-    return Hdf5Shard(path, uri, group=group, casts=casts, target_chunk_bytes=target)
+    datasets: tuple[str, ...] | None = None
+    if picked is not None:
+        if isinstance(picked, str) or not isinstance(picked, Sequence) or not all(isinstance(d, str) for d in picked):
+            raise ConfigError(f"HDF5 reader: datasets must be a sequence of dataset names, not {picked!r}")
+        datasets = tuple(str(d) for d in picked)
+    return Hdf5Shard(path, uri, group=group, casts=casts, target_chunk_bytes=target, datasets=datasets)
 
 
 class Hdf5Shard(ShardFields):
@@ -79,13 +85,14 @@ class Hdf5Shard(ShardFields):
         group: str | None = None,
         casts: Mapping[str, str] | None = None,
         target_chunk_bytes: int = TARGET_CHUNK_BYTES,
+        datasets: Sequence[str] | None = None,
     ) -> None:
         self.path = path
         self.uri = uri or path
         self._lock = threading.Lock()
         self._file = self._open()
         try:
-            layout = find_columns(self._file, self.uri, group, casts or {})
+            layout = find_columns(self._file, self.uri, group, casts or {}, datasets)
             self._datasets, self._fast = self._resolve(layout.columns)
         except BaseException:
             self._file.close()
@@ -183,6 +190,8 @@ class Hdf5Shard(ShardFields):
             try:
                 if column.select or column.text is not None:  # compound, pandas block or strings: h5py converts
                     out: npt.NDArray[Any] = ds[start:stop]
+                elif ds.dtype.subdtype is not None:  # an HDF5 ARRAY element type, e.g. (3,)<f4: h5py unfolds it
+                    out = np.asarray(ds[start:stop], dtype=column.stored_dtype)
                 else:
                     out = np.empty((stop - start, *column.row_shape), dtype=column.stored_dtype)
                     if out.size:

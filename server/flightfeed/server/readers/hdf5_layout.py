@@ -9,6 +9,8 @@ PyTables' index groups are not data. Scalar (0-d) datasets are ignored.
 * a compound dataset gives one column per field (``hdf5_types``): named by field path when it is
   the group's only dataset, else ``DATASET.field``;
 * a pandas ``format="fixed"`` frame gives one column per DataFrame column (``hdf5_pandas``);
+* ``--hdf5-columns DS1,DS2`` (``datasets``): only those datasets of the group become columns (a
+  netCDF or Keras file that mixes lengths in one group); the others are named in ``skipped``;
 * netCDF4 (an HDF5 file): the dimension scales of *other* dimensions than the rows' (e.g. ``lat``
   and ``lon`` beside ``temp(time, lat, lon)``) and netCDF's placeholder dimension datasets are left
   out, and named in ``skipped``.
@@ -16,7 +18,8 @@ PyTables' index groups are not data. Scalar (0-d) datasets are ignored.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import h5py
@@ -30,6 +33,8 @@ from flightfeed.wire.errors import ConfigError, DatasetError
 __all__ = ["Column", "Layout", "find_columns", "candidate_groups"]
 
 _NETCDF_PLACEHOLDER = b"This is a netCDF dimension but not a netCDF variable"
+#: how an operator picks a group's datasets (named in the errors that need it)
+PICK_HINT = "--hdf5-columns DS1,DS2 (NAME=DS1,DS2 for one served dataset)"
 
 
 @dataclass
@@ -90,14 +95,20 @@ def _is_dimension_scale(ds: h5py.Dataset) -> bool:
     return isinstance(cls, bytes) and cls == b"DIMENSION_SCALE"
 
 
-def find_columns(file: h5py.File, uri: str, group: str | None, casts: Mapping[str, str]) -> Layout:
-    """The served group, its columns and what was left out; clear errors name the file, group, datasets."""
+def find_columns(
+    file: h5py.File, uri: str, group: str | None, casts: Mapping[str, str], datasets: Sequence[str] | None = None
+) -> Layout:
+    """The served group, its columns and what was left out; clear errors name the file, group, datasets.
+    ``datasets`` (``--hdf5-columns``): only these datasets of the group become columns."""
     candidates = candidate_groups(file)
     listing = "; ".join(f"{g} ({', '.join(names)})" for g, names in candidates.items()) or "(none)"
     if group is None:
         if len(candidates) != 1:
             why = "has no datasets with rows" if not candidates else "has several groups with datasets"
-            raise DatasetError(f"HDF5 shard {uri} {why}: {listing}. Choose the group to serve with --hdf5-group GROUP.")
+            raise DatasetError(
+                f"HDF5 shard {uri} {why}: {listing}. Choose the group to serve with --hdf5-group GROUP, and if "
+                f"need be its datasets that become columns with {PICK_HINT}."
+            )
         group = next(iter(candidates))
     name = group if group.startswith("/") else "/" + group
     try:
@@ -115,15 +126,16 @@ def find_columns(file: h5py.File, uri: str, group: str | None, casts: Mapping[st
         raise DatasetError(dangling)
     cast_map = dict(casts)
     try:
-        if is_pandas_frame(obj):
+        if is_pandas_frame(obj) and datasets is None:
             layout = Layout(name, frame_columns(uri, obj, members, cast_map))
         else:
-            layout = _plain_columns(uri, name, members, cast_map)
+            layout = _plain_columns(uri, name, members, cast_map, datasets)
     except Refusal as exc:
         raise refuse(uri, name, [str(exc)]) from None
     if not layout.columns:
         raise DatasetError(
-            f"HDF5 shard {uri}: group {name} has no row-aligned datasets; groups that have them: {listing}"
+            f"HDF5 shard {uri}: group {name} has no row-aligned datasets; groups that have them: {listing} "
+            f"(choose one with --hdf5-group GROUP, its datasets with {PICK_HINT})"
         )
     _check_names(uri, name, layout.columns, cast_map)
     return layout
@@ -133,11 +145,16 @@ def _placeholder_member(m: Member) -> bool:
     return m.dataset is not None and _is_placeholder(m.dataset)
 
 
-def _plain_columns(uri: str, group: str, members: list[Member], casts: dict[str, str]) -> Layout:
+def _plain_columns(
+    uri: str, group: str, members: list[Member], casts: dict[str, str], picked: Sequence[str] | None = None
+) -> Layout:
     datasets = [m for m in _row_members(members) if m.dataset is not None and not _is_placeholder(m.dataset)]
     skipped = [f"{m.path} (netCDF dimension without values)" for m in members if _placeholder_member(m)]
+    if picked is not None:
+        datasets, left = _picked(uri, group, datasets, picked)
+        skipped = [f"{m.path} (not in --hdf5-columns)" for m in left]
     lengths = {m.key: int(m.dataset.shape[0]) for m in datasets if m.dataset is not None}
-    if len(set(lengths.values())) > 1:
+    if len(set(lengths.values())) > 1 and picked is None:
         datasets, more = _netcdf_rows(datasets)
         skipped += more
         lengths = {m.key: int(m.dataset.shape[0]) for m in datasets if m.dataset is not None}
@@ -145,8 +162,9 @@ def _plain_columns(uri: str, group: str, members: list[Member], casts: dict[str,
         shown = ", ".join(f"{k}: {n} rows" for k, n in lengths.items())
         raise DatasetError(
             f"HDF5 shard {uri}, group {group}: datasets have different first dimensions ({shown}); "
-            "the columns of one group must have one row count. Fix the file or choose another group "
-            "with --hdf5-group."
+            "the columns of one group must have one row count. Pick the datasets of one length that become "
+            f"columns with {PICK_HINT} (e.g. --hdf5-columns {','.join(_same_length(lengths))}), choose another "
+            "group with --hdf5-group, or fix the file."
         )
     compound = [m for m in datasets if m.dataset is not None and _compound(m.dataset)]
     prefix = bool(compound) and len(datasets) > 1
@@ -162,6 +180,27 @@ def _plain_columns(uri: str, group: str, members: list[Member], casts: dict[str,
     if problems:
         raise refuse(uri, group, problems)
     return Layout(group, columns, skipped)
+
+
+def _same_length(lengths: dict[str, int]) -> list[str]:
+    """The datasets of the most common length (the likely rows), for an example in errors."""
+    counts = Counter(lengths.values())
+    rows = max(counts, key=lambda n: (counts[n], n))
+    return [k for k, n in lengths.items() if n == rows]
+
+
+def _picked(uri: str, group: str, datasets: list[Member], picked: Sequence[str]) -> tuple[list[Member], list[Member]]:
+    """``--hdf5-columns``: the datasets named (in the group's order), and those left out."""
+    keys = {m.key.lstrip("/"): m for m in datasets}
+    unknown = [p for p in picked if p.lstrip("/") not in keys]
+    if unknown:
+        raise ConfigError(
+            f"HDF5 shard {uri}, group {group}: --hdf5-columns names {', '.join(unknown)}, which the group does not "
+            f"hold as datasets with rows; its datasets with rows: {', '.join(keys) or '(none)'}"
+        )
+    wanted = {p.lstrip("/") for p in picked}
+    chosen = [m for m in datasets if m.key.lstrip("/") in wanted]
+    return chosen, [m for m in datasets if m not in chosen]
 
 
 def _compound(ds: h5py.Dataset) -> bool:

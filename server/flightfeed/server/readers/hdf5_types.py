@@ -23,10 +23,15 @@ import numpy as np
 import pyarrow as pa
 
 from flightfeed.server.readers.hdf5_column import FIELD_SEPARATOR, Column, Text
+from flightfeed.server.readers.hdf5_filters import missing_filters
 from flightfeed.server.readers.ndarray import arrow_type_for, unsupported_dtype_reason
 from flightfeed.wire.errors import ConfigError, DatasetError
 
 __all__ = ["dataset_columns", "dataset_dtype", "Refusal", "refuse"]
+
+
+#: PyTables' variable-length text atoms (``PSEUDOATOM``): ragged numbers on disk, text to PyTables
+_PYTABLES_VL_TEXT = {b"vlunicode": "VLUnicode", b"vlstring": "VLString"}
 
 
 class Refusal(Exception):
@@ -64,7 +69,23 @@ def dataset_columns(
     """The columns of dataset ``ds`` (member ``key`` at link ``path``). Compound fields are named by
     field path, prefixed with ``key`` when ``prefix``. Raises Refusal naming the dataset or field."""
     dtype = dataset_dtype(ds)
+    missing = missing_filters(ds)
+    if missing:
+        raise Refusal(f"{key}: " + "; ".join(missing))
     pickled = ds.attrs.get("PSEUDOATOM")
+    if isinstance(pickled, bytes) and pickled in _PYTABLES_VL_TEXT:
+        raise Refusal(
+            f"{key}: PyTables {_PYTABLES_VL_TEXT[pickled]} strings (variable-length text that PyTables stores as "
+            "ragged arrays of numbers, a PyTables convention): store them as fixed-width strings (PyTables "
+            "StringAtom, or an h5py string dtype) to have them served, or leave them out with --hdf5-columns"
+        )
+    if dtype.kind == "S" and dtype.itemsize == 1 and ds.ndim == 2 and "DIMENSION_LIST" in ds.attrs:
+        width = int(ds.shape[1])  # a netCDF char variable (time, strlen): one text per row, as characters
+        raise Refusal(
+            f"{key}: a netCDF character array: {width} single characters per row (a `char` variable, i.e. one "
+            f"text of up to {width} characters per row); flightfeed serves strings, not character arrays: store "
+            "it as a string variable (netCDF NC_STRING, or fixed-length strings), or leave it out with --hdf5-columns"
+        )
     if isinstance(pickled, bytes) and pickled == b"object":
         raise Refusal(
             f"{key}: pickled Python objects (PyTables/pandas store `object` columns so; flightfeed never unpickles): "
@@ -221,6 +242,6 @@ def refuse(uri: str, group: str, problems: list[str]) -> DatasetError:
     """One error for every dataset of ``group`` that cannot be served."""
     return DatasetError(
         f"HDF5 shard {uri}, group {group}: {'; '.join(problems)}. flightfeed serves every row-aligned dataset of "
-        "the group, so each must be servable: fix them as said, move them to another group, or serve another "
-        "group with --hdf5-group"
+        "the group, so each must be servable: fix them as said, leave them out with --hdf5-columns DS1,DS2 (the "
+        "datasets to serve), move them to another group, or serve another group with --hdf5-group"
     )

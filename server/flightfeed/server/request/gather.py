@@ -3,17 +3,16 @@
 * ``contiguous``: stored rows ``[start, stop)`` as zero-copy slices of the chunks; a client batch
   that straddles two chunks is concatenated so every RecordBatch holds whole client batches, and
   runs of small pieces (many small shards) are copied into one batch.
-* ``gather``: arbitrary rows (a shuffled message) in one copy per column. Fixed-width columns
-  (primitives, FixedSizeList, ``arrow.fixed_shape_tensor``) are gathered with numpy straight into
-  the output buffer, per source chunk (``ChunkedArray.take`` on multi-chunk FixedSizeList is two
-  orders of magnitude slower); other columns use Arrow ``take`` per chunk. Chunks are visited one
-  at a time for all columns, so a message over thousands of shards holds one shard's memory at once.
+* ``gather``: arbitrary rows (a shuffled message). Fixed-width columns (primitives, FixedSizeList,
+  ``arrow.fixed_shape_tensor``) are copied once, in native code without the GIL, straight into
+  message order (``fixed_rows``; ``ChunkedArray.take`` on a multi-chunk FixedSizeList concatenates
+  the chunks first and is two orders of magnitude slower); other columns use Arrow ``take`` per
+  chunk. No Python runs per row.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,16 +20,20 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from flightfeed.server.data.catalog import Dataset
+from flightfeed.server.readers.open_files import shared_open_files
+from flightfeed.server.request.fixed_rows import FixedOut, fixed_layout, flat_values, gather_fixed
 
 __all__ = ["contiguous", "gather", "project"]
 
 _I64 = npt.NDArray[np.int64]
 _Arr = Any  # pyarrow arrays (the stubs type them per scalar type)
 _concat_batches: Callable[[list[pa.RecordBatch]], pa.RecordBatch] = pa.concat_batches  # type: ignore[attr-defined]
-_ROW_LOOP_BYTES = 16 << 10
 _COALESCE_BYTES = 1 << 20  # contiguous pieces smaller than this are copied together
 _VIEW_ENTRIES = 8192  # memoised (chunk, column) views per dataset
-_MISS = object()  # rows at least this large are copied one by one (one copy, no temp)
+_MISS = object()
+#: a message may hold the chunks of at most this share of the open-shard bound at once
+_PIN_SHARE = 4
+_fixed_layout = fixed_layout  # the name the tests used
 
 
 def project(batch: pa.RecordBatch, columns: Sequence[str] | None) -> pa.RecordBatch:
@@ -98,47 +101,6 @@ def _pieces(
         row = end
 
 
-@dataclass(frozen=True)
-class _Fixed:
-    """A fixed-width column layout: leaf numpy dtype, values per row, and how to rebuild it."""
-
-    dtype: np.dtype[np.generic]
-    width: int
-    rebuild: Callable[[_Arr], _Arr]
-
-
-def _fixed_layout(t: pa.DataType) -> _Fixed | None:
-    if isinstance(t, pa.BaseExtensionType):  # FixedShapeTensorType is not an ExtensionType subclass
-        storage = _fixed_layout(t.storage_type)
-        if storage is None:
-            return None
-        return _Fixed(storage.dtype, storage.width, lambda a: pa.ExtensionArray.from_storage(t, storage.rebuild(a)))
-    if pa.types.is_fixed_size_list(t):
-        inner = _fixed_layout(t.value_type)
-        if inner is None:
-            return None
-        list_type: Any = t
-        return _Fixed(
-            inner.dtype,
-            inner.width * t.list_size,
-            lambda a: pa.FixedSizeListArray.from_arrays(inner.rebuild(a), type=list_type),
-        )
-    if pa.types.is_integer(t) or pa.types.is_floating(t):
-        return _Fixed(np.dtype(t.to_pandas_dtype()), 1, lambda a: a)
-    return None
-
-
-def _flat_values(arr: _Arr) -> npt.NDArray[np.generic]:
-    while True:
-        if isinstance(arr, pa.ExtensionArray):
-            arr = arr.storage
-        elif isinstance(arr, pa.FixedSizeListArray):
-            arr = arr.flatten()  # respects the array's offset (.values would not)
-        else:
-            values: npt.NDArray[np.generic] = arr.to_numpy(zero_copy_only=True)
-            return values
-
-
 def _flat_view(ds: Dataset, cid: int, name: str, width: int) -> npt.NDArray[np.generic] | None:
     """Chunk ``cid``'s column ``name`` as a 2-d numpy view (rows, width); None when it has nulls.
     Memoised per dataset for zero-copy (memory-mapped) chunks: deriving it costs more than
@@ -151,18 +113,36 @@ def _flat_view(ds: Dataset, cid: int, name: str, width: int) -> npt.NDArray[np.g
         if hit is not _MISS:
             return hit  # type: ignore[return-value]
     arr = ds.chunk(cid).column(name)
-    view = None if arr.null_count else _flat_values(arr).reshape(len(arr), width)
+    view = None if arr.null_count else flat_values(arr).reshape(len(arr), width)
     if cacheable:
         ds.keep_view(key, view, _VIEW_ENTRIES)
     return view
 
 
-def gather(ds: Dataset, rows: _I64, columns: Sequence[str] | None) -> pa.RecordBatch:
-    """Stored ``rows`` (in this order) as one RecordBatch.
+def _flat_views(
+    ds: Dataset, groups: list[tuple[int, _I64, _I64]], cacheable: list[bool], name: str, width: int
+) -> list[npt.NDArray[np.generic] | None]:
+    """:func:`_flat_view` of every group's chunk, the memo read under one lock (the Python per
+    chunk is what a gather's GIL-held time is made of)."""
+    with ds.views_lock:
+        views = ds.views
+        hits = [views.get((c, name), _MISS) if z else _MISS for (c, _, _), z in zip(groups, cacheable, strict=True)]
+    out: list[npt.NDArray[np.generic] | None] = []
+    for (c, _, _), hit in zip(groups, hits, strict=True):
+        out.append(_flat_view(ds, c, name, width) if hit is _MISS else hit)  # type: ignore[arg-type]
+    return out
 
-    Chunk by chunk: each source chunk is read once and every column's rows are copied out of it
-    before the next chunk is read, so a message holds at most one chunk of a cached shard at a
-    time (an evicted shard's mapping can go while the message is still being gathered)."""
+
+def gather(ds: Dataset, rows: _I64, columns: Sequence[str] | None) -> pa.RecordBatch:
+    """Stored ``rows`` (in this order) as one RecordBatch, one native copy per byte.
+
+    Column by column: a fixed-width column's rows are copied once, straight into message order,
+    by one Arrow call over every chunk the message touches (``fixed_rows``: GIL released, so the
+    streams of a process gather in parallel); any other column (strings, lists, structs, nulls)
+    is taken per chunk with Arrow ``take`` and put in message order by one more Arrow ``take``.
+    No Python runs per row. The chunks a message touches are held until its columns are copied
+    (a shard evicted meanwhile keeps its mapping until then), unless they are of more shards than
+    a quarter of the open-shard bound: then fixed-width columns are copied a chunk at a time."""
     n = len(rows)
     cid, local = ds.locate(rows)
     order = np.argsort(cid, kind="stable")
@@ -174,10 +154,41 @@ def gather(ds: Dataset, rows: _I64, columns: Sequence[str] | None) -> pa.RecordB
         if a < b
     ]
     schema = ds.project_schema(columns or ())
-    fixed: list[_FixedOut | None] = []
+    if not groups:
+        return pa.RecordBatch.from_arrays([pa.array([], type=f.type) for f in schema], schema=schema)
+    shards = [ds.chunk_shard(c) for c, _, _ in groups]
+    if len({id(s) for s in shards}) <= max(1, shared_open_files().limit // _PIN_SHARE):
+        cacheable = [s.zero_copy for s in shards]
+        arrays = [_column(ds, fld, groups, n, cacheable) for fld in schema]
+    else:
+        arrays = _chunkwise(ds, schema, groups, n)
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _column(
+    ds: Dataset, fld: pa.Field[Any], groups: list[tuple[int, _I64, _I64]], n: int, cacheable: list[bool]
+) -> _Arr:
+    """One column of the message, holding all of its chunks at once."""
+    name, layout = fld.name, fixed_layout(fld.type)
+    if layout is not None:
+        views = _flat_views(ds, groups, cacheable, name, layout.width)
+        if all(v is not None for v in views):  # else nulls in a chunk: the column is taken generically
+            parts = [(v, dst, src) for v, (_, dst, src) in zip(views, groups, strict=True)]
+            return gather_fixed(layout, parts, n)  # type: ignore[arg-type]
+    if len(groups) == 1:  # one chunk: its take is already in message order
+        c, _, src = groups[0]
+        return ds.chunk(c).column(name).take(src)
+    return _gather_generic([(ds.chunk(c).column(name).take(src), dst) for c, dst, src in groups], n)
+
+
+def _chunkwise(ds: Dataset, schema: pa.Schema, groups: list[tuple[int, _I64, _I64]], n: int) -> list[_Arr]:
+    """Every column of the message, a source chunk at a time: each chunk is read once and all of
+    its columns' rows copied out before the next is read, so the message holds one shard's chunk
+    at once (for messages over more shards than may be open at once)."""
+    fixed: list[FixedOut | None] = []
     for fld in schema:
-        layout = _fixed_layout(fld.type)
-        fixed.append(_FixedOut(layout, n) if layout is not None else None)
+        layout = fixed_layout(fld.type)
+        fixed.append(FixedOut(layout, n) if layout is not None else None)
     taken: list[list[tuple[_Arr, _I64]]] = [[] for _ in schema]  # other columns: per-chunk takes
     for g, (c, dst, src) in enumerate(groups):
         for i, fld in enumerate(schema):
@@ -192,33 +203,7 @@ def gather(ds: Dataset, rows: _I64, columns: Sequence[str] | None) -> pa.RecordB
                 fixed[i] = None
                 taken[i] = [(ds.chunk(k).column(fld.name).take(s), d) for k, d, s in groups[:g]]
             taken[i].append((ds.chunk(c).column(fld.name).take(src), dst))
-    arrays = [out.array() if out is not None else _gather_generic(taken[i], n) for i, out in enumerate(fixed)]
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
-
-
-class _FixedOut:
-    """The output buffer of one fixed-width column, filled chunk by chunk."""
-
-    def __init__(self, layout: _Fixed, n: int) -> None:
-        self.layout = layout
-        # allocate from Arrow's pool (mimalloc reuses freed pages: no page faults per message) and
-        # gather straight into the buffer the RecordBatch will own
-        self.buf = pa.allocate_buffer(max(1, n * layout.width * layout.dtype.itemsize))
-        memory: Any = self.buf  # a mutable Arrow buffer exposes the buffer protocol (the stubs do not say so)
-        self.out = np.frombuffer(memory, dtype=layout.dtype, count=n * layout.width).reshape(n, layout.width)
-        self.row_loop = layout.width * layout.dtype.itemsize >= _ROW_LOOP_BYTES
-
-    def put(self, vals: npt.NDArray[np.generic], dst: _I64, src: _I64) -> None:
-        if self.row_loop:
-            out = self.out
-            for d, s in zip(dst.tolist(), src.tolist(), strict=True):
-                out[d] = vals[s]
-        else:
-            self.out[dst] = vals[src]
-
-    def array(self) -> _Arr:
-        leaf = pa.Array.from_buffers(pa.from_numpy_dtype(self.layout.dtype), self.out.size, [None, self.buf])
-        return self.layout.rebuild(leaf)
+    return [out.array() if out is not None else _gather_generic(taken[i], n) for i, out in enumerate(fixed)]
 
 
 def _gather_generic(pieces: list[tuple[_Arr, _I64]], n: int) -> _Arr:

@@ -1,7 +1,8 @@
 """The Flight service: list_flights, get_flight_info (one endpoint per stream), do_get, actions.
 
-Actions: ``stats`` (JSON figures for the sidecar), ``report`` (a client's ClientReport protobuf),
-``health`` (b"ok"). Every handler goes through the error boundary in ``_boundary``.
+Actions: ``stats`` (JSON figures for the sidecar; ``worker_locations`` lists the ``--workers``
+processes this one supervises, so a standalone sidecar merges theirs too), ``report`` (a client's
+ClientReport protobuf), ``health`` (b"ok"). Every handler goes through the error boundary in ``_boundary``.
 """
 
 from __future__ import annotations
@@ -32,15 +33,18 @@ from flightfeed.server.observe.reports import MAX_REPORT_BYTES, validate_report
 from flightfeed.server.observe.shared import shared_snapshot
 from flightfeed.server.observe.snapshot import metrics_snapshot
 from flightfeed.server.request.identity import job_digest
+from flightfeed.server.request.packed import packed_row_bytes, packed_schema
 from flightfeed.server.request.shared_messages import DEFAULT_SHARE_WINDOW, ShareWindow
 from flightfeed.server.request.streaming import (
     StreamSettings,
     check_columns,
+    check_index,
     make_tickets,
     message_row_bytes,
     stored_order_tickets,
     ticket_batches,
     transform_plan,
+    with_index_field,
 )
 from flightfeed.server.transforms import SKIP_KEY, Transformer
 from flightfeed.wire.errors import InvalidRequest
@@ -130,9 +134,12 @@ class FlightFeedServer(flight.FlightServerBase):
     # -- discovery ------------------------------------------------------------------------
     def _schema(self, ds: Dataset, read: Any) -> pa.Schema:
         """The schema a command's streams carry: projected, with transformed columns' new types."""
+        if read.HasField("pack"):
+            return packed_schema(ds, read)
         schema = ds.project_schema(list(read.columns))
         plan = transform_plan(ds, read, self.transformer)
-        return plan.schema(schema) if plan is not None else schema
+        check_index(ds, read)
+        return with_index_field(plan.schema(schema) if plan is not None else schema, read)
 
     def _info(
         self, ds: Dataset, descriptor: flight.FlightDescriptor, tickets: list[Any], schema: pa.Schema, first: int
@@ -178,6 +185,8 @@ class FlightFeedServer(flight.FlightServerBase):
 
     def _row_bytes(self, ds: Dataset, read: Any) -> int:
         """Bytes of one row as sent (after the request's transforms): what message sizes count."""
+        if read.HasField("pack"):
+            return packed_row_bytes(ds, read)
         return message_row_bytes(ds, list(read.columns), transform_plan(ds, read, self.transformer))
 
     @schema_errors
@@ -217,7 +226,7 @@ class FlightFeedServer(flight.FlightServerBase):
         ds = self.catalog.get(t.read.dataset)
         check_columns(ds, list(t.read.columns))
         row_bytes = self._row_bytes(ds, t.read)
-        check_ticket(ds, t, self.limits, row_bytes)
+        check_ticket(ds, t, self.limits, row_bytes, int(t.num_rows) if t.read.HasField("pack") else None)
         client = peer_host(context.peer() if context is not None else None)
         made = ticket_batches(ds, t, self.transformer, self.share_window)
         batches = metered(
@@ -268,6 +277,8 @@ class FlightFeedServer(flight.FlightServerBase):
             return iter([self.cluster.health(action.body.to_pybytes() if action.body is not None else b"")])
         if kind == "stats":
             snapshot = metrics_snapshot(self.metrics, datasets=[d.describe() for d in self.catalog.datasets()])
+            pool = self.cluster.workers  # the same callable the embedded sidecar merges (serve.py)
+            snapshot["worker_locations"] = pool.live() if pool is not None else []
             return iter([json.dumps(snapshot).encode()])
         if kind == "report":
             body = action.body.to_pybytes() if action.body is not None else b""

@@ -21,9 +21,10 @@ from flightfeed.server.data.readahead import NO_READAHEAD
 from flightfeed.server.data.shuffle_sizing import message_rows_cap, shuffle_defaults
 from flightfeed.server.request.gather import contiguous, gather
 from flightfeed.server.request.identity import request_identity, stream_group
+from flightfeed.server.request.packed import pack_tickets, packed_batches
 from flightfeed.server.request.shared_messages import ShareWindow
 from flightfeed.wire.errors import InvalidRequest, StaleState
-from flightfeed.wire.messages import WIRE_VERSION, ReadCommand, StreamTicket, span_of
+from flightfeed.wire.messages import INDEX_COLUMN, WIRE_VERSION, ReadCommand, StreamTicket, span_of
 from flightfeed.wire.plan import Partition, ceil_div, default_message_rows, split_streams, spread_message_rows
 
 if TYPE_CHECKING:
@@ -37,6 +38,8 @@ __all__ = [
     "check_columns",
     "transform_plan",
     "message_row_bytes",
+    "check_index",
+    "with_index_field",
 ]
 
 
@@ -56,6 +59,31 @@ def check_columns(ds: Dataset, columns: list[str]) -> None:
         raise InvalidRequest(
             f"unknown column(s) {unknown} in dataset {ds.name!r}; columns: {names}", field="columns"
         )
+
+
+def check_index(ds: Dataset, read: Any) -> None:
+    """``with_index`` adds a column ``row_index``: refused where the dataset has one of that name."""
+    if read.with_index and INDEX_COLUMN in ds.schema.names:
+        raise InvalidRequest(
+            f"dataset {ds.name!r} has a column named {INDEX_COLUMN!r}, the column with_index adds; read it "
+            "instead of asking with_index (or rename the stored column)",
+            field="with_index",
+        )
+
+
+def with_index_field(schema: pa.Schema, read: Any) -> pa.Schema:
+    """The schema a stream of ``read`` carries: ``schema`` plus ``row_index`` when it asks with_index."""
+    return schema.append(pa.field(INDEX_COLUMN, pa.int64(), nullable=False)) if read.with_index else schema
+
+
+def _indexed(batches: list[pa.RecordBatch], rows: Any) -> list[pa.RecordBatch]:
+    """``batches`` (holding the stored ``rows``, in order) with the ``row_index`` column appended."""
+    out, at = [], 0
+    for b in batches:
+        index = pa.array(rows[at : at + b.num_rows], type=pa.int64())
+        at += b.num_rows
+        out.append(b.append_column(pa.field(INDEX_COLUMN, pa.int64(), nullable=False), index))
+    return out
 
 
 def transform_plan(ds: Dataset, read: Any, transformer: Transformer | None) -> Plan | None:
@@ -83,9 +111,14 @@ def make_tickets(
 
     Unless the command names ``message_rows``, messages hold about ``settings.message_bytes``,
     capped so the rows make several messages per stream and node (``spread_message_rows``):
-    the sample sequence never depends on it, only how finely work can move between nodes."""
+    the sample sequence never depends on it, only how finely work can move between nodes.
+    A command with ``pack`` gets tickets whose rows are token windows (``packed``)."""
+    if cmd.HasField("pack"):
+        ds.check_unchanged(stale=True)
+        return pack_tickets(ds, cmd, settings.message_bytes, settings.readahead_windows, nodes)
     columns = list(cmd.columns)
     check_columns(ds, columns)
+    check_index(ds, cmd)
     ds.check_unchanged(stale=True)
     plan = transform_plan(ds, cmd, transformer)
     if cmd.fingerprint and cmd.fingerprint != ds.fingerprint:
@@ -190,6 +223,9 @@ def ticket_batches(
     """The RecordBatches ``ticket`` promised, message by message (transformed when it says so).
     Shuffled and transformed messages go through ``window`` (shared jobs): made once for every
     identical request that asks while the window holds them."""
+    if ticket.read.HasField("pack"):  # rows are token windows
+        yield from packed_batches(ds, ticket)
+        return
     if ticket.fingerprint != ds.fingerprint or ticket.num_rows != ds.num_rows:
         raise StaleState(
             f"ticket was made for another version of dataset {ds.name!r} "
@@ -199,6 +235,7 @@ def ticket_batches(
     read = ticket.read
     columns = list(read.columns)
     check_columns(ds, columns)
+    check_index(ds, read)
     span = span_of(ticket)
     if ticket.stored_order:
         if span.end_row > ds.num_rows:
@@ -234,7 +271,11 @@ def ticket_batches(
 
                 def make(lo: int = lo, hi: int = hi) -> list[pa.RecordBatch]:
                     rows = order.rows(part.positions(lo, hi)) if order.shuffle else part.positions(lo, hi)
-                    return list(transformer.message(ds, plan, rows, columns, key, int(read.batch_rows)))
+                    return list(
+                        transformer.message(
+                            ds, plan, rows, columns, key, int(read.batch_rows), with_index=bool(read.with_index)
+                        )
+                    )
 
                 yield from shared.get(ds.name, (identity, lo, hi), make)
 
@@ -256,5 +297,8 @@ def ticket_batches(
                     return [gather(ds, order.rows(part.positions(lo, hi)), columns)]
 
                 batches = shared.get(ds.name, (identity, lo, hi), make)
+            if read.with_index:  # traceability: each row's stored index, appended after the gather
+                positions = part.positions(lo, hi)
+                batches = _indexed(batches, order.rows(positions) if order.shuffle else positions)
             ahead.after()
             yield from batches

@@ -5,7 +5,8 @@ In-process (``flightfeed serve``)::
 
     handle = start_sidecar(LocalSource(metrics, catalog, flight_location), host, port)
 
-Standalone (``flightfeed sidecar --flight grpc://host:port``): ``RemoteSource(location)``.
+Standalone (``flightfeed sidecar --flight grpc://host:port``): ``aggregate.standalone_source(location)``
+(a ``RemoteSource`` plus the ``--workers`` processes the server lists).
 """
 
 from flightfeed.server.sidecar.app import create_app

@@ -16,22 +16,24 @@ standalone sidecar reads, with the Prometheus exposition inside) and merges:
 
 A worker that does not answer is left out (and counted as down), never fatal. The worker
 locations come from a callable, so whoever starts and supervises the workers stays the source
-of truth.
+of truth: in ``flightfeed serve``, its ``WorkerPool.live``; in the standalone sidecar
+(``flightfeed sidecar``, :func:`standalone_source`), the ``worker_locations`` the coordinator's
+``stats`` action lists (the same ``WorkerPool.live``), read with the coordinator's snapshot.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
-from flightfeed.server.sidecar.sources import FlightProbe, LocalSource
+from flightfeed.server.sidecar.sources import FlightProbe, RemoteSource, StatsSource
 from flightfeed.wire.errors import FlightFeedError
 
-__all__ = ["AggregateSource", "merge_prometheus", "merge_stats"]
+__all__ = ["AggregateSource", "merge_prometheus", "merge_stats", "standalone_source"]
 
 _MAX = ("flightfeed_uptime_seconds", "flightfeed_cache_bytes", "flightfeed_shared_stream_trainers")
 _DATASET_SUMS = (
@@ -149,17 +151,25 @@ def _merge_shared(out: dict[str, Any], other: Any) -> None:
         into["hit_ratio"] = into.get("hits", 0) / seen if seen else None
 
 
+class _Coordinator(StatsSource, Protocol):
+    def close(self) -> None: ...
+
+
 class AggregateSource:
-    """The coordinator's :class:`LocalSource` plus every worker's figures (``flightfeed serve --workers N``)."""
+    """The coordinator's figures (``local``: its :class:`LocalSource`, or the standalone sidecar's
+    :class:`RemoteSource`) plus every worker's (``flightfeed serve --workers N``). ``local`` is read
+    before ``workers()`` is called. ``verify_tls``: check the workers' TLS certificates (the
+    standalone sidecar checks them as it checks the coordinator's; the embedded one does not)."""
 
     def __init__(
         self,
-        local: LocalSource,
+        local: _Coordinator,
         workers: Callable[[], Sequence[str]],
         *,
         token: str | None = None,
         tls_root_certs: bytes | None = None,
         timeout_s: float = 2.0,
+        verify_tls: bool = False,
     ) -> None:
         self.local = local
         self._workers = workers
@@ -167,7 +177,7 @@ class AggregateSource:
             "timeout_s": timeout_s,
             "token": token,
             "tls_root_certs": tls_root_certs,
-            "verify_tls": False,  # this node's own worker processes
+            "verify_tls": verify_tls,
         }
         self._probes: dict[str, FlightProbe] = {}
 
@@ -190,8 +200,8 @@ class AggregateSource:
         return snaps, up, down
 
     def prometheus_text(self) -> bytes:
+        texts = [self.local.prometheus_text().decode()]  # first: a RemoteSource learns the workers
         snaps, up, _ = self._worker_snapshots()
-        texts = [self.local.prometheus_text().decode()]
         texts += [str(s.get("prometheus_text", "")) for s in snaps]
         merged = merge_prometheus(texts)
         merged += (
@@ -202,8 +212,9 @@ class AggregateSource:
         return merged.encode()
 
     def stats(self) -> dict[str, Any]:
+        mine = self.local.stats()  # first: a RemoteSource learns the workers
         snaps, up, down = self._worker_snapshots()
-        out = merge_stats(self.local.stats(), snaps)
+        out = merge_stats(mine, snaps)
         out["workers"] = {"merged": up, "not_answering": down}
         return out
 
@@ -215,3 +226,17 @@ class AggregateSource:
             probe.close()
         self._probes.clear()
         self.local.close()
+
+
+def standalone_source(
+    flight_location: str, *, timeout_s: float = 2.0, token: str | None = None, tls_root_certs: bytes | None = None
+) -> AggregateSource:
+    """The source of ``flightfeed sidecar --flight LOC``: the server's figures through its ``stats``
+    action plus those of the worker processes it lists there (``worker_locations``), merged as the
+    embedded sidecar merges them. The workers are asked with the server's token and TLS roots, and
+    their certificates are checked as the server's is; readiness is the server's (``RemoteSource``)."""
+    remote = RemoteSource(flight_location, timeout_s=timeout_s, token=token, tls_root_certs=tls_root_certs)
+    return AggregateSource(
+        remote, remote.worker_locations, token=token, tls_root_certs=tls_root_certs, timeout_s=timeout_s,
+        verify_tls=True,
+    )

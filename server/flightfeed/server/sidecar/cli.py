@@ -48,8 +48,8 @@ def _read(path: Path | None, what: str) -> bytes | None:
 
 def run(args: argparse.Namespace) -> int:
     from flightfeed.server.guards.exposure import sidecar_exposure_warnings
+    from flightfeed.server.sidecar.aggregate import standalone_source
     from flightfeed.server.sidecar.runner import start_sidecar
-    from flightfeed.server.sidecar.sources import RemoteSource
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if not str(args.flight).startswith(("grpc://", "grpc+tcp://", "grpc+tls://", "grpc+unix://")):
@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     if not getattr(args, "insecure", False):
         for line in sidecar_exposure_warnings(args.host, has_token=token is not None):
             print(line, file=sys.stderr, flush=True)
-    source = RemoteSource(args.flight, timeout_s=args.timeout, token=token, tls_root_certs=roots)
+    # the server's figures, plus its --workers processes' (listed in its stats answer)
+    source = standalone_source(args.flight, timeout_s=args.timeout, token=token, tls_root_certs=roots)
     handle = start_sidecar(source, args.host, args.port, log_level=args.log_level, token=token)
     print(f"flightfeed sidecar for {args.flight} at {handle.url}", flush=True)
     stop = threading.Event()

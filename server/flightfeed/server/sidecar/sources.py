@@ -6,7 +6,11 @@
   second container in the pod) and asks the Flight server through the ``stats`` action. It
   relays the server's Prometheus exposition verbatim (the snapshot carries it under
   ``prometheus_text``), so ``/metrics`` is the same in both modes, and adds one metric of its
-  own, ``flightfeed_sidecar_flight_up`` (1 while the Flight server answers, else 0).
+  own, ``flightfeed_sidecar_flight_up`` (1 while the Flight server answers, else 0). A server
+  started with ``--workers N`` lists its worker processes in the snapshot (``worker_locations``):
+  :meth:`RemoteSource.worker_locations` hands them to
+  :func:`~flightfeed.server.sidecar.aggregate.standalone_source`, which merges their figures as the
+  embedded sidecar does.
 
 Both are ready while the Flight server answers a trainer's request path (``health``,
 ``list_flights``, ``get_flight_info``) within the probe's timeout: see :mod:`.readiness`.
@@ -18,6 +22,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from flightfeed.server.cluster.spread import host_of, is_wildcard, with_host
 from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.observe.probe import FlightProbe
 from flightfeed.server.observe.snapshot import metrics_snapshot
@@ -27,7 +32,7 @@ from flightfeed.wire.errors import FlightFeedError
 __all__ = ["StatsSource", "LocalSource", "RemoteSource", "FlightProbe", "SIDECAR_METRICS", "not_ready_reason"]
 
 #: metrics a standalone sidecar adds to the server's exposition
-SIDECAR_METRICS = ("flightfeed_sidecar_flight_up",)
+SIDECAR_METRICS = ("flightfeed_sidecar_flight_up", "flightfeed_sidecar_workers_up")
 
 _UP_METRIC = (
     "# HELP flightfeed_sidecar_flight_up 1 while the Flight server answers the sidecar, else 0\n"
@@ -109,8 +114,17 @@ class RemoteSource:
         self._probe = ServingProbe(
             flight_location, timeout_s=timeout_s, token=token, tls_root_certs=tls_root_certs
         )
+        self._workers: list[str] = []
+
+    def worker_locations(self) -> list[str]:
+        """The worker processes the server listed in its latest ``stats`` answer (``--workers N``;
+        [] before the first answer, after a failed one, or from a single-process server). A
+        wildcard host (a server bound to ``0.0.0.0``) is dialled at the host the sidecar reaches
+        the server at: the workers run beside it (in a pod: the same network namespace)."""
+        return list(self._workers)
 
     def _snapshot(self) -> dict[str, Any]:
+        self._workers = []
         body = self._probe.action("stats")
         try:
             snap = json.loads(body)
@@ -121,6 +135,13 @@ class RemoteSource:
             ) from None
         if not isinstance(snap, dict):
             raise FlightFeedError(f"the 'stats' answer of {self.flight_location} is not a JSON object")
+        listed = snap.get("worker_locations")
+        if isinstance(listed, list):
+            host = host_of(self.flight_location)
+            here = not is_wildcard(self.flight_location)
+            self._workers = [
+                with_host(w, host) if here and is_wildcard(w) else w for w in listed if isinstance(w, str) and w
+            ]
         return snap
 
     def prometheus_text(self) -> bytes:

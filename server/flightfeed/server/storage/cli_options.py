@@ -22,6 +22,7 @@ __all__ = [
     "size_argument",
     "parse_casts",
     "parse_hdf5_groups",
+    "parse_hdf5_columns",
     "add_chunk_cache_argument",
     "apply_config",
 ]
@@ -102,6 +103,33 @@ def parse_hdf5_groups(items: Sequence[str]) -> tuple[str | None, dict[str, str]]
     return shared, per
 
 
+def parse_hdf5_columns(items: Sequence[str]) -> tuple[tuple[str, ...] | None, dict[str, tuple[str, ...]]]:
+    """``--hdf5-columns`` values -> (the datasets picked for every HDF5 dataset, dataset name -> its own).
+
+    ``DS1,DS2`` picks the datasets of the served group that become columns, for every HDF5 dataset;
+    ``NAME=DS1,DS2`` for dataset NAME only (as ``--hdf5-group``)."""
+    shared: tuple[str, ...] | None = None
+    per: dict[str, tuple[str, ...]] = {}
+    for item in items:
+        name, sep, rest = item.partition("=")
+        per_dataset = bool(sep and name and "/" not in name)
+        picked = tuple(p.strip() for p in (rest if per_dataset else item).split(",") if p.strip())
+        if not picked:
+            raise ConfigError(f"--hdf5-columns {item!r}: expected [NAME=]DS1,DS2, e.g. --hdf5-columns temp,time")
+        if per_dataset:
+            if name in per:
+                raise ConfigError(f"--hdf5-columns: dataset {name!r} is given its columns twice")
+            per[name] = picked
+        elif shared is not None:
+            raise ConfigError(
+                f"--hdf5-columns {','.join(shared)!r} and {item!r}: one pick for every dataset at most; give other "
+                "datasets their own with --hdf5-columns NAME=DS1,DS2"
+            )
+        else:
+            shared = picked
+    return shared, per
+
+
 def add_chunk_cache_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--chunk-cache",
@@ -115,7 +143,8 @@ def add_chunk_cache_argument(parser: argparse.ArgumentParser) -> None:
 
 def apply_config(options: StorageOptions, args: argparse.Namespace, config: Mapping[str, object]) -> None:
     """Settings of a ``--config`` file that flags did not give: ``chunk_cache`` (bytes or a size
-    text) and ``hdf5_group`` (a group, or a table of dataset name -> group)."""
+    text), ``hdf5_group`` (a group, or a table of dataset name -> group) and ``hdf5_columns``
+    (``"a,b"`` / ``["a", "b"]``, or a table of dataset name -> such a list)."""
     cache = getattr(args, "chunk_cache", None)
     if cache is None:
         cache = config.get("chunk_cache", config.get("chunk-cache"))
@@ -133,6 +162,23 @@ def apply_config(options: StorageOptions, args: argparse.Namespace, config: Mapp
             options.hdf5_groups = {str(k): str(v) for k, v in groups.items()}
         else:
             raise ConfigError(f"hdf5_group {groups!r}: expected a group name or a table of dataset name = group")
+    picks = config.get("hdf5_columns", config.get("hdf5-columns"))
+    if not getattr(args, "hdf5_columns", None) and picks is not None:
+        if isinstance(picks, Mapping):
+            options.hdf5_columns_per = {str(k): _dataset_list(v, f"hdf5_columns.{k}") for k, v in picks.items()}
+        else:
+            options.hdf5_columns = _dataset_list(picks, "hdf5_columns")
+
+
+def _dataset_list(value: object, key: str) -> tuple[str, ...]:
+    """A config file's pick of datasets: ``"a,b"`` or ``["a", "b"]``."""
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not all(isinstance(v, str) for v in items):
+        raise ConfigError(f"{key} {value!r}: expected dataset names, e.g. \"temp,time\" or [\"temp\", \"time\"]")
+    picked = tuple(v.strip() for v in items if v.strip())
+    if not picked:
+        raise ConfigError(f"{key} {value!r}: names no dataset")
+    return picked
 
 
 def add_reader_arguments(parser: argparse.ArgumentParser) -> None:
@@ -143,6 +189,14 @@ def add_reader_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         help="the HDF5 group whose datasets become columns; NAME=GROUP for dataset NAME only (repeatable)",
+    )
+    group.add_argument(
+        "--hdf5-columns",
+        metavar="[NAME=]DS1,DS2",
+        action="append",
+        default=[],
+        help="only these datasets of the group become columns (e.g. those of one length, where a netCDF or "
+        "Keras file mixes lengths); NAME=DS1,DS2 for dataset NAME only (repeatable)",
     )
     group.add_argument(
         "--cast",
@@ -160,6 +214,7 @@ def storage_options_from_args(args: argparse.Namespace, environ: Mapping[str, st
     )
     region = getattr(args, "s3_region", None) or environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION")
     group, groups = parse_hdf5_groups(getattr(args, "hdf5_group", None) or [])
+    picked, picked_per = parse_hdf5_columns(getattr(args, "hdf5_columns", None) or [])
     options = StorageOptions(
         s3_endpoint=endpoint or None,
         s3_region=region or None,
@@ -170,6 +225,8 @@ def storage_options_from_args(args: argparse.Namespace, environ: Mapping[str, st
         cache_size=getattr(args, "cache_size", None),
         hdf5_group=group,
         hdf5_groups=groups,
+        hdf5_columns=picked,
+        hdf5_columns_per=picked_per,
         casts=parse_casts(getattr(args, "cast", None) or []),
     )
     if getattr(args, "chunk_cache", None) is not None:

@@ -29,6 +29,8 @@ class StorageOptions:
     cache_size: int | None = None
     hdf5_group: str | None = None  # for every HDF5 dataset without its own entry in hdf5_groups
     hdf5_groups: dict[str, str] = field(default_factory=dict)  # dataset name -> HDF5 group
+    hdf5_columns: tuple[str, ...] | None = None  # --hdf5-columns: the group's datasets that become columns
+    hdf5_columns_per: dict[str, tuple[str, ...]] = field(default_factory=dict)  # dataset name -> its pick
     casts: dict[str, str] = field(default_factory=dict)
     # False (several datasets served): the plain --hdf5-group / --cast skip non-HDF5 datasets
     strict_reader_options: bool = True
@@ -57,6 +59,11 @@ def reader_options(opts: StorageOptions, name: str, fmt: str, uri: str) -> dict[
     ``--hdf5-group NAME=GROUP``, else the plain ``--hdf5-group GROUP``) and the casts."""
     out: dict[str, object] = {}
     if fmt != "hdf5":
+        if name in opts.hdf5_columns_per:
+            raise ConfigError(
+                f"--hdf5-columns {name}=...: dataset {name!r} ({uri}) is {fmt}, not HDF5; --hdf5-columns applies "
+                "only to HDF5 datasets (other formats: FlightDataset(columns=...))"
+            )
         if name in opts.hdf5_groups:
             raise ConfigError(
                 f"--hdf5-group {name}={opts.hdf5_groups[name]}: dataset {name!r} ({uri}) is {fmt}, not HDF5; "
@@ -67,10 +74,15 @@ def reader_options(opts: StorageOptions, name: str, fmt: str, uri: str) -> dict[
                 out["group"] = opts.hdf5_group
             if opts.casts:
                 out["casts"] = opts.casts
+            if opts.hdf5_columns is not None:
+                out["datasets"] = opts.hdf5_columns
         return out
     group = opts.hdf5_groups.get(name, opts.hdf5_group)
     if group is not None:
         out["group"] = group
     if opts.casts:
         out["casts"] = opts.casts
+    picked = opts.hdf5_columns_per.get(name, opts.hdf5_columns)
+    if picked is not None:
+        out["datasets"] = picked
     return out

@@ -161,7 +161,7 @@ def download(
 
 def upload(fs: pafs.FileSystem, src: str, path: str, *, piece: int = 16 << 20) -> None:
     """Copy the local file ``src`` to the object ``path`` (multipart upload by pyarrow)."""
-    with open(src, "rb") as f, fs.open_output_stream(path) as out:
+    with open(src, "rb") as f, fs.open_output_stream(path, compression=None) as out:  # not by suffix: .gz stays
         while data := f.read(piece):
             out.write(data)
     info = fs.get_file_info(path)

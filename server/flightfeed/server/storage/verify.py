@@ -24,7 +24,9 @@ import logging
 import os
 import threading
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 
+from flightfeed.server.cores import available_cores
 from flightfeed.server.data.catalog import Dataset
 from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.readers.blocks import BlockCheck
@@ -60,13 +62,17 @@ class ShardVerifier:
         self._lock = threading.Lock()
         self._queue: deque[int] = deque()
         self._queued: set[int] = set()
-        self._thread: threading.Thread | None = None
+        self._threads = 0  # hashing threads running (one per core at most: hashlib releases the GIL)
+        self.max_threads = available_cores()
         self.verified: set[int] = set()
 
     def verify_now(self) -> None:
-        """Hash every listed shard now; raise DatasetError naming the first that differs."""
-        for s in sorted(self.expected):
-            problem = self._check(s)
+        """Hash every listed shard now (one thread per core); raise DatasetError naming the first
+        that differs."""
+        shards = sorted(self.expected)
+        with ThreadPoolExecutor(max(1, min(self.max_threads, len(shards))), "flightfeed-verify") as pool:
+            problems = list(pool.map(self._check, shards))
+        for problem in problems:
             if problem is not None:
                 raise DatasetError(
                     f"{problem}; restore the shard, re-run `flightfeed convert`, or serve with --verify off"
@@ -79,20 +85,22 @@ class ShardVerifier:
                 return
             self._queued.add(s)
             self._queue.append(s)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name=f"flightfeed-verify-{self.ds.name}", daemon=True)
-                self._thread.start()
+            if self._threads >= self.max_threads:
+                return
+            self._threads += 1
+        name = f"flightfeed-verify-{self.ds.name}"
+        threading.Thread(target=self._run, name=name, daemon=True).start()
 
     @property
     def running(self) -> bool:
-        t = self._thread
-        return t is not None and t.is_alive()
+        with self._lock:
+            return self._threads > 0
 
     def _run(self) -> None:
         while True:
             with self._lock:
                 if not self._queue:
-                    self._thread = None
+                    self._threads -= 1
                     return
                 s = self._queue.popleft()
             problem = self._check(s)

@@ -74,8 +74,11 @@ def run(args: argparse.Namespace) -> int:
             report = inspect_dataset(args.target, options, verify=True)
         else:
             options = storage_options_from_args(args, os.environ)
-            if options.hdf5_groups:
-                raise ConfigError("inspect reads one dataset: give its group as --hdf5-group GROUP (no NAME=)")
+            if options.hdf5_groups or options.hdf5_columns_per:
+                raise ConfigError(
+                    "inspect reads one dataset: give its group as --hdf5-group GROUP and its datasets as "
+                    "--hdf5-columns DS1,DS2 (no NAME=)"
+                )
             report = inspect_dataset(args.target, options, verify=args.verify)
     except (FlightFeedError, OSError) as exc:
         print(f"flightfeed inspect: error: {exc}", file=sys.stderr)

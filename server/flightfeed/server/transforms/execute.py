@@ -37,7 +37,7 @@ from flightfeed.server.transforms.pipeline import ColumnPlan, Plan, Step, compil
 from flightfeed.server.transforms.registry import Registry
 from flightfeed.server.transforms.rng import DrawKey, row_generator
 from flightfeed.wire.errors import ShardError
-from flightfeed.wire.messages import SkipInfo
+from flightfeed.wire.messages import INDEX_COLUMN, SkipInfo
 from flightfeed.wire.transforms import SKIP_INFO_KEY
 
 __all__ = ["Transformer", "SKIP_KEY", "run_row", "fill_row", "prepare_row", "read_ahead"]
@@ -167,9 +167,11 @@ class Transformer:
 
     # -- running --------------------------------------------------------------------------
     def message(
-        self, ds: Dataset, plan: Plan, rows: _I64, columns: Sequence[str], key: DrawKey, batch_rows: int
+        self, ds: Dataset, plan: Plan, rows: _I64, columns: Sequence[str], key: DrawKey, batch_rows: int,
+        *, with_index: bool = False,
     ) -> Iterator[pa.RecordBatch]:
-        """The message of stored ``rows`` (in this order), transformed."""
+        """The message of stored ``rows`` (in this order), transformed; ``with_index``: plus the
+        int64 ``row_index`` column (``rows``), added before undecodable rows are dropped."""
         t0 = time.perf_counter()
         n = len(rows)
         schema = plan.schema(ds.project_schema(columns))
@@ -205,6 +207,9 @@ class Transformer:
                 f"transform: {failed[i]}; request on_decode_error='skip' to drop such rows (counted)"
             )
         cols = [arrays[f.name] if f.name in arrays else rest.column(f.name) for f in schema]  # type: ignore[union-attr]
+        if with_index:
+            cols.append(pa.array(rows, type=pa.int64()))
+            schema = schema.append(pa.field(INDEX_COLUMN, pa.int64(), nullable=False))
         batch = pa.RecordBatch.from_arrays(cols, schema=schema)
         if self.metrics is not None:
             self.metrics.transformed(

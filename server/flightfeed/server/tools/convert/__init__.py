@@ -1,7 +1,10 @@
-"""``flightfeed convert SRC DST``: HDF5, Parquet, NumPy (.npy/.npz) and image folders into sharded
-``.arrow`` files (Arrow IPC file format) plus ``manifest.json``; DST may be ``s3://bucket/prefix``.
+"""``flightfeed convert SRC DST``: HDF5, Parquet, NumPy (.npy/.npz), image folders and the formats of
+other loaders (WebDataset, LMDB, TFRecord, MosaicML MDS, LitData, Hugging Face ``datasets``:
+``formats.py``) into sharded ``.arrow`` files (Arrow IPC file format) plus ``manifest.json``; SRC
+(for those formats) and DST may be ``s3://bucket/prefix``.
 
-Library entry point: ``convert(src, dst, ConvertSettings(...))``. The subcommand lives in
+Library entry points: ``convert(src, dst, ConvertSettings(...))``; ``convert_splits`` for a folder of
+split folders (``train/``, ``val/``: one dataset each). The subcommand lives in
 ``flightfeed.server.tools.convert.cli`` (``add_arguments``/``run``, re-exported here).
 """
 
@@ -9,5 +12,6 @@ from __future__ import annotations
 
 from flightfeed.server.tools.convert.cli import add_arguments, run
 from flightfeed.server.tools.convert.pipeline import ConvertSettings, convert
+from flightfeed.server.tools.convert.splits import convert_splits
 
-__all__ = ["convert", "ConvertSettings", "add_arguments", "run"]
+__all__ = ["convert", "convert_splits", "ConvertSettings", "add_arguments", "run"]

@@ -1,7 +1,11 @@
 """Image folders for ``flightfeed convert``: ``ROOT/CLASS/*.jpg|png`` -> rows of (image, label).
 
 Classes are the sorted subfolder names; ``label`` is the class index (int64), and the class
-names are kept in the schema metadata (``flightfeed.classes``, a JSON list). ``image`` holds the
+names are kept in the schema metadata (``flightfeed.classes``, a JSON list). ``source_path``
+(string, unless ``--no-source-path``) is each image's path relative to the folder converted, so a
+row can be traced back to its file. A folder whose subfolders are dataset splits (``train/``,
+``val/``, ...: :func:`split_folders`) is not one dataset: ``convert`` refuses it here and the CLI
+converts each split (``splits``). ``image`` holds the
 encoded file bytes (binary), or with ``decode`` and ``size`` a uint8 tensor H x W x 3 (RGB,
 resized with bilinear filtering). Decoding runs on a thread pool (Pillow releases the GIL).
 
@@ -28,15 +32,45 @@ from flightfeed.server.readers.ndarray import column_from_ndarray
 from flightfeed.server.tools.convert.image_check import BadImage, checked_bytes
 from flightfeed.wire.errors import ConfigError, DatasetError
 
-__all__ = ["ImageFolderSource", "IMAGE_SUFFIXES", "looks_like_image_folder"]
+__all__ = [
+    "ImageFolderSource", "IMAGE_SUFFIXES", "SOURCE_PATH", "SPLIT_NAMES", "looks_like_image_folder", "class_folders",
+    "split_folders",
+]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 BAD_IMAGE_POLICIES = ("error", "skip")
+#: the column holding each image's path relative to the converted root (``--no-source-path``: none)
+SOURCE_PATH = "source_path"
 _log = logging.getLogger(__name__)
 
 
 def looks_like_image_folder(src: str) -> bool:
     return os.path.isdir(src) and any(f.lower().endswith(IMAGE_SUFFIXES) for _, _, names in os.walk(src) for f in names)
+
+
+#: folder names that mean a dataset split, not a class (case-insensitive)
+SPLIT_NAMES = frozenset({"train", "training", "val", "valid", "validation", "test", "testing", "dev", "eval"})
+
+
+def split_folders(root: str) -> list[str]:
+    """The split subfolders of ``root`` when it holds splits of class folders (``train/CLASS/*.jpg``,
+    ``val/CLASS/*.jpg``): every subfolder is named like a split and holds class folders of images.
+    [] for a plain image folder (a class named ``val`` whose images sit directly in it is a class)."""
+    if not os.path.isdir(root):
+        return []
+    subs = class_folders(root)
+    if not subs or any(name.lower() not in SPLIT_NAMES for name in subs):
+        return []
+    def holds_classes(split: str) -> bool:
+        where = os.path.join(root, split)
+        return any(looks_like_image_folder(os.path.join(where, c)) for c in class_folders(where))
+
+    return subs if all(holds_classes(n) for n in subs) else []
+
+
+def class_folders(root: str) -> list[str]:
+    """The sorted non-hidden subfolders of ``root`` (an image folder's classes)."""
+    return sorted(d.name for d in os.scandir(root) if d.is_dir() and not d.name.startswith("."))
 
 
 class ImageFolderSource:
@@ -48,7 +82,14 @@ class ImageFolderSource:
         size: tuple[int, int] | None = None,
         max_side: int | None = None,
         on_bad_image: str = "error",
+        classes: list[str] | None = None,
+        source_path: bool = True,
+        base: str | None = None,
     ) -> None:
+        """``classes``: the class list to label with (a split of a dataset: the union over its
+        splits, so label ``i`` names one class in every split; default: ``root``'s subfolders).
+        ``source_path``: add the ``source_path`` column, each image's path relative to ``base``
+        (default ``root``), with ``/`` separators."""
         if on_bad_image not in BAD_IMAGE_POLICIES:
             raise ConfigError(f"--on-bad-image {on_bad_image!r}: use 'error' or 'skip'")
         if max_side is not None and (decode or max_side < 1):
@@ -60,15 +101,20 @@ class ImageFolderSource:
             raise ConfigError("--decode needs --resize WxH (decoded images become fixed-shape tensors)")
         if size is not None and not decode:
             raise ConfigError("--resize needs --decode (encoded images are stored as they are)")
-        classes = sorted(d.name for d in os.scandir(root) if d.is_dir() and not d.name.startswith("."))
+        self._base = base if base is not None else root  # source_path is relative to it
+        present = class_folders(root)
+        if classes is None:
+            classes = present
         items: list[tuple[str, int]] = []
         empty: list[str] = []
         for label, name in enumerate(classes):
+            if name not in present:
+                continue  # a class of another split
             found = len(items)
-            for base, dirs, names in os.walk(os.path.join(root, name)):
+            for here, dirs, names in os.walk(os.path.join(root, name)):
                 dirs[:] = sorted(d for d in dirs if not d.startswith("."))
                 items.extend(
-                    (os.path.join(base, n), label) for n in sorted(names) if n.lower().endswith(IMAGE_SUFFIXES)
+                    (os.path.join(here, n), label) for n in sorted(names) if n.lower().endswith(IMAGE_SUFFIXES)
                 )
             if len(items) == found:
                 empty.append(name)
@@ -102,7 +148,11 @@ class ImageFolderSource:
             image_type = pa.binary()
             metadata["flightfeed.image_layout"] = "encoded"
         self._image_type = image_type
-        self.schema = pa.schema([pa.field("image", image_type), pa.field("label", pa.int64())], metadata)
+        fields = [pa.field("image", image_type), pa.field("label", pa.int64())]
+        self._source_path = source_path
+        if source_path:
+            fields.append(pa.field(SOURCE_PATH, pa.string()))
+        self.schema = pa.schema(fields, metadata)
         self._pool = ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1)), thread_name_prefix="decode")
 
     @property
@@ -123,7 +173,11 @@ class ImageFolderSource:
                 image = column_from_ndarray(np.stack([loaded[k] for k in keep]), self._image_type)
             else:
                 image = pa.array([loaded[k] for k in keep], type=pa.binary())
-            yield pa.RecordBatch.from_arrays([image, labels], schema=self.schema)
+            arrays = [image, labels]
+            if self._source_path:
+                rel = [os.path.relpath(part[k][0], self._base).replace(os.sep, "/") for k in keep]
+                arrays.append(pa.array(rel, type=pa.string()))
+            yield pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
     def _bad(self, value: Any) -> bool:
         if not isinstance(value, BadImage):

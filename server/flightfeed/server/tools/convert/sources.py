@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -61,14 +61,16 @@ def _same_schema(first: pa.Schema, other: pa.Schema, first_name: str, other_name
 class Hdf5Source:
     """HDF5 files; the columns of ``group`` (default: the only group with row-aligned datasets)."""
 
-    def __init__(self, files: list[str], group: str | None, casts: Mapping[str, str]) -> None:
+    def __init__(
+        self, files: list[str], group: str | None, casts: Mapping[str, str], datasets: Sequence[str] | None = None
+    ) -> None:
         from flightfeed.server.readers.hdf5 import Hdf5Shard
 
         self.description = f"HDF5 ({len(files)} file(s))"
         self._shards: list[Hdf5Shard] = []
         try:
             for path in files:
-                self._shards.append(Hdf5Shard(path, group=group, casts=casts))
+                self._shards.append(Hdf5Shard(path, group=group, casts=casts, datasets=datasets))
                 _same_schema(self._shards[0].schema, self._shards[-1].schema, files[0], path)
         except BaseException:
             self.close()

@@ -1,0 +1,172 @@
+"""Fixed-width rows gathered in one native copy, without the GIL.
+
+A fixed-width column (a primitive, a ``FixedSizeList`` of them, ``arrow.fixed_shape_tensor``)
+is, per chunk, a 2-d block of rows of ``row_bytes`` each. A shuffled message takes rows from
+many chunks in an order of its own. Copying them with numpy costs two copies (``vals[src]``
+makes a temporary, ``out[dst] = ...`` copies it again) and a row-by-row Python loop holds the GIL
+for every row; neither numpy nor Arrow's ``take`` (which concatenates a multi-chunk column
+first) gathers across chunks in one pass.
+
+Arrow's ``binary_view`` type can: each of its values is a 16-byte view (length, 4-byte prefix,
+buffer index, offset) into any of several data buffers. The message's rows become one view each,
+the chunks' row blocks its data buffers (zero-copy), and casting the view array to
+``large_binary`` copies every row once, in message order, into one new buffer, in Arrow's C++
+with the GIL released (so streams gather in parallel). The rows of that buffer become the
+column's values without another copy. Building the views is numpy work per chunk, never per row.
+
+Rows under ``VIEW_MIN_BYTES`` (labels, indices, small vectors) are copied with numpy (two copies
+of a few bytes cost less than a view each); a chunk whose rows span 2 GiB or more (a view's
+offset is an int32) is copied the same way. The one-copy path holds every chunk of the message
+until the copy: a message over more shards than may be open at once is copied a chunk at a time
+instead (``FixedOut``, the caller decides).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+__all__ = ["FixedLayout", "FixedOut", "fixed_layout", "flat_values", "gather_fixed", "VIEW_MIN_BYTES"]
+
+_I64 = npt.NDArray[np.int64]
+_Arr = Any  # pyarrow arrays (the stubs type them per scalar type)
+
+#: rows at least this wide are copied through binary views (one native copy); smaller ones by numpy
+VIEW_MIN_BYTES = 64
+_MAX_SPAN = (1 << 31) - 1  # a view's offset is an int32
+
+
+@dataclass(frozen=True)
+class FixedLayout:
+    """A fixed-width column layout: leaf numpy dtype, values per row, and how to rebuild it."""
+
+    dtype: np.dtype[np.generic]
+    width: int
+    rebuild: Callable[[_Arr], _Arr]
+
+    @property
+    def row_bytes(self) -> int:
+        return self.width * self.dtype.itemsize
+
+
+@functools.lru_cache(maxsize=256)
+def fixed_layout(t: pa.DataType) -> FixedLayout | None:
+    """The layout of type ``t`` when every row has the same bytes, else None (memoised: asked
+    per column of every message)."""
+    if isinstance(t, pa.BaseExtensionType):  # FixedShapeTensorType is not an ExtensionType subclass
+        storage = fixed_layout(t.storage_type)
+        if storage is None:
+            return None
+        return FixedLayout(
+            storage.dtype, storage.width, lambda a: pa.ExtensionArray.from_storage(t, storage.rebuild(a))
+        )
+    if pa.types.is_fixed_size_list(t):
+        inner = fixed_layout(t.value_type)
+        if inner is None:
+            return None
+        list_type: Any = t
+        return FixedLayout(
+            inner.dtype,
+            inner.width * t.list_size,
+            lambda a: pa.FixedSizeListArray.from_arrays(inner.rebuild(a), type=list_type),
+        )
+    if pa.types.is_integer(t) or pa.types.is_floating(t):
+        return FixedLayout(np.dtype(t.to_pandas_dtype()), 1, lambda a: a)
+    return None
+
+
+def flat_values(arr: _Arr) -> npt.NDArray[np.generic]:
+    """The leaf values of a fixed-width array (no nulls) as a zero-copy 1-d numpy array."""
+    while True:
+        if isinstance(arr, pa.ExtensionArray):
+            arr = arr.storage
+        elif isinstance(arr, pa.FixedSizeListArray):
+            arr = arr.flatten()  # respects the array's offset (.values would not)
+        else:
+            values: npt.NDArray[np.generic] = arr.to_numpy(zero_copy_only=True)
+            return values
+
+
+#: one chunk's part of a message: the chunk's rows as a 2-d (rows, width) C-contiguous view,
+#: the message positions ``dst`` and the chunk rows ``src`` copied to them
+Part = tuple[npt.NDArray[np.generic], _I64, _I64]
+
+
+def gather_fixed(layout: FixedLayout, parts: Sequence[Part], n: int) -> _Arr:
+    """The ``n`` rows of ``parts`` (together every position ``0..n-1`` once) as one array of
+    ``layout``'s type, in message order."""
+    row_bytes = layout.row_bytes
+    data = None
+    if n and row_bytes >= VIEW_MIN_BYTES:
+        data = _copy_by_views(parts, n, row_bytes)
+    if data is None:
+        data = _copy_by_numpy(layout, parts, n)
+    leaf = pa.Array.from_buffers(pa.from_numpy_dtype(layout.dtype), n * layout.width, [None, data])
+    return layout.rebuild(leaf)
+
+
+def _copy_by_views(parts: Sequence[Part], n: int, row_bytes: int) -> pa.Buffer | None:
+    """The rows copied once, in message order, by casting a ``binary_view`` array over the chunks
+    (see the module docstring); None when a chunk's rows are too far apart for int32 offsets."""
+    dst = np.concatenate([d for _, d, _ in parts])
+    src = np.concatenate([s for _, _, s in parts])
+    counts = np.fromiter((len(d) for _, d, _ in parts), dtype=np.int64, count=len(parts))
+    starts = np.zeros(len(parts), dtype=np.int64)
+    np.cumsum(counts[:-1], out=starts[1:])
+    lo = np.minimum.reduceat(src, starts)
+    hi = np.maximum.reduceat(src, starts) + 1
+    if int(((hi - lo) * row_bytes).max()) > _MAX_SPAN:
+        return None
+    gid = np.repeat(np.arange(len(parts), dtype=np.int64), counts)
+    rel = src - lo[gid]
+    blocks = [vals[a:b] for (vals, _, _), a, b in zip(parts, lo.tolist(), hi.tolist(), strict=True)]
+    views = np.empty((n, 4), dtype=np.int32)  # length | prefix (4 bytes) | buffer index | offset
+    views[dst, 0] = row_bytes
+    views[dst, 2] = gid
+    views[dst, 3] = rel * row_bytes
+    # the prefix: each row's first 4 bytes (the view layout requires it; one small read per chunk)
+    first = np.empty((n, 4), dtype=np.uint8)
+    ends = (starts + counts).tolist()
+    for block, (_, d, _), k0, k1 in zip(blocks, parts, starts.tolist(), ends, strict=True):
+        first[d] = block.view(np.uint8).reshape(len(block), row_bytes)[rel[k0:k1], :4]
+    views[:, 1] = first.view(np.int32).ravel()
+    buffers = [pa.py_buffer(block.data) for block in blocks]  # zero-copy: the chunks' own memory
+    arr = pa.Array.from_buffers(pa.binary_view(), n, [None, pa.py_buffer(views.data), *buffers])
+    copied = arr.cast(pa.large_binary())  # the one copy: Arrow C++, GIL released
+    data = copied.buffers()[2]
+    assert data is not None and data.size >= n * row_bytes
+    return data.slice(0, n * row_bytes)
+
+
+def _copy_by_numpy(layout: FixedLayout, parts: Sequence[Part], n: int) -> pa.Buffer:
+    out = FixedOut(layout, n)
+    for vals, dst, src in parts:
+        out.put(vals, dst, src)
+    return out.buf
+
+
+class FixedOut:
+    """One fixed-width column's output, filled a chunk at a time with numpy (``put``): for
+    messages over more shards than may be held open at once (each chunk is let go before the next
+    is read). Small rows only cost a few bytes twice; wide rows go through a temporary of one
+    chunk's rows of the message (in cache), never a Python loop per row."""
+
+    def __init__(self, layout: FixedLayout, n: int) -> None:
+        self.layout = layout
+        # allocated from Arrow's pool (freed pages are reused: no page faults per message)
+        self.buf = pa.allocate_buffer(max(1, n * layout.row_bytes))
+        memory: Any = self.buf  # a mutable Arrow buffer exposes the buffer protocol (the stubs do not say so)
+        self.out = np.frombuffer(memory, dtype=layout.dtype, count=n * layout.width).reshape(n, layout.width)
+
+    def put(self, vals: npt.NDArray[np.generic], dst: _I64, src: _I64) -> None:
+        self.out[dst] = vals[src]
+
+    def array(self) -> _Arr:
+        leaf = pa.Array.from_buffers(pa.from_numpy_dtype(self.layout.dtype), self.out.size, [None, self.buf])
+        return self.layout.rebuild(leaf)

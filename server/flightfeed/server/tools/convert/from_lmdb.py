@@ -1,0 +1,206 @@
+"""``--from lmdb``: an LMDB environment (a directory with ``data.mdb``, or the file itself).
+
+``--lmdb-decoder msgpack`` (default): the layout of the LMDB ImageNet recipes: records under
+decimal keys ``"0".."N-1"``, each a msgpack array ``(image_bytes, label)`` (columns ``image``
+binary and ``label`` int64) or a msgpack map (a column per key; bytes -> binary, int -> int64,
+float -> float64, str -> string), plus ``__len__`` (N as ASCII decimal or msgpack). Rows follow
+the key's number. ``__len__`` must be there and agree with the records found.
+
+``--lmdb-decoder raw``: every key that is not ``__dunder__`` in LMDB key order; columns ``key``
+(binary) and ``value`` (binary, unchanged).
+
+Pickled values are refused in both modes (a pickle protocol 2+ header ``\\x80 N`` ... ``.``):
+flightfeed never unpickles. A value that does not decode, or a missing key, is a bad record
+named by environment and key.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from flightfeed.server.tools.convert.records import BadRecord, RecordSource
+from flightfeed.server.tools.convert.source_files import SourceFiles
+from flightfeed.wire.errors import ConfigError, DatasetError
+
+__all__ = ["LmdbSource", "LMDB_DECODERS", "looks_like_pickle"]
+
+LMDB_DECODERS = ("msgpack", "raw")
+_PY_TYPES: dict[type, pa.DataType] = {bytes: pa.binary(), int: pa.int64(), float: pa.float64(), str: pa.string()}
+
+
+def looks_like_pickle(value: bytes | memoryview) -> bool:
+    """A pickle of protocol 2..5 starts with PROTO (0x80, then the protocol) and ends with STOP."""
+    return len(value) > 2 and value[0] == 0x80 and 2 <= value[1] <= 5 and value[-1] == 0x2E
+
+
+def _pickle_error(where: str) -> ConfigError:
+    return ConfigError(
+        f"{where} holds a pickled value; flightfeed never unpickles (it runs code from the file). Re-write "
+        "the database with msgpack'd (image_bytes, label) values or raw bytes, then convert with "
+        "--lmdb-decoder msgpack|raw"
+    )
+
+
+class LmdbSource(RecordSource):
+    def __init__(self, src: str, files: SourceFiles, on_bad_record: str, decoder: str = "msgpack") -> None:
+        super().__init__(on_bad_record)
+        if decoder not in LMDB_DECODERS:
+            if decoder == "pickle":
+                raise ConfigError("--lmdb-decoder pickle is refused: flightfeed never unpickles; use msgpack or raw")
+            raise ConfigError(f"--lmdb-decoder {decoder!r}: use msgpack or raw")
+        try:
+            import lmdb
+            import msgpack  # noqa: F401
+        except ImportError as exc:
+            raise ConfigError(
+                f"--from lmdb needs the lmdb and msgpack packages ({exc}): pip install 'flightfeed[formats]'"
+            ) from None
+
+        self._decoder = decoder
+        self._src = src
+        self._copy = files.local_dir(src, ["data.mdb", "lock.mdb"]) if files.remote else None
+        path = self._copy.__enter__() if self._copy is not None else src
+        subdir = os.path.isdir(path)
+        if not os.path.exists(os.path.join(path, "data.mdb") if subdir else path):
+            raise ConfigError(f"{src}: no LMDB environment here (expected a directory with data.mdb)")
+        try:
+            self._env = lmdb.open(path, subdir=subdir, readonly=True, lock=False, readahead=True, max_readers=4)
+        except lmdb.Error as exc:
+            raise DatasetError(f"{src}: not a readable LMDB environment: {exc}") from None
+        self.description = f"LMDB ({decoder})"
+        self._count = self._check_len() if decoder == "msgpack" else 0
+        self._rows = self._count or None  # the progress bar's total; final once read
+        self._names: list[str] = []
+        self._types: list[type] = []
+        first = self._first_value()
+        if decoder == "msgpack":
+            self.schema = self._schema_of(first)
+        else:
+            self.schema = pa.schema([pa.field("key", pa.binary()), pa.field("value", pa.binary())])
+        self.schema = self.schema.with_metadata({"flightfeed.source": "lmdb"})
+        if decoder == "msgpack":
+            self._types = [_PY_TYPES_INV[f.type] for f in self.schema]
+        self.first_record()
+        self.extra = {"lmdb": {"decoder": decoder}}
+
+    def _where(self, key: bytes) -> str:
+        return f"{self._src}: key {key.decode('utf-8', 'replace')!r}"
+
+    def _check_len(self) -> int:
+        import msgpack
+
+        with self._env.begin(buffers=False) as txn:
+            raw = txn.get(b"__len__")
+            entries = self._env.stat()["entries"]
+            dunders = sum(1 for k in txn.cursor().iternext(keys=True, values=False) if k.startswith(b"__"))
+        if raw is None:
+            raise DatasetError(
+                f"{self._src}: no __len__ key; the msgpack layout has records under keys '0'..'N-1' and N under "
+                "__len__ (convert with --lmdb-decoder raw to take every key as it is)"
+            )
+        if looks_like_pickle(raw):
+            raise _pickle_error(f"{self._src}: key '__len__'")
+        found = entries - dunders
+        readings: list[int] = []
+        if raw.strip().isdigit():
+            readings.append(int(raw))
+        try:
+            value = msgpack.unpackb(raw)
+            if isinstance(value, int):
+                readings.append(value)
+        except (ValueError, msgpack.UnpackException):
+            pass
+        if found in readings:
+            return found
+        raise DatasetError(
+            f"{self._src}: __len__ says {readings[0] if readings else raw[:20]!r} but the database holds {found} "
+            "records; the database is incomplete or __len__ is stale"
+        )
+
+    def _first_value(self) -> bytes:
+        with self._env.begin(buffers=False) as txn:
+            if self._decoder == "msgpack":
+                value = txn.get(b"0")
+                if value is None:
+                    raise DatasetError(f"{self._src}: no key '0'; the msgpack layout numbers records from '0'")
+                return bytes(value)
+            for key, value in txn.cursor():
+                if not key.startswith(b"__"):
+                    return bytes(value)
+        raise DatasetError(f"{self._src}: the database holds no records")
+
+    def _schema_of(self, value: bytes) -> pa.Schema:
+        decoded = self._decode(b"0", value)
+        if isinstance(decoded, BadRecord):
+            raise DatasetError(f"bad record {decoded.where}: {decoded.reason}")
+        if self._names:
+            return pa.schema([pa.field(n, _PY_TYPES[type(v)]) for n, v in zip(self._names, decoded, strict=True)])
+        raise AssertionError("unreachable")
+
+    def _decode(self, key: bytes, value: bytes | memoryview) -> Sequence[Any] | BadRecord:
+        import msgpack
+
+        if looks_like_pickle(value):
+            raise _pickle_error(self._where(key))
+        try:
+            obj = msgpack.unpackb(value, raw=False)
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
+            return BadRecord(self._where(key), f"not a msgpack value ({type(exc).__name__}: {exc})")
+        if isinstance(obj, dict):
+            names, values = [str(k) for k in obj], list(obj.values())
+        elif isinstance(obj, list) and len(obj) == 2:
+            names, values = ["image", "label"], obj
+        elif isinstance(obj, list):
+            names, values = [f"field{i}" for i in range(len(obj))], obj
+        else:
+            return BadRecord(
+                self._where(key), f"a msgpack {type(obj).__name__}; expected (image_bytes, label) or a map"
+            )
+        bad = next((v for v in values if type(v) not in _PY_TYPES), None)
+        if bad is not None:
+            return BadRecord(self._where(key), f"holds a {type(bad).__name__}; values must be bytes, int, float or str")
+        if not self._names:
+            self._names = names
+        elif names != self._names or (self._types and [type(v) for v in values] != self._types):
+            return BadRecord(self._where(key), f"fields {names} differ from the first record's {self._names}")
+        return values
+
+    def _records(self) -> Iterator[Sequence[Any] | BadRecord]:
+        import lmdb
+
+        try:
+            yield from self._read()
+        except lmdb.Error as exc:
+            raise DatasetError(f"{self._src}: the LMDB environment cannot be read ({exc}); is it damaged?") from None
+
+    def _read(self) -> Iterator[Sequence[Any] | BadRecord]:
+        with self._env.begin(buffers=True) as txn:  # values are views into the map until decoded
+            if self._decoder == "raw":
+                for view, value in txn.cursor():
+                    key = bytes(view)
+                    if key.startswith(b"__"):
+                        continue
+                    if looks_like_pickle(value):
+                        raise _pickle_error(self._where(key))
+                    yield key, bytes(value)
+                return
+            get = txn.get
+            for i in range(self._count):
+                key = str(i).encode()
+                found = get(key)
+                if found is None:
+                    yield BadRecord(self._where(key), "is missing (the msgpack layout needs keys '0'..'N-1')")
+                    continue
+                yield self._decode(key, found)
+
+    def close(self) -> None:
+        self._env.close()
+        if self._copy is not None:
+            self._copy.__exit__(None, None, None)
+
+
+_PY_TYPES_INV = {v: k for k, v in _PY_TYPES.items()}

@@ -1,0 +1,158 @@
+"""``--from webdataset``: WebDataset tar shards -> one row per sample key.
+
+Members are grouped into samples as WebDataset does: a member's key is its path up to the first
+dot of its file name, its extension the rest (lower-cased); consecutive members with one key form
+one sample. Columns: ``__key__`` (string) and one per extension of the first sample, sorted:
+
+- ``cls cls2 class count index inx idx id label``: int64 (the member's ASCII integer);
+- ``txt text transcript caption``: string (UTF-8);
+- ``json jsn``: string, the JSON text kept as it is (checked to parse; never flattened, so
+  samples may differ in their keys);
+- anything else (``jpg png webp npy ...``): binary, the member's bytes unchanged.
+
+A sample without one of these extensions, with an extra one, with the same extension twice, or
+with a value that does not parse is a bad record (``--on-bad-record``) named by shard and key; a
+truncated member or a damaged tar header is one named by shard and byte offset, and ends that
+shard. Brace patterns (``train-{000000..000146}.tar``) name many shards.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from flightfeed.server.tools.convert.records import BadRecord, RecordSource
+from flightfeed.server.tools.convert.source_files import SourceFiles
+from flightfeed.server.tools.convert.tar_members import tar_members
+from flightfeed.wire.errors import ConfigError
+
+__all__ = ["WebDatasetSource", "TAR_SUFFIXES", "INT_EXTENSIONS", "TEXT_EXTENSIONS", "JSON_EXTENSIONS"]
+
+TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
+INT_EXTENSIONS = frozenset({"cls", "cls2", "class", "count", "index", "inx", "idx", "id", "label"})
+TEXT_EXTENSIONS = frozenset({"txt", "text", "transcript", "caption"})
+JSON_EXTENSIONS = frozenset({"json", "jsn"})
+
+
+def _split(name: str) -> tuple[str, str]:
+    slash = name.rfind("/") + 1
+    dot = name.find(".", slash)
+    if dot < 0:
+        return name, ""
+    return name[:dot], name[dot + 1 :].lower()
+
+
+def _as_int(data: bytes) -> int:
+    return int(data.decode("ascii").strip())
+
+
+def _as_text(data: bytes) -> str:
+    return data.decode("utf-8")
+
+
+def _as_json(data: bytes) -> str:
+    text = data.decode("utf-8")
+    json.loads(text)
+    return text
+
+
+def _column(ext: str) -> tuple[pa.DataType, Callable[[bytes], Any]]:
+    if ext in INT_EXTENSIONS:
+        return pa.int64(), _as_int
+    if ext in TEXT_EXTENSIONS:
+        return pa.string(), _as_text
+    if ext in JSON_EXTENSIONS:
+        return pa.string(), _as_json
+    return pa.binary(), bytes
+
+
+class WebDatasetSource(RecordSource):
+    def __init__(self, src: str, files: SourceFiles, on_bad_record: str) -> None:
+        super().__init__(on_bad_record)
+        self._files = files
+        self.shards = files.find(lambda p: p.lower().endswith(TAR_SUFFIXES))
+        if not self.shards:
+            raise ConfigError(f"{src}: no WebDataset tar shards found (looked for {', '.join(TAR_SUFFIXES)})")
+        self.description = f"WebDataset ({len(self.shards)} shard(s))"
+        self._exts: tuple[str, ...] = ()
+        self._parse: tuple[Callable[[bytes], Any], ...] = ()
+        first = self._first_sample()
+        self._exts = tuple(sorted(first))
+        types = [_column(ext) for ext in self._exts]
+        self._parse = tuple(parse for _, parse in types)
+        self.schema = pa.schema(
+            [pa.field("__key__", pa.string())]
+            + [pa.field(ext, t) for ext, (t, _) in zip(self._exts, types, strict=True)],
+            metadata={"flightfeed.source": "webdataset"},
+        )
+        self.extra = {"webdataset": {"shards": len(self.shards), "json": "string column (not flattened)"}}
+
+    def _first_sample(self) -> set[str]:
+        for shard in self.shards:
+            with self._files.local(shard) as path:
+                for sample in self._samples(path, shard):
+                    if isinstance(sample, BadRecord):
+                        if self.on_bad_record == "error":
+                            raise sample.error()
+                        continue
+                    exts = set(sample[1])
+                    self.row_bytes = max(1, len(sample[0]) + sum(len(v) for v in sample[1].values()))
+                    if "" in exts:
+                        raise ConfigError(f"{shard}: member {sample[0]} has no extension; WebDataset names KEY.EXT")
+                    return exts
+        raise ConfigError(f"{self._files.src}: the WebDataset shards hold no samples")
+
+    def _samples(self, path: str, shard: str) -> Iterator[tuple[str, dict[str, bytes]] | BadRecord]:
+        key: str | None = None
+        members: dict[str, bytes] = {}
+        duplicate: str | None = None
+        for item in tar_members(path, shard):
+            if isinstance(item, BadRecord):
+                yield item
+                if key is not None:
+                    yield BadRecord(f"{shard}: sample {key}", f"incomplete: the shard is damaged in it ({item.reason})")
+                return
+            name, _, data = item
+            k, ext = _split(name)
+            if k != key:
+                if key is not None:
+                    yield self._finish(shard, key, members, duplicate)
+                key, members, duplicate = k, {}, None
+            if ext in members:
+                duplicate = ext
+            members[ext] = data
+        if key is not None:
+            yield self._finish(shard, key, members, duplicate)
+
+    @staticmethod
+    def _finish(
+        shard: str, key: str, members: dict[str, bytes], dup: str | None
+    ) -> tuple[str, dict[str, bytes]] | BadRecord:
+        if dup is not None:
+            return BadRecord(f"{shard}: sample {key}", f"has two .{dup} members")
+        return key, members
+
+    def _records(self) -> Iterator[Sequence[Any] | BadRecord]:
+        exts, parse = self._exts, self._parse
+        for shard in self.shards:
+            with self._files.local(shard) as path:
+                for sample in self._samples(path, shard):
+                    if isinstance(sample, BadRecord):
+                        yield sample
+                        continue
+                    key, members = sample
+                    if len(members) != len(exts) or any(e not in members for e in exts):
+                        missing = sorted(set(exts) - set(members))
+                        extra = sorted(set(members) - set(exts))
+                        yield BadRecord(
+                            f"{shard}: sample {key}",
+                            f"members differ from the first sample's {list(exts)} (missing {missing}, extra {extra})",
+                        )
+                        continue
+                    try:
+                        yield [key, *(p(members[e]) for e, p in zip(exts, parse, strict=True))]
+                    except (ValueError, UnicodeDecodeError) as exc:
+                        yield BadRecord(f"{shard}: sample {key}", f"a member does not parse ({exc})")

@@ -1,0 +1,78 @@
+"""Trainer-side decode per batch, not per image: one decoder call with the batch's list of bytes,
+and crop + resize + flip of all images at once (two batched matmuls), equal to the per-image
+``resized_crop`` (torch's antialiased bilinear) up to rounding."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+import flightfeed.client._trainer_decode as td
+from flightfeed.client._trainer_decode import TrainerDecode, batched_resized_crop, resized_crop
+
+CASES = [  # image (h, w), box (top, left, height, width), flip
+    ((40, 50), (3, 5, 30, 40), False),
+    ((64, 33), (-4, 2, 70, 31), True),  # taller than the image: zero padding above and below
+    ((20, 20), (0, 0, 20, 20), False),  # no resize
+    ((100, 80), (10, 10, 50, 60), True),
+    ((12, 9), (1, 1, 8, 6), False),  # upscaled
+    ((30, 30), (20, 25, 16, 16), True),  # crosses the bottom-right corner
+]
+
+
+@pytest.mark.parametrize(("out_h", "out_w"), [(16, 16), (24, 40)])
+def test_batched_crop_equals_the_per_image_crop(out_h: int, out_w: int) -> None:
+    g = torch.Generator().manual_seed(0)
+    images = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g) for (h, w), _, _ in CASES]
+    boxes = torch.tensor([box for _, box, _ in CASES])
+    flips = torch.tensor([flip for _, _, flip in CASES])
+    out = batched_resized_crop(images, boxes, flips, out_h, out_w)
+    assert out.shape == (len(CASES), 3, out_h, out_w) and out.dtype == torch.uint8
+    for k, (_, (top, left, h, w), flip) in enumerate(CASES):
+        ref = resized_crop(images[k], top, left, h, w, out_h, out_w, flip=flip)
+        assert int((out[k].int() - ref.int()).abs().max()) <= 1, k  # float rounding only
+
+
+def test_chunks_and_an_empty_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(td, "CHUNK", 2)
+    images = [torch.full((1, 8 + k, 8), k * 20, dtype=torch.uint8) for k in range(5)]
+    boxes = torch.tensor([[0, 0, 8, 8]] * 5)
+    out = batched_resized_crop(images, boxes, torch.zeros(5, dtype=torch.bool), 4, 4)
+    assert [int(out[k].float().mean()) for k in range(5)] == [k * 20 for k in range(5)]
+    assert batched_resized_crop([], torch.zeros((0, 4)), torch.zeros(0, dtype=torch.bool), 4, 4).shape == (0, 3, 4, 4)
+
+
+def test_one_decoder_call_per_batch_and_no_per_image_crop(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+
+    def decoder(data: list[torch.Tensor], device: torch.device, mode: str) -> list[torch.Tensor]:
+        calls.append(len(data))
+        return [torch.full((3, 10, 12), int(d[0]), dtype=torch.uint8) for d in data]
+
+    def per_image(*args: Any, **kwargs: Any) -> torch.Tensor:
+        raise AssertionError("resized_crop per image")
+
+    monkeypatch.setattr(td, "resized_crop", per_image)
+    rows = 6
+    crop_type = pa.list_(pa.int32(), 4)
+    meta = {b"flightfeed.size": json.dumps([5, 7]).encode(), b"flightfeed.mode": b"RGB"}
+    schema = pa.schema([
+        pa.field("image", pa.binary()),
+        pa.field("image_crop", crop_type, metadata=meta),
+        pa.field("image_flip", pa.bool_()),
+    ])
+    crops = pa.FixedSizeListArray.from_arrays(pa.array(np.tile([0, 0, 10, 12], rows).astype(np.int32)), 4)
+    rb = pa.record_batch(
+        [pa.array([bytes([10 * k]) for k in range(rows)]), crops, pa.array([k % 2 == 0 for k in range(rows)])],
+        schema=schema,
+    )
+    batch = TrainerDecode(None, decoder=decoder)({"image_crop": 0, "image_flip": 0}, rb)
+    assert calls == [rows]
+    image = batch["image"]
+    assert image.shape == (rows, 5, 7, 3) and set(batch) == {"image"}
+    assert [int(image[k].float().mean()) for k in range(rows)] == [10 * k for k in range(rows)]
