@@ -23,6 +23,7 @@ import contextlib
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -300,19 +301,22 @@ class Lane(threading.Thread):
         self.board.release(run)
 
 
-def join_lanes(lanes: Sequence[threading.Thread], timeout: float = 5.0) -> list[threading.Thread]:
+def join_lanes(lanes: Sequence[threading.Thread], timeout: float = 5.0, grace: float = 0.5) -> list[threading.Thread]:
     """Join cancelled lanes (their ``stop`` set); returns those left running. A lane still waiting
-    in ``do_get`` for a node's first message (a frozen node: not dead, it just never answers) cannot
-    be cancelled, so it is not waited for: the loop ends when the consumer has its last batch, not
-    when the frozen node's call times out. Such a lane's thread ends as soon as its call returns
-    (the node resumes or its connection drops): it sees ``stop`` and touches nothing else."""
+    in ``do_get`` for a node's first message cannot be cancelled: a live node answers within
+    milliseconds, so such lanes get ``grace`` seconds in all; one on a frozen node (not dead, it
+    just never answers) is then not waited for: the loop ends when the consumer has its last batch,
+    not when the frozen node's call times out. That thread ends as soon as its call returns (the
+    node resumes or its connection drops): it sees ``stop`` and touches nothing else."""
     left = []
+    calling_until = time.monotonic() + grace
     for lane in lanes:
-        # the flag is re-read while joining: a lane that just entered do_get is let go too
-        waited = 0.0
-        while lane.is_alive() and waited < timeout and not getattr(lane, "calling", False):
-            lane.join(0.05)
-            waited += 0.05
+        until = time.monotonic() + timeout
+        while lane.is_alive():
+            now = time.monotonic()
+            if now >= until or (getattr(lane, "calling", False) and now >= calling_until):
+                break
+            lane.join(0.02)
         if lane.is_alive():
             left.append(lane)
     if left:
