@@ -8,7 +8,11 @@
 #      small messages, a stand-in training step per batch, so streams are open while it trains),
 #      checks every node served rows in epoch 0, kills the node it dials (the first of its --location
 #      list) with SIGKILL in the middle of an epoch (from epoch 1 on, as soon as that node has
-#      streams in flight), and checks every epoch delivered every row exactly once
+#      streams in flight), and checks every epoch delivered every row exactly once, that the kill
+#      epoch recovered from the loss (failovers, retries, hedged messages or dropped duplicates: the
+#      trainer's per-epoch counts; a kill that landed after the node's last message tested nothing,
+#      so the node is restarted and the trainer run again with the kill earlier) and that the epochs
+#      after the loss keep the healthy pace (CHECK_SLOWDOWN)
 #   5. tears everything down (volumes included) and prints a summary; exit 0 only when all passed
 # Needs Docker and Compose v2 (`docker compose`). Downloads base images and wheels (torch's CPU
 # wheel: about 0.2 GB), so it is not part of .ci/run: run it before closing a change to deploy/,
@@ -22,6 +26,11 @@
 #   CHECK_PROJECT        compose project name (default flightfeed-check)
 #   CHECK_EPOCHS         epochs the trainer reads (default 4; the kill lands in epoch 1, normally)
 #   CHECK_STEP_SECONDS   the stand-in training step per batch (default 0.05: epochs of several seconds)
+#   CHECK_WINDOW_BYTES   how far each rank fetches ahead of its training step (default 8 MiB, ~10 of the
+#                        0.8 MB messages): streams stay in flight through the epoch, so the kill hits them
+#   CHECK_KILL_ATTEMPTS  trainer runs at most (default 3): a kill that landed after the node's last message
+#                        (the trainer noticed nothing) restarts the node and kills earlier in a new run
+#   CHECK_SLOWDOWN       an epoch after the loss may take this many times the healthy epoch (default 1.2)
 #   CHECK_KEEP=1         leave the stack up when the check fails (to look at it); then tear down by hand
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -29,6 +38,9 @@ DOCKER=${DOCKER:-docker}
 PROJECT=${CHECK_PROJECT:-flightfeed-check}
 EPOCHS=${CHECK_EPOCHS:-4}
 STEP=${CHECK_STEP_SECONDS:-0.05}
+WINDOW=${CHECK_WINDOW_BYTES:-8388608}
+ATTEMPTS=${CHECK_KILL_ATTEMPTS:-3}
+SLOWDOWN=${CHECK_SLOWDOWN:-1.2}
 ROWS=65536  # what the compose seed job writes (4 shards x 16384 rows)
 export PYTHON_IMAGE=${PYTHON_IMAGE:-python:3.11-slim}
 export TORCH_INDEX_URL=${TORCH_INDEX_URL-https://download.pytorch.org/whl/cpu}
@@ -128,46 +140,122 @@ for arg in json.load(sys.stdin)["services"]["trainer"]["command"]:
     print(arg)')
 dialed=$(printf '%s\n' "${cmd[@]}" | grep -A1 -x -- --location | tail -n1 | cut -d, -f1)
 victim=$(python3 -c "import sys, urllib.parse as p; print(p.urlparse(sys.argv[1]).hostname)" "$dialed")
-t_train=$(now)
-extra=(--epochs "$EPOCHS" --step-seconds "$STEP" --column image --message-rows 256)
-compose run --rm --no-deps -T trainer "${cmd[@]}" "${extra[@]}" >"$WORK/trainer.log" 2>&1 &
-trainer=$!
+extra=(--epochs "$EPOCHS" --step-seconds "$STEP" --column image --message-rows 256 --window-bytes "$WINDOW")
 note "trainer: ${cmd[*]} ${extra[*]}; dials $dialed first"
-until grep -q "^epoch 1: started" "$WORK/trainer.log"; do
-    kill -0 "$trainer" 2>/dev/null || { wait "$trainer" || true; fail "the trainer ended before epoch 1 (log above)"; }
-    sleep 0.2
+
+wait_tier() {  # the three nodes healthy again and each seeing the two others
+    local node id peers deadline=$(( $(date +%s) + 240 ))
+    for node in flightfeed-1 flightfeed-2 flightfeed-3; do
+        id=$(compose ps -q "$node")
+        until [ "$(health "$id")" = healthy ]; do
+            [ "$(date +%s)" -lt "$deadline" ] || fail "$node not healthy again within 240 s"
+            sleep 1
+        done
+    done
+    for node in flightfeed-1 flightfeed-2 flightfeed-3; do
+        peers=""
+        for _ in $(seq 60); do read -r peers _ _ < <(stats "$node") && [ "$peers" = 2 ] && break; sleep 1; done
+        [ "$peers" = 2 ] || fail "$node sees $peers live peers, not 2, after $victim was restarted"
+    done
+}
+
+# one trainer run with a kill of $victim in epoch 1: attempt 1 kills once $victim's /stats shows
+# streams in flight; a later attempt (the one before landed after the node's last message) kills
+# earlier, as soon as a rank has the epoch's first batch (no /stats round trip first)
+run_trainer() {
+    local attempt=$1 log="$WORK/trainer-$1.log"
+    ln -sf "$log" "$WORK/trainer.log"
+    t_train=$(now)
+    compose run --rm --no-deps -T trainer "${cmd[@]}" "${extra[@]}" >"$log" 2>&1 &
+    trainer=$!
+    local mark="^epoch 1: started"
+    [ "$attempt" -gt 1 ] && mark="^epoch 1: rank [0-9]* has its first batch"
+    until grep -q "$mark" "$log"; do
+        kill -0 "$trainer" 2>/dev/null || { wait "$trainer" || true; fail "the trainer ended before epoch 1 (log above)"; }
+        sleep 0.1
+    done
+    active=0
+    if [ "$attempt" = 1 ]; then
+        served=""
+        for node in flightfeed-1 flightfeed-2 flightfeed-3; do
+            read -r _ rows _ < <(stats "$node") || fail "cannot read the /stats of $node"
+            served+="$node $rows, "
+            [ "$rows" -gt 0 ] || fail "$node served no rows in epoch 0: endpoints are not spread over every node"
+        done
+        note "rows served per node by the start of epoch 1: ${served%, }"
+        active=0
+        until [ "$active" -gt 0 ]; do  # the node must be serving when it dies: streams in flight on it
+            kill -0 "$trainer" 2>/dev/null || { wait "$trainer" || true; fail "the trainer ended before $victim had streams in flight"; }
+            read -r _ _ active < <(stats "$victim") || active=0
+        done
+    fi
+    compose kill -s SIGKILL "$victim" >/dev/null 2>&1 || fail "could not kill $victim"
+    t_kill=$(now)
+    kill_epoch=$(( $(grep -c "^epoch [0-9]*: started" "$log") - 1 ))
+    local how="$active stream(s) in flight on it by its /stats"
+    [ "$attempt" = 1 ] || how="as soon as a rank had the epoch's first batch"
+    note "attempt $attempt: killed $victim (SIGKILL) in the middle of epoch $kill_epoch ($how)"
+    status=0; wait "$trainer" || status=$?
+    sed 's/^/    trainer | /' "$log"
+    [ "$status" = 0 ] || fail "the trainer exited with $status after $victim was killed"
+    note "trainer finished $(since "$t_kill") s after the kill; $(since "$t_train") s in all"
+    for e in $(seq 0 $((EPOCHS - 1))); do
+        line=$(grep -E "^epoch $e: [0-9,]+ rows" "$log") || fail "epoch $e reported nothing"
+        case "$line" in
+            *"every row exactly once"*) note "$line" ;;
+            *) fail "epoch $e: $line" ;;
+        esac
+        rows=$(sed -nE 's/^epoch [0-9]+: ([0-9,]+) rows.*/\1/p' <<<"$line" | tr -d ,)
+        [ "$rows" = "$ROWS" ] || fail "epoch $e delivered $rows rows, not $ROWS"
+    done
+}
+
+# how epoch $1 recovered: "failovers retries moved hedged duplicates" (the trainer's counts)
+recovery() {
+    grep -E "^epoch $1: [0-9,]+ rows" "$WORK/trainer.log" | sed -nE \
+        's/.* ([0-9]+) failover\(s\), ([0-9]+) retries, ([0-9]+) moved, ([0-9]+) hedged, ([0-9]+) duplicates dropped.*/\1 \2 \3 \4 \5/p'
+}
+
+attempt=1
+while :; do
+    run_trainer "$attempt"
+    read -r failovers retries moved hedged duplicates < <(recovery "$kill_epoch") \
+        || fail "epoch $kill_epoch reports no recovery counts"
+    # the loss was noticed when a stream failed at the dead node (failovers, retries) or more
+    # messages were requested again elsewhere (hedged) than in any healthy epoch before the kill;
+    # "moved" (and a few hedges) alone prove nothing: healthy epochs move and hedge work too
+    healthy_hedged=0
+    for e in $(seq 0 $((kill_epoch - 1))); do
+        read -r _ _ _ h _ < <(recovery "$e") && [ "$h" -gt "$healthy_hedged" ] && healthy_hedged=$h
+    done
+    if [ $(( failovers + retries )) -gt 0 ] || [ "$hedged" -gt "$healthy_hedged" ]; then
+        note "epoch $kill_epoch recovered from the loss of $victim: $failovers failover(s), $retries retries, $moved moved, $hedged hedged (at most $healthy_hedged in a healthy epoch), $duplicates duplicates dropped; every row exactly once"
+        break
+    fi
+    [ "$attempt" -lt "$ATTEMPTS" ] \
+        || fail "in $ATTEMPTS attempts the kill never hit $victim's streams in flight (no failover or retry, no more hedges than healthy, in the kill epoch)"
+    note "attempt $attempt: the kill landed after $victim's last message of epoch $kill_epoch (no failover or retry, $hedged hedged against $healthy_hedged healthy: not a test of recovery); restarting $victim and killing earlier"
+    compose start "$victim" >"$WORK/restart.log" 2>&1 || { cat "$WORK/restart.log" >&2; fail "restarting $victim"; }
+    wait_tier
+    attempt=$((attempt + 1))
 done
-epoch0=$(sed -nE 's/^epoch 0: .* in ([0-9.]+) s, .*/\1/p' "$WORK/trainer.log")
-served=""
-for node in flightfeed-1 flightfeed-2 flightfeed-3; do
-    read -r _ rows _ < <(stats "$node") || fail "cannot read the /stats of $node"
-    served+="$node $rows, "
-    [ "$rows" -gt 0 ] || fail "$node served no rows in epoch 0: endpoints are not spread over every node"
-done
-note "epoch 0 (all nodes up) took $epoch0 s; rows served per node by the start of epoch 1: ${served%, }"
-active=0
-until [ "$active" -gt 0 ]; do  # the node must be serving when it dies: streams in flight on it
-    kill -0 "$trainer" 2>/dev/null || { wait "$trainer" || true; fail "the trainer ended before $victim had streams in flight"; }
-    read -r _ _ active < <(stats "$victim") || active=0
-done
-compose kill -s SIGKILL "$victim" >/dev/null 2>&1 || fail "could not kill $victim"
-t_kill=$(now)
-kill_epoch=$(( $(grep -c "^epoch [0-9]*: started" "$WORK/trainer.log") - 1 ))
-note "killed $victim (SIGKILL) in the middle of epoch $kill_epoch with $active stream(s) in flight on it"
-status=0; wait "$trainer" || status=$?
-sed 's/^/    trainer | /' "$WORK/trainer.log"
-[ "$status" = 0 ] || fail "the trainer exited with $status after $victim was killed"
-note "trainer finished $(since "$t_kill") s after the kill; $(since "$t_train") s in all"
-for e in $(seq 0 $((EPOCHS - 1))); do
-    line=$(grep -E "^epoch $e: [0-9,]+ rows" "$WORK/trainer.log") || fail "epoch $e reported nothing"
-    case "$line" in
-        *"every row exactly once"*) note "$line" ;;
-        *) fail "epoch $e: $line" ;;
-    esac
-    rows=$(sed -nE 's/^epoch [0-9]+: ([0-9,]+) rows.*/\1/p' <<<"$line" | tr -d ,)
-    [ "$rows" = "$ROWS" ] || fail "epoch $e delivered $rows rows, not $ROWS"
-done
-kill_line=$(grep -E "^epoch $kill_epoch: [0-9,]+ rows" "$WORK/trainer.log")
-grep -qE ", [1-9][0-9]* failover" <<<"$kill_line" \
-    || fail "streams were in flight on $victim but epoch $kill_epoch shows no failover"
+
+# the pace after the loss: every later epoch against the healthy ones (before the kill)
+read -r verdict text < <(python3 - "$WORK/trainer.log" "$kill_epoch" "$SLOWDOWN" <<'PY'
+import re, sys
+times = {int(m[1]): float(m[2]) for m in re.finditer(r"^epoch (\d+): [\d,]+ rows .* in ([\d.]+) s,", open(sys.argv[1]).read(), re.M)}
+kill, limit = int(sys.argv[2]), float(sys.argv[3])
+healthy = [t for e, t in times.items() if e < kill]
+after = {e: t for e, t in times.items() if e > kill}
+if not healthy or not after:
+    print("ok no healthy epoch or none after the loss to compare")
+    sys.exit()
+base = min(healthy)
+worst = max(after.values()) / base
+each = ", ".join(f"epoch {e} {t:.2f} s ({t / base:.2f}x)" for e, t in sorted(after.items()))
+print(("ok" if worst <= limit else "slow"), f"healthy epoch {base:.2f} s; after the loss: {each}; limit {limit:g}x")
+PY
+)
+note "pace after the loss: $text"
+[ "$verdict" = ok ] || fail "an epoch after the loss of $victim is slower than ${SLOWDOWN}x the healthy one ($text)"
 note "every epoch: all $ROWS rows exactly once, across the loss of $victim"

@@ -39,23 +39,35 @@ def make_rank(args: argparse.Namespace, token: str | None, rank: int) -> FlightD
         rank=rank,
         world_size=args.world_size,
         connect=ConnectOptions(token=token),
-        options=ReadOptions(streams=args.streams, message_rows=args.message_rows),
+        options=ReadOptions(streams=args.streams, message_rows=args.message_rows, window_bytes=args.window_bytes),
     )
+
+
+RECOVERY = ("failovers", "retries", "moved", "hedged", "duplicates")
 
 
 def read_rank(
     args: argparse.Namespace, ds: FlightDataset, rank: int, epoch: int, out: dict[int, np.ndarray],
-    failovers: dict[int, float],
+    recovery: dict[int, dict[str, float]], waits: dict[int, tuple[float, float]],
 ) -> None:
-    before = ds.stats()["failovers"]
+    before = ds.stats()
     ds.set_epoch(epoch)
     seen = []
+    longest = 0.0
+    last = time.perf_counter()
     for batch in ds:
+        longest = max(longest, time.perf_counter() - last)  # the trainer waited this long for a batch
         seen.append(batch["index"].numpy().copy())
+        if len(seen) == 1:
+            print(f"epoch {epoch}: rank {rank} has its first batch", flush=True)
         if args.step_seconds > 0:
             time.sleep(args.step_seconds)  # the training step
+        last = time.perf_counter()
+    tail = time.perf_counter() - last  # from the last batch to the end of the loop
     out[rank] = np.concatenate(seen) if seen else np.empty(0, dtype=np.int64)
-    failovers[rank] = ds.stats()["failovers"] - before
+    after = ds.stats()
+    recovery[rank] = {k: after[k] - before[k] for k in RECOVERY}
+    waits[rank] = (longest, tail)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--streams", type=int, default=4, help="parallel streams per rank (default 4)")
     p.add_argument("--message-rows", type=int, default=0, help="rows per Flight message (0: the server's choice)")
+    p.add_argument("--window-bytes", type=int, default=None,
+                   help="bytes fetched ahead of the training step at most (default: the client's)")
     p.add_argument("--expect-rows", type=int, default=0, help="rows per epoch (the dataset's; 0: not checked)")
     p.add_argument("--step-seconds", type=float, default=0.0, help="a stand-in training step per batch")
     args = p.parse_args(argv)
@@ -78,11 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     datasets = [make_rank(args, token, r) for r in range(args.world_size)]
     for epoch in range(args.epochs):
         out: dict[int, np.ndarray] = {}
-        failovers: dict[int, float] = {}
+        recovery: dict[int, dict[str, float]] = {}
+        waits: dict[int, tuple[float, float]] = {}
         print(f"epoch {epoch}: started", flush=True)
         t0 = time.perf_counter()
         threads = [
-            threading.Thread(target=read_rank, args=(args, datasets[r], r, epoch, out, failovers))
+            threading.Thread(target=read_rank, args=(args, datasets[r], r, epoch, out, recovery, waits))
             for r in range(args.world_size)
         ]
         for t in threads:
@@ -101,9 +116,16 @@ def main(argv: list[str] | None = None) -> int:
         ok = ok and exact
         elapsed = time.perf_counter() - t0
         per_rank = ", ".join(f"rank {r}: {len(out[r]):,}" for r in sorted(out))
+        # how the work recovered from a lost node: streams that failed and continued elsewhere
+        # (failovers, retries), messages another node delivered than planned (moved), requested a
+        # second time (hedged) and the copies dropped (duplicates); summed over the ranks
+        counts = {k: int(sum(recovery[r][k] for r in recovery)) for k in RECOVERY}
         print(
             f"epoch {epoch}: {len(rows):,} rows ({per_rank}) in {elapsed:.2f} s, "
-            f"{int(sum(failovers.values()))} failover(s), "
+            f"{counts['failovers']} failover(s), {counts['retries']} retries, {counts['moved']} moved, "
+            f"{counts['hedged']} hedged, {counts['duplicates']} duplicates dropped; "
+            f"longest wait for a batch {max(w for w, _ in waits.values()):.2f} s, "
+            f"loop end after the last batch {max(t for _, t in waits.values()):.2f} s; "
             f"{'every row exactly once' if exact else 'ROWS LOST OR REPEATED'}",
             flush=True,
         )

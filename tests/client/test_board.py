@@ -136,6 +136,39 @@ def test_an_idle_fast_lane_hedges_then_steals_what_a_slow_lane_holds() -> None:
     assert b.counts == {"moved": 3, "hedged": 1, "duplicates": 1}  # 3, 5 and 7 came from lane 0's node
 
 
+def test_a_busy_lane_inside_a_wide_window_helps_with_a_frozen_lanes_messages() -> None:
+    """A lane measured as fast as the others that stops answering (a frozen node, issue 33): the
+    consumer waits for its message, so a lane in the middle of its own long run (inside a wide
+    window: never at the gate) gives the run up, hedges that message, then steals what follows it
+    -- the frozen lane's measured speed no longer shields its run."""
+    b = board(n=12, lanes=2, window=12, run_seconds=10.0)
+    busy, frozen = claim(b, 0), claim(b, 1)
+    assert busy.indices == [0, 2, 4, 6, 8, 10] and frozen.indices == [1, 3, 5, 7, 9, 11]
+    assert b.admit(frozen, NEVER) and receive(b, frozen, 0.01)  # message 1: as fast as lane 0
+    for _ in range(2):  # messages 0 and 2
+        assert b.admit(busy, NEVER) and receive(b, busy, 0.01)
+    assert b.admit(frozen, NEVER)  # message 3 requested ... and its node froze
+    it = b.messages()
+    assert [next(it), next(it), next(it)] == ["m0", "m1", "m2"]
+    b._waiting_since = clock(b).now  # the consumer now waits for message 3
+    clock(b).now += 0.5  # 50 message times
+    assert not b.admit(busy, NEVER)  # message 4 lies inside the window, but 3 comes first
+    b.release(busy)
+    hedge = claim(b, 0, others_first=True)
+    assert hedge.hedge and hedge.indices == [3]
+    assert not receive(b, hedge, 0.01)
+    assert next(it) == "m3"
+    own = claim(b, 0)  # its own stripe again, from 4 (which it gave up)
+    assert own.indices == [4, 6, 8, 10] and b.admit(own, NEVER) and receive(b, own, 0.01)
+    assert next(it) == "m4"
+    b._waiting_since = clock(b).now  # waiting for 5, which the frozen lane holds (not started)
+    assert not b.admit(own, NEVER)  # again: help first
+    b.release(own)
+    thief = claim(b, 0, others_first=True)
+    assert thief.indices[0] == 5 and not thief.hedge  # stolen: the frozen lane is slow by what it has taken
+    assert b.counts["hedged"] == 1 and b.counts["moved"] == 1
+
+
 def test_a_copy_that_completes_second_is_dropped() -> None:
     b = board(n=2, lanes=2, window=2)
     a, c = claim(b, 0), claim(b, 1)

@@ -44,6 +44,7 @@ def test_a_member_that_hangs_is_not_waited_for(members: Members) -> None:
         got = first_answer(call, members, RetryPolicy(), what="get_flight_info")
         assert got == f"info from {B}"
         assert not a_returned.is_set() and called == [A, B]  # answered while A's call still hangs
+        assert members.order()[-1] == A  # asked last from now on (the next epoch, the stall reports)
     finally:
         release.set()
 

@@ -76,3 +76,22 @@ def test_a_retry_count_never_ends_an_outage_shorter_than_the_floor() -> None:
     short = Outage(RetryPolicy(timeout_s=1.0, max_attempts=3), locations=1, clock=lambda: now[0])
     now[0] += 1.0
     assert short.failed("grpc://a:1", err) is None  # retry_timeout bounds the floor
+
+
+def test_the_readers_of_one_tier_share_its_members_and_failures() -> None:
+    """Issue 34 item 2 and the deploy check's second rank: what one reader of a tier learned serves
+    every reader of it in the process (other addresses than the tests above: this state is per process)."""
+    a, b, c = (f"grpc://10.0.7.{i}:8815" for i in range(1, 4))
+    train, rank1 = Members(a), Members(a)
+    train.listed([a, b, c])
+    rank1.listed([a, b, c])
+    val = Members(a)  # made later, never connected: the tier's members, after the given one
+    assert val.known() == [a, b, c] and val.order() == [a, b, c]
+    train.failed(a)  # train's stream saw the node it dialed die
+    assert rank1.order() == [b, c, a] and rank1.suspect(a)  # the other rank does not ask it first
+    assert rank1.prefer([a, c]) == [c, a]
+    rank1.answered(a)  # it serves again
+    assert train.order() == [a, b, c] and not train.suspect(a)
+    lone = Members("grpc://10.0.8.1:8815")
+    lone.failed(lone.given[0])
+    assert Members(lone.given[0]).order() == lone.given  # a reader outside any tier shares nothing

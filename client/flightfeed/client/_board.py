@@ -48,6 +48,8 @@ __all__ = ["Board", "Run"]
 _HEDGE_MARGIN = 1.5  # hedge only when the helper would be this much faster than the holder
 _STEAL_MARGIN = 1.5  # steal only from a lane this much slower, when the helper would deliver this much sooner
 _WAIT_S = 0.05  # an idle lane re-checks the board this often (speeds change)
+_STALLED = 4.0  # a measured lane whose current message took this many of its message times has stalled ...
+_STALLED_MIN_S = 0.25  # ... and at least this long (a loaded machine delays threads by tens of ms)
 
 
 @dataclass
@@ -134,7 +136,9 @@ class Board(Estimates):
             self.state[lane].started = True
             while not (self.finished() or stop.is_set()):
                 own, left = self._own_start(lane), self._leftover_start(lane)
-                if others_first or (left is not None and (own is None or left < own)):
+                if self._rescue(lane):  # the consumer waits for a message a stalled lane holds
+                    run = self._help(lane) or self._leftover(lane) or self._own(lane)
+                elif others_first or (left is not None and (own is None or left < own)):
                     run = self._leftover(lane) or self._help(lane) or self._own(lane)
                 else:  # the earlier of its own planned messages and the leftovers
                     run = self._own(lane) or self._leftover(lane) or self._help(lane)
@@ -154,6 +158,8 @@ class Board(Estimates):
                     if self.done[run.current]:
                         return False
                     if run.current < self.head + self.window:
+                        if self._rescue(run.lane):
+                            return False  # help with the message the consumer waits for first
                         if run.at_gate:
                             run.since, run.gated = self.clock(), True
                         return True
@@ -275,23 +281,47 @@ class Board(Estimates):
             return None
         now = self.clock()
         for i in range(self.head, min(len(self.rows), self.head + self.window)):
-            run = self.holder[i]
-            if self.done[i] or run is None or run.lane == lane:
-                continue
-            due = self._due(i)
-            if i != run.current or run.at_gate:  # not started: steal it and what follows it, from a slower lane
-                theirs = self._message_time(run.lane)
-                if theirs is None:  # not measured yet: slow once its current message took that long
-                    theirs = self._remaining(run, now)
-                slower = theirs > mine * _STEAL_MARGIN
-                eta = self._remaining(run, now) + self._ahead(run, i)
-                if slower and eta > due and eta > max(mine * _STEAL_MARGIN, mine + _MIN_GAIN_S):
-                    return run, i, False
-            elif self.hedging and self.hedger[i] is None and self._elsewhere(run.lane, lane):
-                left = self._remaining(run, now)
-                if left > due and left > max(mine * _HEDGE_MARGIN, mine + _MIN_GAIN_S):
-                    return run, i, True
+            target = self._help_at(lane, i, mine, now)
+            if target is not None:
+                return target
         return None
+
+    def _help_at(self, lane: int, i: int, mine: float, now: float) -> tuple[Run, int, bool] | None:
+        """``_help_target`` for message ``i`` alone (this lane's message time is ``mine``)."""
+        run = self.holder[i]
+        if self.done[i] or run is None or run.lane == lane:
+            return None
+        due = self._due(i)
+        if i != run.current or run.at_gate:  # not started: steal it and what follows it, from a slower lane
+            # a lane measured fast that stopped answering (a frozen node: not dead, not slow) is as
+            # slow as the time its current message has taken so far
+            theirs = max(self._message_time(run.lane) or 0.0, self._remaining(run, now))
+            slower = theirs > mine * _STEAL_MARGIN
+            eta = self._remaining(run, now) + self._ahead(run, i)
+            if slower and eta > due and eta > max(mine * _STEAL_MARGIN, mine + _MIN_GAIN_S):
+                return run, i, False
+        elif self.hedging and self.hedger[i] is None and self._elsewhere(run.lane, lane):
+            left = self._remaining(run, now)
+            if left > due and left > max(mine * _HEDGE_MARGIN, mine + _MIN_GAIN_S):
+                return run, i, True
+        return None
+
+    def _rescue(self, lane: int) -> bool:
+        """The consumer waits for message ``head``, which another lane holds and this one would
+        deliver well sooner (its holder, measured before, stalled: a frozen or slow node): this
+        lane should give up its run and help now, not only once it is idle or at the window (a wide
+        window, or long runs of planned messages, would keep it busy for the rest of the epoch)."""
+        if not self.moving or self._waiting_since is None or self.head >= len(self.rows):
+            return False
+        holder = self.holder[self.head]
+        theirs = self._message_time(holder.lane) if holder is not None else None
+        if holder is None or theirs is None or holder.at_gate:
+            return False  # a lane not measured yet (a node starting cold) is judged by idle lanes only
+        now = self.clock()
+        if now - holder.since < max(_STALLED * theirs, _STALLED_MIN_S):
+            return False  # not stalled: a busy lane keeps its run (moving it costs what it has in flight)
+        mine = self._message_time(lane)
+        return mine is not None and self._help_at(lane, self.head, mine, now) is not None
 
     def _elsewhere(self, holder: int, lane: int) -> bool:
         """``lane`` fetches from another endpoint than ``holder``: a second request to the same one

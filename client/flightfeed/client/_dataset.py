@@ -25,7 +25,7 @@ from flightfeed.client._device import CopyEngine, DeviceStage
 from flightfeed.client._images import check_decode_on, image_stage
 from flightfeed.client._info import dataset_info
 from flightfeed.client._info_helper import helper_needed, info_via_helper
-from flightfeed.client._lanes import Lane, Lanes, LaneSettings
+from flightfeed.client._lanes import Lane, Lanes, LaneSettings, join_lanes
 from flightfeed.client._members import Members
 from flightfeed.client._mix_plan import Mixture
 from flightfeed.client._mover import DevicePath, device_batches
@@ -418,16 +418,15 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
                 yield tuple_of(out, self._tuple_columns) if as_tuple else out
         finally:
             self.meter.stop()
-            if reporter is not None:
-                reporter.close(final=True)
+            if reporter is not None:  # no last report to a node that failed meanwhile (it would wait its timeout)
+                reporter.close(final=not self._members.suspect(reporter.location))
             stop.set()
             if mover is not None:
                 lanes.board.fail(StreamError("the iteration was closed"))  # wakes the mover
                 mover.close()
             for lane in lanes.lanes:
                 lane.cancel()
-            for lane in lanes.lanes:
-                lane.join(timeout=5)
+            join_lanes(lanes.lanes)  # a lane waiting on a frozen node is not waited for
             stage.close()
             if path is not None:
                 path.finish(lanes)
@@ -470,8 +469,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
             for r in readers:
                 r.cancel()
         for _, readers in list(self._running):
-            for r in readers:
-                r.join(timeout=5)
+            join_lanes(readers)
         if self._pool is not None:
             self._pool.close()
             self._pool = None

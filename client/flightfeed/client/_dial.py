@@ -140,6 +140,8 @@ def _hedged(call: Callable[[str], T], first: str, others: Sequence[str], members
             continue
         done += 1
         if ok:
+            if location != first and first_error is None:
+                members.failed(first)  # it did not answer while another did: asked last until it answers
             return location, value  # type: ignore[return-value]
         assert isinstance(value, BaseException)
         if location == first:

@@ -23,6 +23,7 @@ import contextlib
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,7 +41,7 @@ from flightfeed.wire.errors import FlightFeedError, StreamError, StreamTruncated
 from flightfeed.wire.messages import StreamTicket, span_of
 from flightfeed.wire.plan import stream_messages
 
-__all__ = ["LaneSettings", "Lane", "Lanes", "WINDOW_MESSAGE_BYTES"]
+__all__ = ["LaneSettings", "Lane", "Lanes", "WINDOW_MESSAGE_BYTES", "join_lanes"]
 
 log = logging.getLogger("flightfeed.client")
 
@@ -135,6 +136,9 @@ class Lane(threading.Thread):
         self._active: flight.FlightStreamReader | None = None
         self._help_next = False  # the last run was given up to help: leftovers and help come first
         self._lock = threading.Lock()
+        #: inside ``do_get``, before the stream's first message: a frozen node (SIGSTOP, a hung
+        #: process) never sends it, and pyarrow offers no way to cancel that wait (see ``join_lanes``)
+        self.calling = False
 
     def cancel(self) -> None:
         with self._lock:
@@ -212,7 +216,11 @@ class Lane(threading.Thread):
         """Receive ``run``'s messages; returns when it is done, cut short or lost a race."""
         ticket = self._ticket(run)
         client = self.pool.client(self.slot, location)
-        reader = client.do_get(flight.Ticket(ticket.SerializeToString()), self.pool.options.call_options())
+        self.calling = True  # do_get waits for the stream's first message: nothing can cancel that wait
+        try:
+            reader = client.do_get(flight.Ticket(ticket.SerializeToString()), self.pool.options.call_options())
+        finally:
+            self.calling = False
         with self._lock:
             self._active = reader
         rows = self.board.rows
@@ -291,6 +299,29 @@ class Lane(threading.Thread):
         with contextlib.suppress(Exception):
             reader.cancel()
         self.board.release(run)
+
+
+def join_lanes(lanes: Sequence[threading.Thread], timeout: float = 5.0, grace: float = 0.5) -> list[threading.Thread]:
+    """Join cancelled lanes (their ``stop`` set); returns those left running. A lane still waiting
+    in ``do_get`` for a node's first message cannot be cancelled: a live node answers within
+    milliseconds, so such lanes get ``grace`` seconds in all; one on a frozen node (not dead, it
+    just never answers) is then not waited for: the loop ends when the consumer has its last batch,
+    not when the frozen node's call times out. That thread ends as soon as its call returns (the
+    node resumes or its connection drops): it sees ``stop`` and touches nothing else."""
+    left = []
+    calling_until = time.monotonic() + grace
+    for lane in lanes:
+        until = time.monotonic() + timeout
+        while lane.is_alive():
+            now = time.monotonic()
+            if now >= until or (getattr(lane, "calling", False) and now >= calling_until):
+                break
+            lane.join(0.02)
+        if lane.is_alive():
+            left.append(lane)
+    if left:
+        log.debug("%d stream thread(s) left waiting for a node that does not answer", len(left))
+    return left
 
 
 def _finish(reader: flight.FlightStreamReader) -> None:

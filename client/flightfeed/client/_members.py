@@ -10,7 +10,10 @@ answers), and a dead member costs nothing per epoch (it is tried only when every
 until it answers again.
 
 Which locations ever answered is also kept per process: a location that never answered in this
-process is a configuration error, not an outage (see :mod:`._dial`).
+process is a configuration error, not an outage (see :mod:`._dial`). So are the tiers' members: what
+one reader learned from a FlightInfo serves every reader of that tier in the process (a *val*
+dataset made with the one address a script was given, after that node died, asks the members the
+*train* dataset learned instead of retrying the dead address until its retry budget ends).
 """
 
 from __future__ import annotations
@@ -23,11 +26,15 @@ from urllib.parse import urlsplit
 
 from flightfeed.wire.errors import ConfigError
 
-__all__ = ["Members", "parse_location", "split_locations", "answered_here"]
+__all__ = ["Members", "parse_location", "split_locations", "answered_here", "tier_members"]
 
 SCHEMES = ("grpc", "grpc+tcp", "grpc+tls", "grpc+unix")
 _ANSWERED: set[str] = set()  # locations that answered a call in this process (any reader)
 _ANSWERED_LOCK = threading.Lock()
+_TIERS: dict[str, list[str]] = {}  # location -> the members of its tier seen in this process (one list per tier)
+_TIER_FAILED: dict[str, float] = {}  # tier members a reader of this process saw fail (monotonic time)
+_TIER_ANSWERED: dict[str, float] = {}  # when a location last answered a reader of this process
+_TIERS_LOCK = threading.Lock()
 
 
 def parse_location(entry: str) -> str:
@@ -67,6 +74,25 @@ def answered_here(location: str) -> bool:
         return location in _ANSWERED
 
 
+def _register_tier(locations: Iterable[str]) -> None:
+    """``locations`` belong to one tier (a FlightInfo named them): merge what this process knows."""
+    with _TIERS_LOCK:
+        merged = list(dict.fromkeys(locations))
+        for loc in list(merged):
+            merged.extend(m for m in _TIERS.get(loc, ()) if m not in merged)
+        for loc in merged:
+            _TIERS[loc] = merged
+
+
+def tier_members(locations: Iterable[str]) -> list[str]:
+    """The members this process learned for the tiers of ``locations`` (any reader's FlightInfos)."""
+    out: list[str] = []
+    with _TIERS_LOCK:
+        for loc in locations:
+            out.extend(m for m in _TIERS.get(loc, ()) if m not in out)
+    return out
+
+
 class Members:
     """The locations of one reader's tier, in the order to try them (thread-safe, picklable)."""
 
@@ -76,10 +102,12 @@ class Members:
         self._failed: dict[str, float] = {}  # location -> when it last failed (monotonic)
         self._dropped: set[str] = set()  # failed locations a later FlightInfo no longer listed
         self._answered: set[str] = set()  # answered this reader (travels to DataLoader workers)
+        self._joined = False  # a FlightInfo listed the tier for this reader: it shares the tier's failures
         self._lock = threading.Lock()
 
     def order(self) -> list[str]:
         """Members to try: those that did not fail, then the failed ones (longest-failed first)."""
+        self._adopt()
         with self._lock:
             ok = [m for m in self._known if m not in self._failed]
             return ok + sorted(self._failed, key=self._failed.__getitem__)
@@ -88,8 +116,13 @@ class Members:
         """A FlightInfo named ``locations`` (every live node of the tier). A failed member it no
         longer names was dropped by the tier; one that the tier names again after dropping it was
         seen back by the tier's health probes, so it is no longer held back here."""
-        named = set(locations)
+        named = list(dict.fromkeys(locations))
         self.learn(named)
+        if named:
+            _register_tier([*self.given, *named])  # the tier's members serve every reader of it in this process
+            self._joined = True
+        self._adopt()
+        back = []
         with self._lock:
             for loc in list(self._failed):
                 if loc not in named:
@@ -97,17 +130,23 @@ class Members:
                 elif loc in self._dropped:
                     del self._failed[loc]
                     self._dropped.discard(loc)
+                    back.append(loc)
+        with _TIERS_LOCK:
+            for loc in back:
+                _TIER_FAILED.pop(loc, None)
 
     def prefer(self, locations: Iterable[str]) -> list[str]:
         """``locations`` (an endpoint's, first choice first) with the members that failed moved to
         the end, longest-failed first: a stream does not start on a node this reader saw die
         while the tier still lists it (membership lags a death by a probe round or two)."""
+        self._adopt()
         with self._lock:
             given = list(dict.fromkeys(locations))
             ok = [m for m in given if m not in self._failed]
             return ok + sorted((m for m in given if m in self._failed), key=self._failed.__getitem__)
 
     def known(self) -> list[str]:
+        self._adopt()
         with self._lock:
             return list(self._known)
 
@@ -122,12 +161,41 @@ class Members:
                 if loc not in self._known:
                     self._known.append(loc)
 
+    def _adopt(self) -> None:
+        """Learn the members other readers of this process learned for the tier of a given location
+        (after the given ones, which keep their place); once this reader is part of the tier (a
+        FlightInfo listed it), also the members they saw fail (so the rank that did not see a node
+        die does not ask it first either)."""
+        self.learn(tier_members(self.given))
+        if not self._joined:
+            return
+        with _TIERS_LOCK:
+            shared, back = dict(_TIER_FAILED), dict(_TIER_ANSWERED)
+        with self._lock:
+            for loc, when in shared.items():
+                if loc in self._known and loc not in self._failed:
+                    self._failed[loc] = when
+            for loc, when in list(self._failed.items()):
+                if back.get(loc, when) > when:  # it answered another reader since
+                    del self._failed[loc]
+                    self._dropped.discard(loc)
+
+    def suspect(self, location: str) -> bool:
+        """Whether ``location`` failed (here or, for a reader of a tier, in another reader of it)
+        and has not answered since."""
+        self._adopt()
+        with self._lock:
+            return location in self._failed
+
     def answered(self, location: str) -> None:
         """``location`` served a call: it is live again."""
         self.heard(location)
         with self._lock:
             self._failed.pop(location, None)
             self._dropped.discard(location)
+        with _TIERS_LOCK:
+            _TIER_FAILED.pop(location, None)
+            _TIER_ANSWERED[location] = time.monotonic()
 
     def heard(self, location: str) -> None:
         """``location`` answered (maybe with an error): it is a server, so it counts as reachable."""
@@ -143,6 +211,10 @@ class Members:
                 self._known.append(location)
             self._failed[location] = time.monotonic()
             self._dropped.discard(location)
+            shared = self._joined
+        if shared:
+            with _TIERS_LOCK:
+                _TIER_FAILED[location] = time.monotonic()
 
     def ever_answered(self, location: str) -> bool:
         """Whether ``location`` answered this reader or anyone in this process."""
