@@ -90,6 +90,9 @@ class Dataset:
         #: a shard's entries go when its file is closed (they would keep its map and descriptor)
         self.views: OrderedDict[tuple[int, str], object] = OrderedDict()
         self.views_lock = threading.Lock()
+        #: closes of each shard's open file so far (under ``views_lock``): a view derived from a
+        #: chunk read before a close is of the closed copy and is not kept (``keep_view``)
+        self._closes = [0] * len(self.shards)
         #: why the data changed on disk while served (None while it has not): see ``check_unchanged``
         self.changed: str | None = None
         #: read-ahead of upcoming blocks (set by the server that serves this dataset)
@@ -115,12 +118,24 @@ class Dataset:
             if on_close is not None:
                 on_close(self._drop_views)
 
-    def keep_view(self, key: tuple[int, str], view: object, limit: int) -> None:
-        """Remember a view derived from chunk ``key[0]`` (at most ``limit``, least recent out),
-        unless its shard's file was closed meanwhile (the view would keep the file open)."""
-        is_open = getattr(self.chunk_shard(key[0]), "is_open", None)
+    def view_closes(self, cid: int) -> int:
+        """How often the file of chunk ``cid``'s shard was closed so far: read it before reading
+        the chunk a view is derived from, and pass it to :meth:`keep_view`."""
         with self.views_lock:
-            if is_open is not None and not is_open():
+            return self._closes[int(self._chunk_shard[cid])]
+
+    def keep_view(self, key: tuple[int, str], view: object, limit: int, closes: int | None = None) -> None:
+        """Remember a view derived from chunk ``key[0]`` (at most ``limit``, least recent out),
+        unless its shard's file was closed meanwhile (the view would keep the closed file's map,
+        and an evicted file's disk space, alive): not open now, or closed since ``closes`` was
+        read (:meth:`view_closes`, before the chunk was read; a close and a re-open in between
+        leave the shard open, with the view still of the old file)."""
+        s = int(self._chunk_shard[key[0]])
+        is_open = getattr(self.shards[s], "is_open", None)
+        if is_open is not None and not is_open():
+            return
+        with self.views_lock:
+            if closes is not None and self._closes[s] != closes:
                 return
             self.views[key] = view
             if len(self.views) > limit:
@@ -144,6 +159,7 @@ class Dataset:
         its memory, and a mapped file's descriptor, alive)."""
         names = self.schema.names
         with self.views_lock:
+            self._closes[shard] += 1  # a view being derived from the closed file is not kept
             if not self.views:
                 return
             for cid in range(int(self.shard_chunks[shard]), int(self.shard_chunks[shard + 1])):

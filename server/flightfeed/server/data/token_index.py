@@ -147,6 +147,7 @@ def chunk_tokens_view(ds: Dataset, cid: int, column: str) -> npt.NDArray[np.inte
             hit = ds.views.get(key, _MISS)
         if hit is not _MISS:
             return hit  # type: ignore[return-value]
+    closes = ds.view_closes(cid) if cacheable else 0  # before the read: a close after it drops the view
     arr: Any = ds.chunk(cid).column(column)
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks()
@@ -161,5 +162,5 @@ def chunk_tokens_view(ds: Dataset, cid: int, column: str) -> npt.NDArray[np.inte
         values.offset : values.offset + len(values)
     ]
     if cacheable:
-        ds.keep_view(key, view, _VIEW_ENTRIES)
+        ds.keep_view(key, view, _VIEW_ENTRIES, closes)
     return view

@@ -112,10 +112,11 @@ def _flat_view(ds: Dataset, cid: int, name: str, width: int) -> npt.NDArray[np.g
             hit = ds.views.get(key, _MISS)
         if hit is not _MISS:
             return hit  # type: ignore[return-value]
+    closes = ds.view_closes(cid) if cacheable else 0  # before the read: a close after it drops the view
     arr = ds.chunk(cid).column(name)
     view = None if arr.null_count else flat_values(arr).reshape(len(arr), width)
     if cacheable:
-        ds.keep_view(key, view, _VIEW_ENTRIES)
+        ds.keep_view(key, view, _VIEW_ENTRIES, closes)
     return view
 
 
@@ -142,7 +143,8 @@ def gather(ds: Dataset, rows: _I64, columns: Sequence[str] | None) -> pa.RecordB
     is taken per chunk with Arrow ``take`` and put in message order by one more Arrow ``take``.
     No Python runs per row. The chunks a message touches are held until its columns are copied
     (a shard evicted meanwhile keeps its mapping until then), unless they are of more shards than
-    a quarter of the open-shard bound: then fixed-width columns are copied a chunk at a time."""
+    a quarter of the open-shard bound, or their cached copies take more than a quarter of the
+    shard cache (``_may_hold_all``): then columns are copied a chunk at a time."""
     n = len(rows)
     cid, local = ds.locate(rows)
     order = np.argsort(cid, kind="stable")
@@ -157,12 +159,33 @@ def gather(ds: Dataset, rows: _I64, columns: Sequence[str] | None) -> pa.RecordB
     if not groups:
         return pa.RecordBatch.from_arrays([pa.array([], type=f.type) for f in schema], schema=schema)
     shards = [ds.chunk_shard(c) for c, _, _ in groups]
-    if len({id(s) for s in shards}) <= max(1, shared_open_files().limit // _PIN_SHARE):
+    if _may_hold_all(shards):
         cacheable = [s.zero_copy for s in shards]
         arrays = [_column(ds, fld, groups, n, cacheable) for fld in schema]
     else:
         arrays = _chunkwise(ds, schema, groups, n)
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _may_hold_all(shards: list[Any]) -> bool:
+    """Whether a message may hold the chunks of all of ``shards`` until its columns are copied:
+    they are of at most a quarter of the open-shard bound, and the shards of them that live in a
+    shard cache (S3 copies) take at most a quarter of its ``--cache-size``. Reading the chunks of
+    a message may download shards, and a download may evict a shard whose chunk the message
+    already holds: that file's disk space comes back only when the message lets go of it. Past
+    that share, a message over a small cache would hold evicted files beyond ``--cache-size``
+    (and a download wait for room only the message itself can give): it is copied a chunk at a
+    time instead. Python per distinct shard, never per row."""
+    distinct = list({id(s): s for s in shards}.values())
+    if len(distinct) > max(1, shared_open_files().limit // _PIN_SHARE):
+        return False
+    cached: dict[int, list[int]] = {}  # cache -> [its size, bytes of the message's shards in it]
+    for shard in distinct:
+        cache = getattr(shard, "cache", None)
+        if cache is not None:
+            entry = cached.setdefault(id(cache), [int(cache.max_bytes), 0])
+            entry[1] += int(shard.nbytes)
+    return all(held <= size // _PIN_SHARE for size, held in cached.values())
 
 
 def _column(
