@@ -7,6 +7,7 @@ checks here need nothing but the message and raise :class:`InvalidRequest` namin
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from google.protobuf.message import DecodeError
@@ -34,6 +35,7 @@ __all__ = [
     "decode_report",
     "check_command",
     "span_of",
+    "tickets_of",
 ]
 
 WIRE_VERSION = 1
@@ -200,3 +202,24 @@ def span_of(ticket: Any) -> StreamSpan:
         int(ticket.message_step),
         int(ticket.message_count),
     )
+
+
+def tickets_of(read: Any, fingerprint: str, num_rows: int, spans: Sequence[StreamSpan]) -> list[Any]:
+    """One StreamTicket per span of a request (``read``, resolved), in stream order: the inverse
+    of :func:`span_of`. ``num_rows``: the rows (or packed windows) of the epoch the spans cut."""
+    return [
+        StreamTicket(
+            version=WIRE_VERSION,
+            read=read,
+            fingerprint=fingerprint,
+            num_rows=num_rows,
+            start_row=s.start_row,
+            end_row=s.end_row,
+            message_rows=s.message_rows,
+            first_message=s.first_message,
+            message_step=s.message_step,
+            expected_rows=s.expected_rows,
+            stream_index=k,
+        )
+        for k, s in enumerate(spans)
+    ]

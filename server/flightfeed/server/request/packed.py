@@ -22,7 +22,7 @@ from flightfeed.server.data.shuffle_sizing import shuffle_defaults
 from flightfeed.server.data.token_index import check_token_column
 from flightfeed.server.request.pack_gather import pack_schema, pack_windows, wire_types
 from flightfeed.wire.errors import InvalidRequest, StaleState
-from flightfeed.wire.messages import WIRE_VERSION, ReadCommand, StreamTicket, span_of
+from flightfeed.wire.messages import ReadCommand, span_of, tickets_of
 from flightfeed.wire.plan import Partition, default_message_rows, split_streams, spread_message_rows
 
 __all__ = ["pack_tickets", "packed_batches", "packed_schema", "packed_row_bytes", "check_pack", "packed_windows"]
@@ -123,22 +123,7 @@ def pack_tickets(ds: Dataset, cmd: Any, message_bytes: int, readahead_windows: i
     spans = split_streams(
         int(cmd.start_row), part.rows, message_rows, resolved.streams, resolved.worker, resolved.num_workers
     )
-    return [
-        StreamTicket(
-            version=WIRE_VERSION,
-            read=resolved,
-            fingerprint=ds.fingerprint,
-            num_rows=windows,
-            start_row=s.start_row,
-            end_row=s.end_row,
-            message_rows=s.message_rows,
-            first_message=s.first_message,
-            message_step=s.message_step,
-            expected_rows=s.expected_rows,
-            stream_index=k,
-        )
-        for k, s in enumerate(spans)
-    ]
+    return tickets_of(resolved, ds.fingerprint, windows, spans)
 
 
 def packed_batches(ds: Dataset, ticket: Any) -> Iterator[pa.RecordBatch]:

@@ -24,7 +24,7 @@ from flightfeed.server.request.identity import request_identity, stream_group
 from flightfeed.server.request.packed import pack_tickets, packed_batches
 from flightfeed.server.request.shared_messages import ShareWindow
 from flightfeed.wire.errors import InvalidRequest, StaleState
-from flightfeed.wire.messages import INDEX_COLUMN, WIRE_VERSION, ReadCommand, StreamTicket, span_of
+from flightfeed.wire.messages import INDEX_COLUMN, WIRE_VERSION, ReadCommand, StreamTicket, span_of, tickets_of
 from flightfeed.wire.plan import Partition, ceil_div, default_message_rows, split_streams, spread_message_rows
 
 if TYPE_CHECKING:
@@ -159,22 +159,7 @@ def make_tickets(
     spans = split_streams(
         int(cmd.start_row), part.rows, message_rows, resolved.streams, resolved.worker, resolved.num_workers
     )
-    return [
-        StreamTicket(
-            version=WIRE_VERSION,
-            read=resolved,
-            fingerprint=ds.fingerprint,
-            num_rows=ds.num_rows,
-            start_row=s.start_row,
-            end_row=s.end_row,
-            message_rows=s.message_rows,
-            first_message=s.first_message,
-            message_step=s.message_step,
-            expected_rows=s.expected_rows,
-            stream_index=k,
-        )
-        for k, s in enumerate(spans)
-    ]
+    return tickets_of(resolved, ds.fingerprint, ds.num_rows, spans)
 
 
 def stored_order_tickets(ds: Dataset, settings: StreamSettings) -> list[Any]:
