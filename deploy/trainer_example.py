@@ -16,6 +16,7 @@ job writes one). Exit code 0 when every epoch was exact, 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import sys
 import threading
 import time
@@ -71,6 +72,7 @@ def read_rank(
 
 
 def main(argv: list[str] | None = None) -> int:
+    faulthandler.enable()  # a crash (SIGSEGV, SIGABRT) prints every thread's Python stack to stderr
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--location", default="grpc://127.0.0.1:8815", help="a node, or every node comma-separated")
     p.add_argument("--dataset", default="demo")
