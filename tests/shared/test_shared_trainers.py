@@ -103,7 +103,9 @@ def test_a_slow_trainer_does_not_hold_back_a_fast_one(serve: Serve, solo: dict[s
 
         def slow_trainer() -> None:
             try:
-                for k, batch in enumerate(reader(srv.location, "imgs")):
+                # window_bytes=0: at most streams x (prefetch + 1) messages fetched ahead, so the parked
+                # trainer cannot hold the whole (small) epoch before the fast one starts
+                for k, batch in enumerate(reader(srv.location, "imgs", window_bytes=0)):
                     slow.append(batch)
                     if k == 1:
                         parked.set()
