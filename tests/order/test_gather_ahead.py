@@ -11,17 +11,20 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Generator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.flight as flight
 import pytest
 
+from flightfeed.server.data.order import EpochOrder
+from flightfeed.server.request import gather as gather_module
 from flightfeed.server.request import streaming
 from flightfeed.server.storage.resolve import open_dataset
 from flightfeed.server.testing import RunningServer
-from flightfeed.wire.messages import WIRE_VERSION, ReadCommand, Shuffle, StreamTicket
+from flightfeed.wire.messages import WIRE_VERSION, ReadCommand, Shuffle, StreamTicket, span_of
 
 
 def _ticket(server: RunningServer, shuffle: bool) -> Any:
@@ -54,7 +57,7 @@ def _helpers() -> list[threading.Thread]:
 def counted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The thread of every gather the stream makes."""
     calls: list[str] = []
-    real = streaming.gather
+    real = gather_module.gather
 
     def gather(*args: Any, **kwargs: Any) -> pa.RecordBatch:
         calls.append(threading.current_thread().name)
@@ -84,9 +87,9 @@ def test_the_next_shuffled_message_is_gathered_before_it_is_asked_for(
 
 def test_a_stream_closed_early_stops_its_helper(server: RunningServer, small_dir: Path, counted: list[str]) -> None:
     ds = open_dataset("small", str(small_dir))
-    stream = streaming.ticket_batches(ds, _ticket(server, shuffle=True))
+    stream = cast(Generator[pa.RecordBatch, None, None], streaming.ticket_batches(ds, _ticket(server, shuffle=True)))
     next(stream)
-    stream.close()  # the client went away after one message
+    stream.close()  # the client went away after one message (gRPC closes the generator)
     assert _eventually(lambda: not _helpers())
     assert len(counted) <= 3  # the helper stopped: at most the messages it had in hand
 
@@ -103,9 +106,9 @@ def _plain(ds: Any, ticket: Any) -> Any:
     """The same messages made in turn on this thread (the order before read-ahead)."""
     part = streaming._partition(ds, ticket.read)
     read = ticket.read
-    order = streaming.EpochOrder(
+    order = EpochOrder(
         ds.num_rows, ds.fingerprint, int(read.seed), int(read.epoch), True,
         int(read.shuffle.block_rows) or 1, int(read.shuffle.buffer_rows) or 1,
     )
-    for lo, hi in streaming.span_of(ticket).messages():
-        yield streaming.gather(ds, order.rows(part.positions(lo, hi)), list(read.columns))
+    for lo, hi in span_of(ticket).messages():
+        yield gather_module.gather(ds, order.rows(part.positions(lo, hi)), list(read.columns))
