@@ -58,6 +58,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from bench.common import OUT, flightfeed_server, machine, process_tree_cpu_s, write_json
 from flightfeed.client import FlightDataset, ReadOptions
+from flightfeed.client._jpeg_decoders import backend_of, default_decoder
 
 TARGETS = {"train_vs_seed_img_per_s": 2.0}  # issue 17 (issue 9 asked 1.5)  # and the client: <= CLIENT_MS_PER_IMAGE
 CLIENT_MS_PER_IMAGE = 0.1  # 10% of one core at 1,000 img/s
@@ -256,15 +257,26 @@ def trainer_decode_case(shards: Path, batch: int, epochs: int, streams: int) -> 
         one = next(iter(raw))
         raw.close()
     encoded = [torch.frombuffer(bytearray(x), dtype=torch.uint8) for x in one["image"]]
-    decode_jpeg(encoded, device="cuda")  # warm nvJPEG
-    torch.cuda.synchronize()
-    c0 = time.process_time()
-    for _ in range(3):
-        decode_jpeg(encoded, device="cuda")
-    torch.cuda.synchronize()
-    call_ms = (time.process_time() - c0) / (3 * len(encoded)) * 1e3
-    return _figures(n, wall, server_cpu=server_cpu, client_cpu=client_cpu,
-                    extra={"streams": streams, "decode_call_cpu_ms_per_image": call_ms})
+    cuda = torch.device("cuda")
+    default = default_decoder(cuda)
+    calls: dict[str, Callable[[], Any]] = {
+        "default": lambda: default(encoded, cuda, "RGB"),
+        "torchvision": lambda: decode_jpeg(encoded, device="cuda"),
+    }
+    call_ms: dict[str, float] = {}
+    for name, call in calls.items():
+        call()  # warm the decoder
+        torch.cuda.synchronize()
+        c0 = time.process_time()
+        for _ in range(3):
+            call()
+        torch.cuda.synchronize()
+        call_ms[name] = (time.process_time() - c0) / (3 * len(encoded)) * 1e3
+    return _figures(n, wall, server_cpu=server_cpu, client_cpu=client_cpu, extra={
+        "streams": streams, "decoder": backend_of(default),
+        "decode_call_cpu_ms_per_image": call_ms["default"],
+        "torchvision_decode_call_cpu_ms_per_image": call_ms["torchvision"],
+    })
 
 
 def _timed_epochs(
@@ -404,6 +416,7 @@ def main() -> int:
                    help="serve --share-window for the flightfeed cases (one trainer: nothing to share; 'default' "
                         "= the server's 512 MB, which costs first-touch page faults while it fills: case g)")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the median round is reported")
+    p.add_argument("--only", nargs="+", default=None, help="run only these cases (no ratios; imagenet_only.json)")
     p.add_argument("--data", type=Path, default=OUT / "imagenet-data")
     p.add_argument("--max-side", type=int, default=320, help="case (e): convert --max-side N")
     p.add_argument("--seed-impl", choices=["auto", "torchvision", "pillow"], default="auto",
@@ -451,6 +464,11 @@ def main() -> int:
         cases["d_trainer_decode_product"] = lambda: trainer_decode_case(
             shards, args.batch_size, args.epochs, args.streams
         )
+    if args.only:
+        unknown = sorted(set(args.only) - set(cases))
+        if unknown:
+            p.error(f"--only: no case {unknown}; cases here: {sorted(cases)}")
+        cases = {name: run for name, run in cases.items() if name in args.only}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in cases}
     failed: dict[str, str] = {}
     for r in range(args.rounds):  # interleaved rounds: load from other processes hits every case alike
@@ -473,6 +491,10 @@ def main() -> int:
             continue
         best = sorted(figures, key=lambda f: f["img_per_s"])[len(figures) // 2]  # the median round
         results[name] = dict(best, rounds=[f["img_per_s"] for f in figures])
+    if args.only:  # a subset: its figures, no ratios
+        print("cases", json.dumps({name: results.get(name) for name in cases}, default=str))
+        write_json("imagenet_only", results)
+        return 0
     a, b = results["a_seed_recipe_train"], results["b_flightfeed_train"]
     results["ratios"] = {
         "train_vs_seed_img_per_s": b["img_per_s"] / a["img_per_s"],

@@ -6,15 +6,22 @@
 # Each step has its own time limit, so one that hangs still leaves the others' figures. Logs and
 # JSON go to $OUT (or bench/out/device when run by hand).
 #
-#   bench/device_check.sh [STEP ...]   # steps: cuda gpu throughput scaling imagenet (default: all)
+#   bench/device_check.sh [STEP ...]   # steps: cuda gpu throughput scaling imagenet (default), decode
+#
+# Wheels (here, for the machine's Python 3.12): pyarrow and the server extras into .whl/ (installed
+# under /tmp/site); nvidia-nvimgcodec-cu13 + nvidia-nvjpeg into .whl2/ (a second call: both sets
+# together pass the 64 MiB a call carries), then `decode` measures the trainer decode with it.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-bench/out/device}
 LOGS=$(mktemp -d)
 mkdir -p "$OUT" bench/out
-if compgen -G ".whl/*.whl" > /dev/null; then
+if compgen -G ".whl/*.whl" > /dev/null && [ ! -d /tmp/site/pyarrow ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/site
+fi
+[ -d /tmp/site ] && export PYTHONPATH=/tmp/site  # also on a second call to a warm machine
+if compgen -G ".whl2/*.whl" > /dev/null; then  # into the machine's own site: nvidia/ is a regular package there
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl2/*.whl || exit 1
 fi
 # the HDF5 reader registers hdf5plugin's filters on import; the bench files are gzip (built into
 # HDF5), so where the machine lacks the package and no wheel travelled, an empty stand-in will do
@@ -44,16 +51,19 @@ run() {  # run NAME LIMIT_S CMD...: the command's output in $OUT/NAME.log, a sum
 for step in "${steps[@]}"; do
     case $step in
         cuda) run cuda 90 python3 -m pytest -m cuda -q -p no:cacheprovider -o addopts="" \
-                  tests/client/test_client_cuda.py tests/transforms/test_trainer_decode.py -rs ;;
+                  tests/client/test_client_cuda.py tests/transforms/test_trainer_decode.py \
+                  tests/transforms/test_jpeg_decoders.py -rs ;;
         gpu) run gpu 150 python3 bench/bench_gpu.py --rounds 3 --streams 8 --steps 60 ;;
         throughput) run throughput 90 python3 bench/bench_throughput.py --streams 8 --rounds 3 --seed-epochs 0 ;;
         scaling) run scaling 150 python3 bench/bench_scaling.py --rounds 1 --e2e --streams 8 ;;
-        imagenet) run imagenet 130 python3 bench/bench_imagenet.py --images 2000 --server-workers 0 \
-                      --streams 8 --rounds 1 --batch-size 128 ;;
+        imagenet) run imagenet 170 python3 bench/bench_imagenet.py --images 4000 --server-workers 0 \
+                      --streams 8 --rounds 1 --batch-size 128 --epochs 2 ;;
+        decode) run decode 150 python3 bench/bench_imagenet.py --images 4000 --streams 8 --rounds 1 \
+                    --batch-size 128 --epochs 2 --only d_trainer_decode_product d_gpu_decode_train ;;
         *) echo "unknown step $step" >> "$log" ;;
     esac
 done
-for f in gpu throughput scaling imagenet; do
+for f in gpu throughput scaling imagenet imagenet_only; do
     [ -f "bench/out/$f.json" ] && cp "bench/out/$f.json" "$OUT/"
 done
 tar -czf "$OUT/logs.tgz" -C "$LOGS" .  # every step's whole output (the files that come back are few)
