@@ -6,7 +6,7 @@
 # Each step has its own time limit, so one that hangs still leaves the others' figures. Logs and
 # JSON go to $OUT (or bench/out/device when run by hand).
 #
-#   bench/device_check.sh [STEP ...]   # steps: cuda gpu throughput scaling imagenet (default), decode
+#   bench/device_check.sh [STEP ...]   # steps: cuda gpu throughput scaling imagenet (default), decode jpeg4
 #
 # Wheels (here, for the machine's Python 3.12): pyarrow and the server extras into .whl/ (installed
 # under /tmp/site); nvidia-nvimgcodec-cu13 + nvidia-nvjpeg into .whl2/ (a second call: both sets
@@ -60,6 +60,8 @@ for step in "${steps[@]}"; do
                       --streams 8 --rounds 1 --batch-size 128 --epochs 2 ;;
         decode) run decode 150 python3 bench/bench_imagenet.py --images 4000 --streams 8 --rounds 1 \
                     --batch-size 128 --epochs 2 --only d_trainer_decode_product d_gpu_decode_train ;;
+        jpeg4) run jpeg4 120 python3 bench/bench_imagenet.py --images 4000 --server-workers 4 --streams 8 \
+                   --rounds 1 --batch-size 128 --epochs 2 --only a_seed_recipe_train b_flightfeed_train ;;
         *) echo "unknown step $step" >> "$log" ;;
     esac
 done
