@@ -49,57 +49,69 @@ def _eventually(cond: Any, timeout: float = 10.0) -> bool:
     return bool(cond())
 
 
-def _helpers() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "flightfeed-read-ahead"]
+def _of(counted: list[tuple[str, Any]], ds: Any) -> list[str]:
+    return [name for name, d in list(counted) if d is ds]
+
+
+def _helpers() -> set[threading.Thread]:
+    """Read-ahead threads alive now (other tests' servers may have theirs: compare with a set taken
+    before the stream)."""
+    return {t for t in threading.enumerate() if t.name == "flightfeed-read-ahead"}
 
 
 @pytest.fixture
-def counted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The thread of every gather the stream makes."""
-    calls: list[str] = []
+def counted(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
+    """(thread, dataset) of every gather made in this process (other tests' servers may gather too:
+    the tests look at their own dataset's)."""
+    calls: list[tuple[str, Any]] = []
     real = gather_module.gather
 
-    def gather(*args: Any, **kwargs: Any) -> pa.RecordBatch:
-        calls.append(threading.current_thread().name)
-        return real(*args, **kwargs)
+    def gather(ds: Any, *args: Any, **kwargs: Any) -> pa.RecordBatch:
+        calls.append((threading.current_thread().name, ds))
+        return real(ds, *args, **kwargs)
 
     monkeypatch.setattr(streaming, "gather", gather)
     return calls
 
 
 def test_the_next_shuffled_message_is_gathered_before_it_is_asked_for(
-    server: RunningServer, small_dir: Path, counted: list[str]
+    server: RunningServer, small_dir: Path, counted: list[tuple[str, Any]]
 ) -> None:
     ds = open_dataset("small", str(small_dir))
     ticket = _ticket(server, shuffle=True)
+    others = _helpers()
     stream = streaming.ticket_batches(ds, ticket)
     first = next(stream)
     assert first.num_rows > 0
-    assert _eventually(lambda: len(counted) >= 2)  # message 2 gathered while message 1 is "sent"
-    assert set(counted) == {"flightfeed-read-ahead"}
+    assert _eventually(lambda: len(_of(counted, ds)) >= 2)  # message 2 gathered while message 1 is "sent"
+    assert set(_of(counted, ds)) == {"flightfeed-read-ahead"}
     rest = list(stream)
     plain = list(_plain(ds, ticket))
     got = [first, *rest]
     assert [b.num_rows for b in got] == [b.num_rows for b in plain]
     assert all(a.equals(b) for a, b in zip(got, plain, strict=True))
-    assert _eventually(lambda: not _helpers())
+    assert _eventually(lambda: not _helpers() - others)
 
 
-def test_a_stream_closed_early_stops_its_helper(server: RunningServer, small_dir: Path, counted: list[str]) -> None:
+def test_a_stream_closed_early_stops_its_helper(
+    server: RunningServer, small_dir: Path, counted: list[tuple[str, Any]]
+) -> None:
     ds = open_dataset("small", str(small_dir))
+    others = _helpers()
     stream = cast(Generator[pa.RecordBatch, None, None], streaming.ticket_batches(ds, _ticket(server, shuffle=True)))
     next(stream)
     stream.close()  # the client went away after one message (gRPC closes the generator)
-    assert _eventually(lambda: not _helpers())
-    assert len(counted) <= 3  # the helper stopped: at most the messages it had in hand
+    assert _eventually(lambda: not _helpers() - others)
+    assert len(_of(counted, ds)) <= 3  # the helper stopped: at most the messages it had in hand
 
 
 def test_stored_order_sends_zero_copy_slices_on_the_stream_thread(
-    server: RunningServer, small_dir: Path, counted: list[str]
+    server: RunningServer, small_dir: Path, counted: list[tuple[str, Any]]
 ) -> None:
     ds = open_dataset("small", str(small_dir))
+    others = _helpers()
     batches = list(streaming.ticket_batches(ds, _ticket(server, shuffle=False)))
-    assert sum(b.num_rows for b in batches) == ds.num_rows and not counted and not _helpers()
+    assert sum(b.num_rows for b in batches) == ds.num_rows and not _of(counted, ds) and not _helpers() - others
 
 
 def _plain(ds: Any, ticket: Any) -> Any:
