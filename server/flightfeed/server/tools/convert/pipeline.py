@@ -60,6 +60,7 @@ class ConvertSettings:
     classes: list[str] | None = None  # images: the class list (a split: the union over the splits)
     source_base: str | None = None  # images: source_path is relative to this (default: SRC)
     progress: bool = True
+    background_hash: bool = True  # hash each shard on a second thread while the next batches are read
     eot: int | None = None  # nanogpt: the end-of-text token id after which a document ends
     token_dtype: str | None = None  # nanogpt: the token files' dtype (None: uint16)
     storage: StorageOptions = field(default_factory=StorageOptions)
@@ -154,6 +155,7 @@ def convert(src: str, dst: str, settings: ConvertSettings | None = None) -> Mani
                 compression=settings.compression,
                 on_shard=dest.publish,
                 block_bytes=settings.block_bytes,
+                background_hash=settings.background_hash,
             )
             bar = tqdm(
                 total=source.num_rows,  # None for streamed sources (records.py): counted as they come

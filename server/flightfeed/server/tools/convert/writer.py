@@ -1,6 +1,8 @@
 """Sharded ``.arrow`` output: record batches of a fixed row count, shards of about
-``shard_bytes``, each re-read and checked after it is closed, hashed (sha256 and the checksums of
-its ``block_bytes`` blocks, for the manifest), then handed to ``on_shard``.
+``shard_bytes``, hashed as they are written (sha256 and the checksums of its ``block_bytes``
+blocks, for the manifest: ``shard_hasher.py``, on a background thread unless
+``background_hash=False``), checked after they are closed (the file's footer read back: schema,
+batch count, rows per batch), then handed to ``on_shard``.
 
 Shards are Arrow IPC *file* format (random access, memory-mappable) named ``part-00000.arrow``;
 a shard is written as ``NAME.tmp`` and renamed when complete.
@@ -10,13 +12,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from flightfeed.server.readers.blocks import BLOCK_BYTES, digest_file
+from flightfeed.server.readers.blocks import BLOCK_BYTES
 from flightfeed.server.storage.manifest import ManifestShard
+from flightfeed.server.tools.convert.shard_hasher import ShardHasher
 from flightfeed.wire.errors import ShardError
 
 __all__ = ["ShardWriter", "rebatch", "shard_name", "Compression"]
@@ -65,6 +69,7 @@ class ShardWriter:
         compression: Compression = "none",
         on_shard: Callable[[str, ManifestShard], None] | None = None,
         block_bytes: int = BLOCK_BYTES,
+        background_hash: bool = True,
     ) -> None:
         self.block_bytes = block_bytes
         self.directory = directory
@@ -76,6 +81,9 @@ class ShardWriter:
         self._sink: pa.OSFile | None = None
         self._writer: ipc.RecordBatchFileWriter | None = None
         self._batch_rows: list[int] = []
+        self._hasher: ShardHasher | None = None
+        #: one thread hashes what was written while the caller reads and encodes the next batch
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="flightfeed-convert-hash") if background_hash else None
 
     def write(self, batch: pa.RecordBatch) -> None:
         sink, writer = self._sink, self._writer
@@ -86,10 +94,16 @@ class ShardWriter:
             sink, writer = self._start()
         writer.write_batch(batch)
         self._batch_rows.append(batch.num_rows)
+        if self._hasher is not None:
+            self._hasher.advance(sink.tell())
 
     def close(self) -> list[ManifestShard]:
-        if self._writer is not None:
-            self._finish()
+        try:
+            if self._writer is not None:
+                self._finish()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown()
         return self.shards
 
     def abort(self) -> None:
@@ -100,17 +114,24 @@ class ShardWriter:
             if self._sink is not None:
                 self._sink.close()
             self._writer = self._sink = None
+            if self._hasher is not None:
+                self._hasher.close()
+                self._hasher = None
             if os.path.exists(path):
                 os.unlink(path)
+        if self._pool is not None:
+            self._pool.shutdown()
 
     # -- internals --------------------------------------------------------------------------
     def _path(self, index: int) -> str:
         return os.path.join(self.directory, shard_name(index))
 
     def _start(self) -> tuple[pa.OSFile, ipc.RecordBatchFileWriter]:
-        sink = pa.OSFile(self._path(len(self.shards)) + ".tmp", "wb")
+        path = self._path(len(self.shards)) + ".tmp"
+        sink = pa.OSFile(path, "wb")
         writer = ipc.new_file(sink, self.schema, options=self._options)
         self._sink, self._writer, self._batch_rows = sink, writer, []
+        self._hasher = ShardHasher(path, self.block_bytes, background=self._pool is not None, pool=self._pool)
         return sink, writer
 
     def _finish(self) -> None:
@@ -122,13 +143,16 @@ class ShardWriter:
         final = self._path(len(self.shards))
         tmp = final + ".tmp"
         rows = sum(self._batch_rows)
+        size = os.path.getsize(tmp)
+        hasher, self._hasher = self._hasher, None
+        assert hasher is not None
+        sha256, blocks = hasher.finish(size)  # the footer; the batches were hashed as they were written
         _verify(tmp, final, self.schema, self._batch_rows)
         os.replace(tmp, final)
-        sha256, blocks = digest_file(final, self.block_bytes)  # one pass, the file is in page cache
         entry = ManifestShard(
             name=os.path.basename(final),
             rows=rows,
-            bytes=os.path.getsize(final),
+            bytes=size,
             sha256=sha256,
             batch_rows=tuple(self._batch_rows),
             blocks=blocks,

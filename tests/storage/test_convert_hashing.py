@@ -1,0 +1,98 @@
+"""Shards are hashed while they are written (tools/convert/shard_hasher.py): the manifest's
+sha256 and block checksums are exactly those of the finished files, on the background thread or
+inline, and a shard that does not read back whole is refused."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from flightfeed.server.readers.blocks import digest_file
+from flightfeed.server.storage.manifest import MANIFEST_NAME, Manifest
+from flightfeed.server.tools.convert import ConvertSettings, convert
+from flightfeed.server.tools.convert.shard_hasher import ShardHasher
+from flightfeed.server.tools.convert.writer import ShardWriter
+from flightfeed.wire.errors import ShardError
+
+SCHEMA = pa.schema([("x", pa.binary()), ("i", pa.int64())])  # type: ignore[arg-type]
+
+
+def _batch(k: int, rows: int = 30) -> pa.RecordBatch:
+    rng = [os.urandom(10_000 + 7 * k + j) for j in range(rows)]
+    return pa.record_batch([pa.array(rng, pa.binary()), pa.array(range(rows), pa.int64())], schema=SCHEMA)
+
+
+@pytest.mark.parametrize("background", [True, False])
+@pytest.mark.parametrize("block_bytes", [4096, 65536, 1 << 20])
+def test_digests_are_those_of_the_finished_files(tmp_path: Path, background: bool, block_bytes: int) -> None:
+    writer = ShardWriter(
+        str(tmp_path), SCHEMA, shard_bytes=1_500_000, block_bytes=block_bytes, background_hash=background
+    )
+    for k in range(12):
+        writer.write(_batch(k))
+    shards = writer.close()
+    assert len(shards) >= 2
+    for shard in shards:
+        path = str(tmp_path / shard.name)
+        sha256, blocks = digest_file(path, block_bytes)
+        assert (shard.sha256, shard.blocks) == (sha256, blocks)
+        assert shard.bytes == os.path.getsize(path) and blocks.covers(shard.bytes)
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".tmp")]
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_a_file_of_whole_blocks_and_uneven_advances(tmp_path: Path, background: bool) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    path = tmp_path / "f"
+    data = os.urandom(5 * 4096)
+    path.write_bytes(b"")
+    with ThreadPoolExecutor(1) as pool:
+        hasher = ShardHasher(str(path), 4096, background=background, pool=pool)
+        with open(path, "ab") as f:
+            for lo, hi in ((0, 1), (1, 4097), (4097, 9000), (9000, len(data))):
+                f.write(data[lo:hi])
+                f.flush()
+                hasher.advance(hi)
+        got = hasher.finish(len(data))
+    assert got == digest_file(str(path), 4096)
+    assert len(got[1].hashes) == 5
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_a_shard_that_reads_back_short_is_refused(tmp_path: Path, background: bool) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    path = tmp_path / "f"
+    path.write_bytes(os.urandom(10_000))
+    with ThreadPoolExecutor(1) as pool:
+        hasher = ShardHasher(str(path), 4096, background=background, pool=pool)
+        os.truncate(path, 5_000)  # the disk lost what was written
+
+        def hash_all() -> None:
+            hasher.advance(8_000)  # inline: raises here; in the background: at finish
+            hasher.finish(10_000)
+
+        with pytest.raises(ShardError, match="reads back short"):
+            hash_all()
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_convert_manifest_matches_the_files(tmp_path: Path, background: bool) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    table = pa.table({"x": [os.urandom(5_000) for _ in range(600)], "i": list(range(600))})
+    pq.write_table(table, src / "a.parquet")
+    dst = tmp_path / "dst"
+    settings = ConvertSettings(
+        progress=False, shard_bytes=1_000_000, block_bytes=65536, rows_per_batch=50, background_hash=background
+    )
+    manifest = convert(str(src), str(dst), settings)
+    assert len(manifest.shards) >= 3
+    again = Manifest.from_json((dst / MANIFEST_NAME).read_text(), "manifest")
+    for shard in again.shards:
+        assert (shard.sha256, shard.blocks) == digest_file(str(dst / shard.name), 65536)
