@@ -4,12 +4,15 @@ Faster than :mod:`tarfile` for the many small members of a WebDataset shard (one
 and one read per member), and exact about damage: a header whose checksum does not match, or a
 member whose data ends early, yields a :class:`~.records.BadRecord` naming the file and the
 member's byte offset, after which the rest of that file is not read (its framing is lost).
+A regular member's data is a memoryview into the mapped shard (one copy later, into the record
+batch); the mapping is unmapped once the last view is gone.
 Understands ustar/GNU/pax headers (long names from ``L`` and ``x`` entries); ``.tar.gz``/
 ``.tgz`` shards are read through gzip.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import mmap
 import os
@@ -21,7 +24,7 @@ from flightfeed.server.tools.convert.records import BadRecord
 __all__ = ["tar_members", "Member"]
 
 _BLOCK = 512
-Member = tuple[str, int, bytes]
+Member = tuple[str, int, bytes | memoryview]
 
 
 def _octal(field: bytes) -> int:
@@ -53,12 +56,13 @@ def _pax_path(data: bytes) -> str | None:
 
 
 class _Mapped:
-    """``read(n)`` over a memory-mapped file: one copy per member instead of two."""
+    """``read(n)`` (bytes) and ``view(n)`` (no copy) over a memory-mapped file."""
 
     def __init__(self, path: str) -> None:
         self._file = open(path, "rb")  # noqa: SIM115  # closed in close()
         size = os.fstat(self._file.fileno()).st_size
         self._map: mmap.mmap | bytes = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        self._view = memoryview(self._map)
         self._pos = 0
 
     def read(self, n: int) -> bytes:
@@ -66,12 +70,19 @@ class _Mapped:
         self._pos += len(data)
         return data
 
+    def view(self, n: int) -> memoryview:
+        data = self._view[self._pos : self._pos + n]
+        self._pos += len(data)
+        return data
+
     def __enter__(self) -> _Mapped:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._view.release()
         if isinstance(self._map, mmap.mmap):
-            self._map.close()
+            with contextlib.suppress(BufferError):  # members still referenced (a batch being built):
+                self._map.close()  # unmapped when the last of them is freed
         self._file.close()
 
 
@@ -111,7 +122,7 @@ def tar_members(path: str, display: str) -> Iterator[Member | BadRecord]:
                     prefix = header[345:500].split(b"\0", 1)[0].decode("utf-8", "replace")
                     if prefix:
                         name = f"{prefix}/{name}"
-            data = f.read(size)
+            data: bytes | memoryview = f.view(size) if isinstance(f, _Mapped) else f.read(size)
             if len(data) < size:
                 yield BadRecord(
                     f"{display}: member {name} at byte {offset}", f"truncated: {len(data)} of {size} data bytes"
@@ -121,10 +132,10 @@ def tar_members(path: str, display: str) -> Iterator[Member | BadRecord]:
             if pad:
                 f.read(pad)
             if kind == b"L":
-                long_name = data.rstrip(b"\0").decode("utf-8", "replace")
+                long_name = bytes(data).rstrip(b"\0").decode("utf-8", "replace")
             elif kind == b"x":
                 try:
-                    long_name = _pax_path(data)
+                    long_name = _pax_path(bytes(data))
                 except (ValueError, IndexError, UnicodeDecodeError):
                     yield BadRecord(f"{display} at byte {offset}", "damaged pax header")
                     return
