@@ -12,13 +12,11 @@ Understands ustar/GNU/pax headers (long names from ``L`` and ``x`` entries); ``.
 
 from __future__ import annotations
 
-import contextlib
 import gzip
-import mmap
-import os
 from collections.abc import Iterator
 from typing import BinaryIO
 
+from flightfeed.server.tools.convert.mapped_file import MappedFile
 from flightfeed.server.tools.convert.records import BadRecord
 
 __all__ = ["tar_members", "Member"]
@@ -55,41 +53,10 @@ def _pax_path(data: bytes) -> str | None:
     return None
 
 
-class _Mapped:
-    """``read(n)`` (bytes) and ``view(n)`` (no copy) over a memory-mapped file."""
-
-    def __init__(self, path: str) -> None:
-        self._file = open(path, "rb")  # noqa: SIM115  # closed in close()
-        size = os.fstat(self._file.fileno()).st_size
-        self._map: mmap.mmap | bytes = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
-        self._view = memoryview(self._map)
-        self._pos = 0
-
-    def read(self, n: int) -> bytes:
-        data = self._map[self._pos : self._pos + n]
-        self._pos += len(data)
-        return data
-
-    def view(self, n: int) -> memoryview:
-        data = self._view[self._pos : self._pos + n]
-        self._pos += len(data)
-        return data
-
-    def __enter__(self) -> _Mapped:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._view.release()
-        if isinstance(self._map, mmap.mmap):
-            with contextlib.suppress(BufferError):  # members still referenced (a batch being built):
-                self._map.close()  # unmapped when the last of them is freed
-        self._file.close()
-
-
-def _open(path: str) -> BinaryIO | _Mapped:
+def _open(path: str) -> BinaryIO | MappedFile:
     if path.lower().endswith((".tar.gz", ".tgz")):
         return gzip.open(path, "rb")  # type: ignore[return-value]
-    return _Mapped(path)
+    return MappedFile(path)
 
 
 def tar_members(path: str, display: str) -> Iterator[Member | BadRecord]:
@@ -122,7 +89,7 @@ def tar_members(path: str, display: str) -> Iterator[Member | BadRecord]:
                     prefix = header[345:500].split(b"\0", 1)[0].decode("utf-8", "replace")
                     if prefix:
                         name = f"{prefix}/{name}"
-            data: bytes | memoryview = f.view(size) if isinstance(f, _Mapped) else f.read(size)
+            data: bytes | memoryview = f.view(size) if isinstance(f, MappedFile) else f.read(size)
             if len(data) < size:
                 yield BadRecord(
                     f"{display}: member {name} at byte {offset}", f"truncated: {len(data)} of {size} data bytes"
