@@ -14,7 +14,7 @@ import pytest
 from flightfeed.server.readers.blocks import digest_file
 from flightfeed.server.storage.manifest import MANIFEST_NAME, Manifest
 from flightfeed.server.tools.convert import ConvertSettings, convert
-from flightfeed.server.tools.convert.shard_hasher import ShardHasher
+from flightfeed.server.tools.convert.shard_hasher import HashingFile, ShardHasher
 from flightfeed.server.tools.convert.writer import ShardWriter
 from flightfeed.wire.errors import ShardError
 
@@ -45,40 +45,54 @@ def test_digests_are_those_of_the_finished_files(tmp_path: Path, background: boo
 
 
 @pytest.mark.parametrize("background", [True, False])
-def test_a_file_of_whole_blocks_and_uneven_advances(tmp_path: Path, background: bool) -> None:
+def test_whole_blocks_uneven_writes_and_the_queue_limit(
+    tmp_path: Path, background: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
+    from flightfeed.server.tools.convert import shard_hasher
+
+    monkeypatch.setattr(shard_hasher, "MAX_QUEUED_BYTES", 5000)  # the writer waits for the hasher
     path = tmp_path / "f"
     data = os.urandom(5 * 4096)
-    path.write_bytes(b"")
     with ThreadPoolExecutor(1) as pool:
-        hasher = ShardHasher(str(path), 4096, background=background, pool=pool)
-        with open(path, "ab") as f:
-            for lo, hi in ((0, 1), (1, 4097), (4097, 9000), (9000, len(data))):
-                f.write(data[lo:hi])
-                f.flush()
-                hasher.advance(hi)
+        hasher = ShardHasher(str(path), 4096, pool if background else None)
+        out = HashingFile(str(path), hasher)
+        for lo, hi in ((0, 1), (1, 4097), (4097, 9000), (9000, 15000), (15000, len(data))):
+            assert out.write(memoryview(data)[lo:hi]) == hi - lo
+        out.close()
         got = hasher.finish(len(data))
     assert got == digest_file(str(path), 4096)
     assert len(got[1].hashes) == 5
 
 
 @pytest.mark.parametrize("background", [True, False])
-def test_a_shard_that_reads_back_short_is_refused(tmp_path: Path, background: bool) -> None:
+def test_a_shard_that_does_not_hold_what_was_written_is_refused(tmp_path: Path, background: bool) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     path = tmp_path / "f"
-    path.write_bytes(os.urandom(10_000))
     with ThreadPoolExecutor(1) as pool:
-        hasher = ShardHasher(str(path), 4096, background=background, pool=pool)
+        hasher = ShardHasher(str(path), 4096, pool if background else None)
+        out = HashingFile(str(path), hasher)
+        out.write(os.urandom(10_000))
+        out.close()
         os.truncate(path, 5_000)  # the disk lost what was written
+        with pytest.raises(ShardError, match="holds 5000 bytes but 10000 were written"):
+            hasher.finish(os.path.getsize(path))
 
-        def hash_all() -> None:
-            hasher.advance(8_000)  # inline: raises here; in the background: at finish
-            hasher.finish(10_000)
 
-        with pytest.raises(ShardError, match="reads back short"):
-            hash_all()
+def test_a_hashing_failure_is_raised_to_the_writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    def broken(self: ShardHasher, data: object) -> None:
+        raise MemoryError("no memory for the hash")
+
+    monkeypatch.setattr(ShardHasher, "_hash", broken)
+    with ThreadPoolExecutor(1) as pool:
+        hasher = ShardHasher(str(tmp_path / "f"), 4096, pool)
+        hasher.update(b"x" * 100)  # fails on the hashing thread
+        with pytest.raises(ShardError, match=r"hashing written shard .*f failed: no memory for the hash"):
+            hasher.finish(100)
 
 
 @pytest.mark.parametrize("background", [True, False])

@@ -1,120 +1,160 @@
 """The manifest digests of a shard while it is being written: its sha256 and the checksums of
-its blocks (``readers.blocks``), computed over the bytes that reached the file.
+its blocks (``readers.blocks``), over exactly the bytes written to the file.
 
-:class:`ShardHasher` follows a file that is written front to back (an Arrow IPC file writer
-never seeks back): ``advance(n)`` says the first ``n`` bytes are written; they are read back
-from the page cache with ``preadv`` into one reused buffer and fed to sha256 and a streaming
-xxh3-128 per block. With ``background=True`` that happens on one worker thread (hashlib,
-xxhash and ``preadv`` release the GIL), so hashing overlaps with reading the source and
-encoding the next record batch; ``finish(size)`` hashes what is left (the footer) and returns
-the digests once every byte is hashed. The digests are those of ``digest_file`` on the
-finished file, without the second pass over it at the end.
+:class:`HashingFile` is the file the Arrow IPC writer writes to (through ``pa.PythonFile``): each
+write goes to the file with ``os.write`` (all of it, or a :class:`ShardError`) and, as the same
+buffer (the record batch's own memory, no copy), to a :class:`ShardHasher`. With a thread pool
+the hasher feeds sha256 and a streaming xxh3-128 per block on that one worker thread (hashlib and
+xxhash release the GIL), so hashing overlaps with reading the source and encoding the next
+batch; it holds at most ``MAX_QUEUED_BYTES`` of written buffers, then the writer waits.
+``finish(size)`` waits for the last buffer and returns the digests: those ``digest_file`` gives
+for the finished file, without a second pass over it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import xxhash
 
 from flightfeed.server.readers.blocks import BlockSums
 from flightfeed.wire.errors import ShardError
 
-__all__ = ["ShardHasher", "HASH_READ_BYTES"]
+__all__ = ["ShardHasher", "HashingFile", "MAX_QUEUED_BYTES"]
 
-#: bytes read back per ``preadv`` (a whole number of blocks when blocks are smaller)
-HASH_READ_BYTES = 8 << 20
+#: written bytes waiting for the hashing thread before the writer waits for it
+MAX_QUEUED_BYTES = 64 << 20
 
 
 class ShardHasher:
-    """Digests of the file at ``path`` as it grows (see the module docstring)."""
+    """sha256 and block checksums of a byte stream fed in order (see the module docstring)."""
 
-    def __init__(self, path: str, block_bytes: int, *, background: bool, pool: ThreadPoolExecutor | None) -> None:
-        self.path = path
+    def __init__(self, where: str, block_bytes: int, pool: ThreadPoolExecutor | None) -> None:
+        self.where = where
         self.block_bytes = block_bytes
-        self._fd = os.open(path, os.O_RDONLY)
-        self._pool = pool if background else None
+        self._pool = pool
         self._sha = hashlib.sha256()
         self._block = xxhash.xxh3_128()
         self._in_block = 0  # bytes of the current block fed so far
         self._hashes: list[str] = []
-        self._done = 0  # bytes hashed
-        self._wanted = 0  # bytes known to be written
-        self._buf = bytearray(max(block_bytes, HASH_READ_BYTES // block_bytes * block_bytes))
-        self._pending: Future[None] | None = None
+        self._hashed = 0
+        self._queue: list[Any] = []
+        self._queued = 0  # bytes in the queue
+        self._running = False
+        self._cond = threading.Condition()
+        self._job: Future[None] | None = None
 
-    def advance(self, written: int) -> None:
-        """The first ``written`` bytes of the file are written: hash them (soon, when in the background)."""
-        self._wanted = max(self._wanted, written)
+    def update(self, data: Any) -> None:
+        """Hash ``data`` (a buffer that stays unchanged) after everything fed before it."""
         if self._pool is None:
-            self._hash_to(self._wanted)
-        elif self._pending is None or self._pending.done():
-            self._raise_failure()
-            self._pending = self._pool.submit(self._hash_to, self._wanted)
-        # else: a job is running; the next advance (or finish) hashes up to the newest mark
+            self._hash(data)
+            return
+        size = memoryview(data).nbytes
+        with self._cond:
+            while self._queued > MAX_QUEUED_BYTES and self._running:
+                self._cond.wait()
+            self._failed()
+            self._queue.append(data)
+            self._queued += size
+            if self._running:
+                return
+            self._running = True
+        self._job = self._pool.submit(self._drain)
 
     def finish(self, size: int) -> tuple[str, BlockSums]:
-        """Every byte is written (the file holds ``size``): hash the rest; (sha256 hex, block sums)."""
-        try:
-            self._wait()
-            self._hash_to(size)
-        finally:
-            self.close()
+        """Every byte is fed (the file holds ``size``): (sha256 hex, block sums)."""
+        self.wait()
+        if self._hashed != size:
+            raise ShardError(
+                f"written shard {self.where} holds {size} bytes but {self._hashed} were written to it; "
+                "disk full or failing?"
+            )
         if self._in_block or not self._hashes:
             self._hashes.append(self._block.hexdigest())
         return self._sha.hexdigest(), BlockSums(self.block_bytes, tuple(self._hashes))
 
-    def close(self) -> None:
-        """Stop (after an error too): waits for a running job, closes the file."""
-        try:
-            self._wait()
-        except ShardError:
-            pass
-        finally:
-            if self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
+    def wait(self) -> None:
+        """Wait until every buffer fed is hashed (after an error too: it is raised here)."""
+        job = self._job
+        if job is not None:
+            job.exception()  # waits
+        with self._cond:
+            self._failed()
 
     # -- internals --------------------------------------------------------------------------
-    def _wait(self) -> None:
-        if self._pending is not None:
-            pending, self._pending = self._pending, None
-            exc = pending.exception()  # waits
-            if exc is not None:
-                self._raise(exc)
+    def _failed(self) -> None:
+        job = self._job
+        if job is not None and job.done() and job.exception() is not None:
+            raise ShardError(f"hashing written shard {self.where} failed: {job.exception()}") from job.exception()
 
-    def _raise_failure(self) -> None:
-        if self._pending is not None and self._pending.exception() is not None:
-            self._raise(self._pending.exception())
+    def _drain(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    if not self._queue:
+                        return
+                    items, self._queue = self._queue, []
+                for data in items:
+                    self._hash(data)
+                    with self._cond:
+                        self._queued -= memoryview(data).nbytes
+                        self._cond.notify_all()
+        finally:
+            with self._cond:
+                self._running = False
+                self._cond.notify_all()
 
-    def _raise(self, exc: BaseException | None) -> None:
-        if isinstance(exc, ShardError):
-            raise exc
-        raise ShardError(f"written shard {self.path} cannot be read back to hash it: {exc}; disk failing?") from exc
+    def _hash(self, data: Any) -> None:
+        view = memoryview(data).cast("B")
+        got = view.nbytes
+        self._sha.update(view)
+        size, pos = self.block_bytes, 0
+        while pos < got:
+            take = min(got - pos, size - self._in_block)
+            self._block.update(view[pos : pos + take])
+            pos += take
+            self._in_block += take
+            if self._in_block == size:
+                self._hashes.append(self._block.hexdigest())
+                self._block.reset()
+                self._in_block = 0
+        self._hashed += got
 
-    def _hash_to(self, end: int) -> None:
-        view = memoryview(self._buf)
-        size = self.block_bytes
-        while self._done < end:
-            want = min(len(view), end - self._done)
-            got = os.preadv(self._fd, [view[:want]], self._done)
-            if got <= 0:
-                raise ShardError(
-                    f"written shard {self.path} reads back short ({self._done + max(got, 0)} of {end} bytes); "
-                    "disk full or failing?"
-                )
-            data = view[:got]
-            self._sha.update(data)
-            pos = 0
-            while pos < got:
-                take = min(got - pos, size - self._in_block)
-                self._block.update(data[pos : pos + take])
-                pos += take
-                self._in_block += take
-                if self._in_block == size:
-                    self._hashes.append(self._block.hexdigest())
-                    self._block.reset()
-                    self._in_block = 0
-            self._done += got
+
+class HashingFile:
+    """A write-only file for ``pa.PythonFile``: bytes go to ``path`` and to ``hasher``."""
+
+    closed = False
+
+    def __init__(self, path: str, hasher: ShardHasher) -> None:
+        self.path = path
+        self.hasher = hasher
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._pos = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < view.nbytes:
+            written = os.write(self._fd, view[done:])
+            if written <= 0:
+                raise ShardError(f"writing shard {self.path}: no progress after {self._pos + done} bytes; disk full?")
+            done += written
+        self._pos += done
+        self.hasher.update(data)
+        return done
+
+    def tell(self) -> int:
+        return self._pos
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            os.close(self._fd)

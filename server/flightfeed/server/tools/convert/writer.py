@@ -10,17 +10,19 @@ a shard is written as ``NAME.tmp`` and renamed when complete.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Literal
+from typing import Literal, cast
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from flightfeed.server.readers.blocks import BLOCK_BYTES
 from flightfeed.server.storage.manifest import ManifestShard
-from flightfeed.server.tools.convert.shard_hasher import ShardHasher
+from flightfeed.server.tools.convert.shard_hasher import HashingFile, ShardHasher
 from flightfeed.wire.errors import ShardError
 
 __all__ = ["ShardWriter", "rebatch", "shard_name", "Compression"]
@@ -78,7 +80,8 @@ class ShardWriter:
         self._options = ipc.IpcWriteOptions(compression=None if compression == "none" else compression)
         self._on_shard = on_shard
         self.shards: list[ManifestShard] = []
-        self._sink: pa.OSFile | None = None
+        self._sink: pa.PythonFile | None = None
+        self._file: HashingFile | None = None
         self._writer: ipc.RecordBatchFileWriter | None = None
         self._batch_rows: list[int] = []
         self._hasher: ShardHasher | None = None
@@ -94,8 +97,6 @@ class ShardWriter:
             sink, writer = self._start()
         writer.write_batch(batch)
         self._batch_rows.append(batch.num_rows)
-        if self._hasher is not None:
-            self._hasher.advance(sink.tell())
 
     def close(self) -> list[ManifestShard]:
         try:
@@ -113,9 +114,11 @@ class ShardWriter:
             self._writer.close()
             if self._sink is not None:
                 self._sink.close()
+            self._close_file()
             self._writer = self._sink = None
             if self._hasher is not None:
-                self._hasher.close()
+                with contextlib.suppress(ShardError):  # the error being handled is the one to report
+                    self._hasher.wait()
                 self._hasher = None
             if os.path.exists(path):
                 os.unlink(path)
@@ -126,19 +129,26 @@ class ShardWriter:
     def _path(self, index: int) -> str:
         return os.path.join(self.directory, shard_name(index))
 
-    def _start(self) -> tuple[pa.OSFile, ipc.RecordBatchFileWriter]:
+    def _start(self) -> tuple[pa.PythonFile, ipc.RecordBatchFileWriter]:
         path = self._path(len(self.shards)) + ".tmp"
-        sink = pa.OSFile(path, "wb")
+        self._hasher = ShardHasher(path, self.block_bytes, self._pool)
+        self._file = HashingFile(path, self._hasher)
+        sink = pa.PythonFile(cast(io.IOBase, self._file), mode="w")  # duck-typed: write/tell/flush/close
         writer = ipc.new_file(sink, self.schema, options=self._options)
         self._sink, self._writer, self._batch_rows = sink, writer, []
-        self._hasher = ShardHasher(path, self.block_bytes, background=self._pool is not None, pool=self._pool)
         return sink, writer
+
+    def _close_file(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
     def _finish(self) -> None:
         if self._writer is not None:
             self._writer.close()
         if self._sink is not None:
             self._sink.close()
+        self._close_file()
         self._writer = self._sink = None
         final = self._path(len(self.shards))
         tmp = final + ".tmp"
@@ -146,7 +156,7 @@ class ShardWriter:
         size = os.path.getsize(tmp)
         hasher, self._hasher = self._hasher, None
         assert hasher is not None
-        sha256, blocks = hasher.finish(size)  # the footer; the batches were hashed as they were written
+        sha256, blocks = hasher.finish(size)  # every byte written was hashed as it was written
         _verify(tmp, final, self.schema, self._batch_rows)
         os.replace(tmp, final)
         entry = ManifestShard(
