@@ -81,15 +81,16 @@ def test_a_shard_that_does_not_hold_what_was_written_is_refused(tmp_path: Path, 
             hasher.finish(os.path.getsize(path))
 
 
-def test_a_hashing_failure_is_raised_to_the_writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_hashing_failure_is_raised_to_the_writer(tmp_path: Path) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    def broken(self: ShardHasher, data: object) -> None:
-        raise MemoryError("no memory for the hash")
+    class Broken:
+        def update(self, data: object) -> None:
+            raise MemoryError("no memory for the hash")
 
-    monkeypatch.setattr(ShardHasher, "_hash", broken)
     with ThreadPoolExecutor(1) as pool:
         hasher = ShardHasher(str(tmp_path / "f"), 4096, pool)
+        hasher._sha = Broken()  # type: ignore[assignment]
         hasher.update(b"x" * 100)  # fails on the hashing thread
         with pytest.raises(ShardError, match=r"hashing written shard .*f failed: no memory for the hash"):
             hasher.finish(100)

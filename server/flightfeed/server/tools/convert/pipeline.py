@@ -16,6 +16,7 @@ from flightfeed.server.storage.options import StorageOptions
 from flightfeed.server.tools.convert.destination import open_destination
 from flightfeed.server.tools.convert.formats import FORMAT_KINDS, detect_format, open_format_source
 from flightfeed.server.tools.convert.images import ImageFolderSource, looks_like_image_folder, split_folders
+from flightfeed.server.tools.convert.shard_hasher import prompt_switches
 from flightfeed.server.tools.convert.sources import (
     Hdf5Source,
     NumpySource,
@@ -165,10 +166,11 @@ def convert(src: str, dst: str, settings: ConvertSettings | None = None) -> Mani
                 disable=not settings.progress,
             )
             try:
-                for batch in rebatch(source.batches(rows), rows):
-                    writer.write(batch)
-                    bar.update(batch.num_rows)
-                shards = writer.close()
+                with prompt_switches(settings.background_hash):
+                    for batch in rebatch(source.batches(rows), rows):
+                        writer.write(batch)
+                        bar.update(batch.num_rows)
+                    shards = writer.close()
             except BaseException:
                 writer.abort()
                 raise
