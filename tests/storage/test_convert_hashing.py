@@ -111,3 +111,32 @@ def test_convert_manifest_matches_the_files(tmp_path: Path, background: bool) ->
     again = Manifest.from_json((dst / MANIFEST_NAME).read_text(), "manifest")
     for shard in again.shards:
         assert (shard.sha256, shard.blocks) == digest_file(str(dst / shard.name), 65536)
+
+
+def test_cli_hash_thread_flag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+
+    from flightfeed.server.tools.convert import cli as convert_cli
+    from flightfeed.server.tools.convert import pipeline
+
+    used: list[bool] = []
+    real = ShardWriter
+
+    def spy(*args: object, **kw: bool) -> object:
+        used.append(kw["background_hash"])
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pipeline, "ShardWriter", spy)
+    src = tmp_path / "src"
+    src.mkdir()
+    pq.write_table(pa.table({"x": [os.urandom(3000) for _ in range(200)]}), src / "a.parquet")
+    parser = argparse.ArgumentParser()
+    convert_cli.add_arguments(parser)
+    for flags, out in (([], "one"), (["--hash-thread"], "two")):
+        args = parser.parse_args([str(src), str(tmp_path / out), "--no-progress", "--shard-size", "200KB", *flags])
+        assert convert_cli.run(args) == 0
+        manifest = Manifest.from_json((tmp_path / out / MANIFEST_NAME).read_text(), "manifest")
+        for shard in manifest.shards:
+            assert shard.blocks is not None
+            assert (shard.sha256, shard.blocks) == digest_file(str(tmp_path / out / shard.name), shard.blocks.size)
+    assert used == [False, True]

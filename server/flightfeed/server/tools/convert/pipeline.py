@@ -61,7 +61,7 @@ class ConvertSettings:
     classes: list[str] | None = None  # images: the class list (a split: the union over the splits)
     source_base: str | None = None  # images: source_path is relative to this (default: SRC)
     progress: bool = True
-    background_hash: bool = True  # hash each shard on a second thread while the next batches are read
+    background_hash: bool = False  # --hash-thread: sha256 of each shard on a second thread (shard_hasher.py)
     eot: int | None = None  # nanogpt: the end-of-text token id after which a document ends
     token_dtype: str | None = None  # nanogpt: the token files' dtype (None: uint16)
     storage: StorageOptions = field(default_factory=StorageOptions)

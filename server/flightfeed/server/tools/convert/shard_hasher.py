@@ -6,8 +6,10 @@ write goes to the file with ``os.write`` (all of it, or a :class:`ShardError`) a
 buffer (the record batch's own memory, no copy), to a :class:`ShardHasher`; small writes (IPC
 metadata, padding, short buffers) are gathered into one first. The hasher feeds the xxh3-128 of
 the current block in the caller's thread (cheap) and sha256 — the costly part, ~0.7 CPU s/GB —
-on one worker thread when given a pool (hashlib releases the GIL), so it overlaps with reading
-the source and encoding the next batch; at most ``MAX_QUEUED_BYTES`` wait for it, then the
+on one worker thread when given a pool (``convert --hash-thread``; hashlib releases the GIL), so
+it overlaps with reading the source and encoding the next batch. That pays only where a core is
+free: on a busy machine every hand-over of the GIL may wait for the scheduler, and one thread is
+faster (bench/RESULTS.md). At most ``MAX_QUEUED_BYTES`` wait for it, then the
 writer waits. The worker needs the GIL back after each buffer: :func:`prompt_switches` makes
 the interpreter hand it over within 1 ms instead of 5 (a source parsed in Python holds the GIL
 for long stretches). ``finish(size)`` waits for the last buffer and returns the digests: those

@@ -1,7 +1,7 @@
 """Sharded ``.arrow`` output: record batches of a fixed row count, shards of about
 ``shard_bytes``, hashed as they are written (sha256 and the checksums of its ``block_bytes``
-blocks, for the manifest: ``shard_hasher.py``, on a background thread unless
-``background_hash=False``), checked after they are closed (the file's footer read back: schema,
+blocks, for the manifest: ``shard_hasher.py``; sha256 on a second thread with
+``background_hash=True``), checked after they are closed (the file's footer read back: schema,
 batch count, rows per batch), then handed to ``on_shard``.
 
 Shards are Arrow IPC *file* format (random access, memory-mappable) named ``part-00000.arrow``;
@@ -71,7 +71,7 @@ class ShardWriter:
         compression: Compression = "none",
         on_shard: Callable[[str, ManifestShard], None] | None = None,
         block_bytes: int = BLOCK_BYTES,
-        background_hash: bool = True,
+        background_hash: bool = False,
     ) -> None:
         self.block_bytes = block_bytes
         self.directory = directory
