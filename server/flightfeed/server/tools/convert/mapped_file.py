@@ -34,6 +34,9 @@ class MappedFile:
         self._pos += len(data)
         return data
 
+    def skip(self, n: int) -> None:
+        self._pos = min(self._pos + n, len(self._map))
+
     def __enter__(self) -> MappedFile:
         return self
 

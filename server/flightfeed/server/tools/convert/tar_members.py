@@ -36,9 +36,8 @@ def _octal(field: bytes) -> int:
 
 
 def _checksum_ok(header: bytes) -> bool:
-    stored = _octal(header[148:156])
-    total = sum(header[:148]) + 8 * 32 + sum(header[156:])
-    return stored == total
+    field = header[148:156]
+    return _octal(field) == sum(header) - sum(field) + 8 * 32  # the field counts as 8 spaces
 
 
 def _pax_path(data: bytes) -> str | None:
@@ -96,7 +95,9 @@ def tar_members(path: str, display: str) -> Iterator[Member | BadRecord]:
                 )
                 return
             pad = -size % _BLOCK
-            if pad:
+            if isinstance(f, MappedFile):
+                f.skip(pad)
+            elif pad:
                 f.read(pad)
             if kind == b"L":
                 long_name = bytes(data).rstrip(b"\0").decode("utf-8", "replace")
