@@ -140,3 +140,25 @@ def test_cli_hash_thread_flag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
             assert shard.blocks is not None
             assert (shard.sha256, shard.blocks) == digest_file(str(tmp_path / out / shard.name), shard.blocks.size)
     assert used == [False, True]
+
+
+def test_many_small_buffers_through_the_thread_lose_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stress of the hand-over between hashing jobs (a job that finds its queue empty and a buffer
+    fed just then): the digest is hashlib's over the whole stream."""
+    import hashlib
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    from flightfeed.server.tools.convert import shard_hasher
+
+    monkeypatch.setattr(shard_hasher, "MAX_QUEUED_BYTES", 20_000)
+    rng = random.Random(7)
+    chunks = [rng.randbytes(rng.randint(1, 12_000)) for _ in range(3000)]
+    whole = b"".join(chunks)
+    with ThreadPoolExecutor(1) as pool:
+        hasher = ShardHasher(str(tmp_path / "f"), 4096, pool)
+        for chunk in chunks:
+            hasher.update(chunk)
+        sha256, blocks = hasher.finish(len(whole))
+    assert sha256 == hashlib.sha256(whole).hexdigest()
+    assert len(blocks.hashes) == -(-len(whole) // 4096)

@@ -23,7 +23,7 @@ import os
 import sys
 import threading
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
 
@@ -66,9 +66,9 @@ class ShardHasher:
         self._hashed = 0
         self._queue: list[Any] = []
         self._queued = 0  # bytes in the queue
-        self._running = False
+        self._running = False  # a drain job is queued or running (it clears this when the queue is empty)
+        self._error: BaseException | None = None  # what stopped the drain job
         self._cond = threading.Condition()
-        self._job: Future[None] | None = None
 
     def update(self, data: Any) -> None:
         """Hash ``data`` (a buffer that stays unchanged) after everything fed before it."""
@@ -87,7 +87,7 @@ class ShardHasher:
             if self._running:
                 return
             self._running = True
-        self._job = self._pool.submit(self._drain)
+        self._pool.submit(self._drain)
 
     def finish(self, size: int) -> tuple[str, BlockSums]:
         """Every byte is fed (the file holds ``size``): (sha256 hex, block sums)."""
@@ -103,23 +103,24 @@ class ShardHasher:
 
     def wait(self) -> None:
         """Wait until every buffer fed is hashed (after an error too: it is raised here)."""
-        job = self._job
-        if job is not None:
-            job.exception()  # waits
         with self._cond:
+            while self._running:
+                self._cond.wait()
             self._failed()
 
     # -- internals --------------------------------------------------------------------------
     def _failed(self) -> None:
-        job = self._job
-        if job is not None and job.done() and job.exception() is not None:
-            raise ShardError(f"hashing written shard {self.where} failed: {job.exception()}") from job.exception()
+        """Raise what stopped the drain job (called holding ``_cond``): its bytes were not hashed."""
+        if self._error is not None:
+            raise ShardError(f"hashing written shard {self.where} failed: {self._error}") from self._error
 
     def _drain(self) -> None:
         try:
             while True:
                 with self._cond:
-                    if not self._queue:
+                    if not self._queue:  # done: cleared in the same critical section as the check,
+                        self._running = False  # so a buffer queued after it starts a new job
+                        self._cond.notify_all()
                         return
                     items, self._queue = self._queue, []
                 for data in items:
@@ -127,8 +128,9 @@ class ShardHasher:
                     with self._cond:
                         self._queued -= memoryview(data).nbytes
                         self._cond.notify_all()
-        finally:
+        except BaseException as exc:  # recorded before _running is cleared: no later job hides it
             with self._cond:
+                self._error = exc
                 self._running = False
                 self._cond.notify_all()
 
