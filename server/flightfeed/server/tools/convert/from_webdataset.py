@@ -141,6 +141,8 @@ class WebDatasetSource(RecordSource):
 
     def _records(self) -> Iterator[Sequence[Any] | BadRecord]:
         exts, parse = self._exts, self._parse
+        wanted = frozenset(exts)
+        columns = list(zip(exts, parse, strict=True))
         for shard in self.shards:
             with self._files.local(shard) as path:
                 for sample in self._samples(path, shard):
@@ -148,7 +150,7 @@ class WebDatasetSource(RecordSource):
                         yield sample
                         continue
                     key, members = sample
-                    if len(members) != len(exts) or any(e not in members for e in exts):
+                    if members.keys() != wanted:
                         missing = sorted(set(exts) - set(members))
                         extra = sorted(set(members) - set(exts))
                         yield BadRecord(
@@ -157,6 +159,8 @@ class WebDatasetSource(RecordSource):
                         )
                         continue
                     try:
-                        yield [key, *(p(members[e]) for e, p in zip(exts, parse, strict=True))]
+                        row = [key]
+                        row += [p(members[e]) for e, p in columns]
+                        yield row
                     except (ValueError, UnicodeDecodeError) as exc:
                         yield BadRecord(f"{shard}: sample {key}", f"a member does not parse ({exc})")

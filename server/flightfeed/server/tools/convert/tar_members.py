@@ -22,6 +22,7 @@ from flightfeed.server.tools.convert.records import BadRecord
 __all__ = ["tar_members", "Member"]
 
 _BLOCK = 512
+_ZERO = bytes(_BLOCK)
 Member = tuple[str, int, bytes | memoryview]
 
 
@@ -58,18 +59,30 @@ def _open(path: str) -> BinaryIO | MappedFile:
     return MappedFile(path)
 
 
+def _header_name(header: bytes) -> str:
+    name = header[:100].split(b"\0", 1)[0].decode("utf-8", "replace")
+    if header[257:263] == b"ustar\0":  # POSIX ustar/pax (GNU's "ustar  " has no prefix field)
+        prefix = header[345:500].split(b"\0", 1)[0].decode("utf-8", "replace")
+        if prefix:
+            name = f"{prefix}/{name}"
+    return name
+
+
 def tar_members(path: str, display: str) -> Iterator[Member | BadRecord]:
     """The regular members of the tar at ``path`` in order (``display`` names it in errors)."""
     with _open(path) as f:
+        read = f.read
+        mapped = isinstance(f, MappedFile)
+        take = f.view if isinstance(f, MappedFile) else f.read  # member data: views when mapped
         offset = 0
         long_name: str | None = None
         while True:
-            header = f.read(_BLOCK)
+            header = read(_BLOCK)
             if len(header) < _BLOCK:
                 if header:
                     yield BadRecord(f"{display} at byte {offset}", "truncated tar header")
                 return  # a tar without its two zero blocks still ends cleanly at a member boundary
-            if header == b"\0" * _BLOCK:
+            if header == _ZERO:
                 return
             try:
                 sound = _checksum_ok(header)
@@ -80,25 +93,18 @@ def tar_members(path: str, display: str) -> Iterator[Member | BadRecord]:
                 yield BadRecord(f"{display} at byte {offset}", "tar header checksum mismatch (corrupt file)")
                 return
             kind = header[156:157]
-            name = long_name
-            long_name = None
-            if name is None:
-                name = header[:100].split(b"\0", 1)[0].decode("utf-8", "replace")
-                if header[257:263] == b"ustar\0":  # POSIX ustar/pax (GNU's "ustar  " has no prefix field)
-                    prefix = header[345:500].split(b"\0", 1)[0].decode("utf-8", "replace")
-                    if prefix:
-                        name = f"{prefix}/{name}"
-            data: bytes | memoryview = f.view(size) if isinstance(f, MappedFile) else f.read(size)
+            data: bytes | memoryview = take(size)
             if len(data) < size:
+                name = long_name if long_name is not None else _header_name(header)
                 yield BadRecord(
                     f"{display}: member {name} at byte {offset}", f"truncated: {len(data)} of {size} data bytes"
                 )
                 return
             pad = -size % _BLOCK
-            if isinstance(f, MappedFile):
-                f.skip(pad)
+            if mapped:
+                f.skip(pad)  # type: ignore[union-attr]
             elif pad:
-                f.read(pad)
+                read(pad)
             if kind == b"L":
                 long_name = bytes(data).rstrip(b"\0").decode("utf-8", "replace")
             elif kind == b"x":
@@ -107,6 +113,8 @@ def tar_members(path: str, display: str) -> Iterator[Member | BadRecord]:
                 except (ValueError, IndexError, UnicodeDecodeError):
                     yield BadRecord(f"{display} at byte {offset}", "damaged pax header")
                     return
-            elif kind in (b"0", b"\0", b"7"):
-                yield name, offset, data
+            else:
+                if kind in (b"0", b"\0", b"7"):
+                    yield (long_name if long_name is not None else _header_name(header)), offset, data
+                long_name = None
             offset += _BLOCK + size + pad
