@@ -171,7 +171,7 @@ class RemoteShard(ShardFields):
         this serves a peer's request, so two nodes can never wait on each other)."""
         return self._cache.acquire(
             self.uri, self._direct, size=self._nbytes, version=self._version, sha256=self._sha256,
-            dataset=self._dataset, on_evict=self._evicted,
+            dataset=self._dataset, on_evict=self._evicted, on_release=self._release,
         )
 
     def direct_file(self) -> tuple[CacheLease, BinaryIO]:
@@ -256,6 +256,7 @@ class RemoteShard(ShardFields):
             sha256=self._sha256,
             dataset=self._dataset,
             on_evict=self._evicted,
+            on_release=self._release,
         )
 
     def _guard(self, reader: ShardReader) -> None:
@@ -275,6 +276,13 @@ class RemoteShard(ShardFields):
                 f"shard {self.uri} does not match its manifest (schema or record batches differ); "
                 "re-run `flightfeed convert` or delete the manifest"
             )
+
+    def _release(self) -> None:
+        """The cache needs the room this shard's file holds (another process, or this one, asks
+        for it): close the reader (now, or when its current read ends), so nobody maps the file
+        and it can be evicted. The next read opens it again (a hit while it is still cached)."""
+        if self._copy is not None:
+            self._files.drop(self)
 
     def _evicted(self) -> None:
         """The cache evicted an entry of this shard (called without the cache's lock, maybe from
