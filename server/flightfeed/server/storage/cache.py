@@ -99,6 +99,7 @@ class ShardCache:
         self.room = Room(
             max_bytes, self.files, self.index, self.claims, self._held, self._entries, self._room, wait_for_room_s
         )
+        self.room.counted = self._room_event
         self._stop = start_keeper(self)
         self._report_bytes()
 
@@ -205,6 +206,13 @@ class ShardCache:
         """Keys of the entries pinned now."""
         with self._lock:
             return sorted(e.key for e in self._entries.pinned())
+
+    def describe(self) -> dict[str, Any]:
+        """``/stats`` ``shard_cache``: the node's cache disk now (every process sharing the
+        directory: what is cached, downloading, held by maps of files no longer cached, in use,
+        asked for) and this process's counts (``cache_room``)."""
+        with self._lock:
+            return {"directory": self.directory, **self.room.figures()}
 
     def data_path(self, name: str) -> str:
         return self.files.data_path(name)
@@ -408,6 +416,14 @@ class ShardCache:
             self._counters[(label, hit)] = child
         child.inc()
 
+    def _room_event(self, kind: str) -> None:
+        if self.metrics is None:
+            return
+        if kind == "wait":
+            self.metrics.cache_room_waits.inc()
+        else:
+            self.metrics.cache_overdrafts.labels(kind).inc()
+
     def _report_bytes(self) -> None:
         if self.metrics is None:
             return
@@ -434,4 +450,7 @@ def shared_cache(directory: str, max_bytes: int | None = None, metrics: ServerMe
         elif cache.metrics is None and metrics is not None:
             cache.metrics = metrics
             cache._counters.clear()
+        if metrics is not None:
+            shared = dict(_SHARED)  # (the caches of this call's time: tests replace ``_SHARED``)
+            metrics.sections["shard_cache"] = lambda: [c.describe() for c in shared.values()]
         return cache

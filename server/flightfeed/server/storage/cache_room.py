@@ -92,6 +92,8 @@ class Room:
         self.waiting = 0
         #: downloads that went beyond the limit (within max_bytes plus one shard)
         self.overdrafts = 0
+        #: told of each ``"wait"``, ``"within"`` and ``"beyond"`` (metrics); called under the lock
+        self.counted: Callable[[str], None] = lambda kind: None
         self._warned = -1e9
 
     # -- reservations (the cache's lock is NOT held) ----------------------------------------
@@ -126,6 +128,7 @@ class Room:
                         if not waited:
                             waited = True
                             self.waits += 1
+                            self.counted("wait")
                             self.waiting += 1
                         self.cond.wait(_POLL_S)
         finally:
@@ -189,6 +192,31 @@ class Room:
             self.entries.pop(name)
             callbacks.extend(entry.on_evict)
         return callbacks
+
+    def figures(self) -> dict[str, int]:
+        """The node's disk as this process sees it now (``/stats`` ``shard_cache``), and this
+        process's counts."""
+        self.index.refresh()
+        claims = self.claims.others(reclaim=False)
+        held = self.held.held_inodes(self.entries.live)
+        for claim in claims:
+            held.update(claim.held(self.files))
+        return {
+            "limit_bytes": self.max_bytes,
+            "processes": 1 + len(claims),
+            "cached_bytes": self.index.total,
+            "downloading_bytes": self.reserved + sum(c.reserved for c in claims),
+            "held_bytes": sum(held.values()),
+            "in_use_files": len({f for c in claims for f in c.mapped} | set(self.claimed_files())),
+            "asked_files": len({w for c in claims for w in c.wants} | set(self.wants)),
+            "overdraft_bytes": self.over + sum(c.over for c in claims),
+            "waits": self.waits,
+            "overdrafts": self.overdrafts,
+            "over_limit": self.over_limit,
+            "asked": self.asked,
+            "released": self.released,
+            "reclaimed": self.claims.reclaimed,
+        }
 
     # -- the decision -----------------------------------------------------------------------
     def _decide(self, incoming: int, keep: str, listed: bool, waited: float) -> _Decision:
@@ -268,10 +296,12 @@ class Room:
         if self.over or any(c.over for c in claims):
             return False
         if total <= self.max_bytes and waited >= min(STUCK_AFTER_S, self.wait_for_room_s):
+            self.counted("within")
             return True  # the disk stays within max_bytes + this one shard
         if waited < self.wait_for_room_s:
             return False
         self.over_limit += 1
+        self.counted("beyond")
         now = time.monotonic()
         if now - self._warned >= 60.0:
             self._warned = now
