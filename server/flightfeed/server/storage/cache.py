@@ -5,7 +5,7 @@ sha256, remote version, dataset), with downloads staged in ``.tmp/`` and per-sha
 ``.locks/``. The directory is the source of truth, so a cache survives restarts and can be shared
 by the worker processes of one server:
 
-- writes are atomic: download to ``.tmp/``, hash, then rename data, then rename meta;
+- writes are atomic (``cache_fill``): download to ``.tmp/``, hash, then rename data, then meta;
 - the first use of an entry in a process re-verifies its size and sha256 (a corrupt file is
   deleted and fetched again); later uses in that process check size and inode only;
 - one download per shard: a per-key thread lock plus an ``flock`` on the shard's lock file;
@@ -29,9 +29,9 @@ by the worker processes of one server:
   this one claimed it is a miss (fetched again); a keeper thread (``cache_keeper``) follows the
   others' evictions, closes idle readers the others ask for and republishes the claim;
   re-downloads within an epoch are counted (``cache_thrash``);
-- a full disk (``ENOSPC``/``EDQUOT``, or less free space than a shard needs) raises
-  :class:`DiskFull` at once, naming the directory and the bytes needed, and ``problem`` says so
-  (``/readyz``) until a later download succeeds.
+- a full disk raises :class:`DiskFull` at once (``cache_fill``), and ``problem`` says so
+  (``/readyz``) until a later download succeeds; figures go to the metrics (``cache_report``)
+  and ``/stats`` ``shard_cache`` (``describe``).
 """
 
 from __future__ import annotations
@@ -48,13 +48,14 @@ from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.storage.cache_claims import Claims
 from flightfeed.server.storage.cache_entry import CacheEntry, CacheLease, Entries, KeyLocks
 from flightfeed.server.storage.cache_files import CacheFiles, sha256_file
+from flightfeed.server.storage.cache_fill import Download, Filler
 from flightfeed.server.storage.cache_held import HeldMappings
 from flightfeed.server.storage.cache_index import CacheIndex
 from flightfeed.server.storage.cache_keeper import start_keeper
+from flightfeed.server.storage.cache_report import CacheReport
 from flightfeed.server.storage.cache_room import Room
-from flightfeed.server.storage.cache_space import default_cache_size, disk_full_message, free_bytes, is_disk_full
+from flightfeed.server.storage.cache_space import default_cache_size
 from flightfeed.server.storage.cache_thrash import Redownloads
-from flightfeed.wire.errors import DiskFull, StorageError
 
 __all__ = ["ShardCache", "CacheLease", "shared_cache", "default_cache_size"]
 
@@ -77,16 +78,12 @@ class ShardCache:
     ) -> None:
         self.files = CacheFiles(directory)
         self.directory = self.files.directory
-        self.metrics = metrics
         self.dataset = dataset
         self._lock = threading.Lock()
         self._room = threading.Condition(self._lock)  # notified when bytes are committed or unpinned
         self._key_locks = KeyLocks()
-        self._counters: dict[tuple[str, bool], Any] = {}
         self._entries = Entries()
         self._held = HeldMappings()
-        #: why this cache cannot take new shards (a full disk), None while it can: /readyz shows it
-        self.problem: str | None = None
         self.files.recover()
         self.index = CacheIndex(self.files)
         #: what the other processes sharing the directory have in flight and still map
@@ -99,9 +96,24 @@ class ShardCache:
         self.room = Room(
             max_bytes, self.files, self.index, self.claims, self._held, self._entries, self._room, wait_for_room_s
         )
-        self.room.counted = self._room_event
+        self.report = CacheReport(metrics, self._per_label, dataset)
+        self.room.counted = self.report.room
+        self.filler = Filler(self.files, self.index, self.room, self._entries, self._room, self.report)
         self._stop = start_keeper(self)
-        self._report_bytes()
+        self.report.cached_bytes()
+
+    @property
+    def metrics(self) -> ServerMetrics | None:
+        return self.report.metrics
+
+    @metrics.setter
+    def metrics(self, metrics: ServerMetrics | None) -> None:
+        self.report.metrics = metrics
+
+    @property
+    def problem(self) -> str | None:
+        """Why this cache cannot take new shards (a full disk), None while it can: /readyz shows it."""
+        return self.filler.problem
 
     @property
     def max_bytes(self) -> int:
@@ -141,14 +153,12 @@ class ShardCache:
             entry = self._find(name, key, size, version, sha256)  # pinned when found
             hit = entry is not None
             if entry is None:
-                entry = self._download(name, key, fetch, size, version, sha256, label)  # pinned
+                entry = self.filler.download(Download(name, key, fetch, size, version, sha256, label))  # pinned
             with self._lock:
                 for callback, into in ((on_evict, entry.on_evict), (on_release, entry.on_release)):
                     if callback is not None and callback not in into:
                         into.append(callback)
-        self._count(label, hit)
-        if self.redownloads.used(label, key, downloaded=not hit) and self.metrics is not None:
-            self.metrics.cache_redownloads.labels(label).inc()
+        self.report.used(label, hit, self.redownloads.used(label, key, downloaded=not hit))
         self._touch(entry)
         return CacheLease(self, entry, hit)
 
@@ -159,8 +169,7 @@ class ShardCache:
             if entry is None or entry.generation != lease.generation or not self._pin(entry):
                 return None
         label = dataset if dataset is not None else self.dataset
-        self._count(label, True)
-        self.redownloads.used(label, lease.key, downloaded=False)
+        self.report.used(label, True, self.redownloads.used(label, lease.key, downloaded=False))
         self._touch(entry)
         return CacheLease(self, entry, True)
 
@@ -276,90 +285,6 @@ class ShardCache:
                 return None
         return entry
 
-    def _download(
-        self,
-        name: str,
-        key: str,
-        fetch: Callable[[str], str | None],
-        size: int | None,
-        version: str,
-        sha256: str | None,
-        label: str,
-    ) -> CacheEntry:
-        if size is not None and size > self.max_bytes:
-            raise StorageError(
-                f"shard {key} ({size} bytes) is larger than the shard cache ({self.max_bytes} bytes at "
-                f"{self.directory}); raise --cache-size"
-            )
-        self.room.make_room(size or 0, name, self._evicted)
-        reserved = [size or 0]  # given back when committed
-        try:
-            free = free_bytes(self.directory)
-            if free is not None and (size or 0) > free:
-                raise self._disk_full(key, size or 0, free)
-            try:
-                entry = self._fetch_and_commit(name, key, fetch, size, version, sha256, label, reserved)
-            except (OSError, StorageError) as exc:
-                if not is_disk_full(exc):
-                    raise
-                raise self._disk_full(key, size or 0) from None
-            self.problem = None
-        finally:
-            with self._room:
-                self.room.give_back(reserved[0])
-                self._room.notify_all()
-        if size is None:
-            self.room.make_room(0, name, self._evicted)
-        self._report_bytes()
-        return entry
-
-    def _fetch_and_commit(
-        self,
-        name: str,
-        key: str,
-        fetch: Callable[[str], str | None],
-        size: int | None,
-        version: str,
-        sha256: str | None,
-        label: str,
-        reserved: list[int],
-    ) -> CacheEntry:
-        with self.files.staging(name) as tmp:
-            start = time.perf_counter()
-            digest = fetch(tmp)
-            seconds = time.perf_counter() - start
-            got = os.path.getsize(tmp)
-            if size is not None and got != size:
-                raise StorageError(f"download of {key} is truncated: {got} of {size} bytes; retry")
-            digest = digest or sha256_file(tmp)
-            if sha256 is not None and digest != sha256:
-                raise StorageError(
-                    f"download of {key} does not match its manifest (sha256 {digest[:12]}... expected "
-                    f"{sha256[:12]}...): the object changed after the manifest was written; re-run convert"
-                )
-            meta = {"key": key, "size": got, "sha256": digest, "version": version, "dataset": label}
-            # publish and pin at once (no eviction may see it unpinned), in journal order
-            with self._lock, self.index.changing():
-                inode = self.files.commit(name, tmp, meta)
-                self.room.give_back(reserved[0])
-                reserved[0] = 0
-                entry = CacheEntry(name, key, got, digest, version, inode, self._entries.next_generation(), pins=1)
-                entry.touched = time.time()  # the commit is its first use (the file's mtime is now)
-                self._entries.put(entry)
-                self.index.added(name, got, label)
-                self.room.publish()
-        if self.metrics is not None:
-            self.metrics.cache_download_seconds.labels(label).inc(seconds)
-            self.metrics.storage_read_seconds.labels(label).observe(seconds)
-        return entry
-
-    def _evicted(self, labels: list[str]) -> None:
-        """(Without the lock.) ``labels``: the datasets of the entries this process evicted."""
-        if self.metrics is not None:
-            for label in labels:
-                self.metrics.cache_evictions.labels(label).inc()
-        self._report_bytes()
-
     def _keep(self) -> list[Callable[[], None]]:
         """The keeper's step (``cache_keeper``) under the lock: follow the others' evictions,
         answer their requests for files this process maps, republish the claim when it changed
@@ -373,12 +298,6 @@ class ShardCache:
                 with self.index.changing():
                     self.room.publish()
         return callbacks
-
-    def _disk_full(self, key: str, size: int, free: int | None = None) -> DiskFull:
-        self.problem = disk_full_message(
-            self.directory, key, size, free if free is not None else free_bytes(self.directory), self.max_bytes
-        )
-        return DiskFull(self.problem)
 
     def _forget(self, name: str) -> None:
         with self._lock:
@@ -398,6 +317,10 @@ class ShardCache:
                 if entry.pins == 0:
                     self._room.notify_all()
 
+    def _per_label(self) -> dict[str, int]:
+        with self._lock:
+            return self.index.per_label()
+
     def _touch(self, entry: CacheEntry) -> None:
         now = time.time()
         if now - entry.touched >= _TOUCH_EVERY_S:
@@ -406,31 +329,6 @@ class ShardCache:
                 os.utime(self.files.data_path(entry.name))  # for a restart's listing
             with self._lock:
                 self.index.touched(entry.name)
-
-    def _count(self, label: str, hit: bool) -> None:
-        if self.metrics is None:
-            return
-        child = self._counters.get((label, hit))
-        if child is None:  # labels() costs more than inc(): keep the children
-            child = (self.metrics.cache_hits if hit else self.metrics.cache_misses).labels(label)
-            self._counters[(label, hit)] = child
-        child.inc()
-
-    def _room_event(self, kind: str) -> None:
-        if self.metrics is None:
-            return
-        if kind == "wait":
-            self.metrics.cache_room_waits.inc()
-        else:
-            self.metrics.cache_overdrafts.labels(kind).inc()
-
-    def _report_bytes(self) -> None:
-        if self.metrics is None:
-            return
-        with self._lock:
-            per = self.index.per_label()
-        for label in set(per) | {self.dataset}:
-            self.metrics.cache_bytes.labels(label).set(per.get(label, 0))
 
 
 _SHARED: dict[str, ShardCache] = {}
@@ -449,7 +347,6 @@ def shared_cache(directory: str, max_bytes: int | None = None, metrics: ServerMe
             cache = _SHARED[real] = ShardCache(real, max_bytes, metrics)
         elif cache.metrics is None and metrics is not None:
             cache.metrics = metrics
-            cache._counters.clear()
         if metrics is not None:
             shared = dict(_SHARED)  # (the caches of this call's time: tests replace ``_SHARED``)
             metrics.sections["shard_cache"] = lambda: [c.describe() for c in shared.values()]
