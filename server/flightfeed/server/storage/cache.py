@@ -241,10 +241,10 @@ class ShardCache:
                 stat = self.files.stat_data(entry.name)
                 if stat is None or stat.st_ino != entry.inode:
                     return False
-                entry.pins += 1
+                self._entries.pin(entry)
                 self.room.publish()
                 return True
-        entry.pins += 1
+        self._entries.pin(entry)
         return True
 
     def _find(self, name: str, key: str, size: int | None, version: str, sha256: str | None) -> CacheEntry | None:
@@ -312,10 +312,8 @@ class ShardCache:
     def _unpin(self, name: str, generation: int) -> None:
         with self._lock:
             entry = self._entries.get(name)
-            if entry is not None and entry.generation == generation and entry.pins > 0:
-                entry.pins -= 1
-                if entry.pins == 0:
-                    self._room.notify_all()
+            if entry is not None and entry.generation == generation and entry.pins > 0 and self._entries.unpin(entry):
+                self._room.notify_all()
 
     def _per_label(self) -> dict[str, int]:
         with self._lock:

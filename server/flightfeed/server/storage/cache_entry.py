@@ -74,12 +74,13 @@ class CacheLease:
 
 
 class Entries:
-    """This process's entries by name, and the generations still cached (what ``cache_held``
-    asks). Not thread-safe: the cache calls it under its lock."""
+    """This process's entries by name, the pinned ones among them and the generations still
+    cached (what ``cache_held`` asks). Not thread-safe: the cache calls it under its lock."""
 
     def __init__(self) -> None:
         self.by_name: dict[str, CacheEntry] = {}
         self.live: set[int] = set()
+        self._pinned: dict[str, CacheEntry] = {}  # (a claim names them: kept, not searched for)
         self._generation = 0
 
     def next_generation(self) -> int:
@@ -94,16 +95,32 @@ class Entries:
         self.pop(entry.name)
         self.by_name[entry.name] = entry
         self.live.add(entry.generation)
+        if entry.pins > 0:
+            self._pinned[entry.name] = entry
 
     def pop(self, name: str) -> CacheEntry | None:
         """Forget the entry for ``name`` (its files are not touched)."""
         entry = self.by_name.pop(name, None)
         if entry is not None:
             self.live.discard(entry.generation)
+            self._pinned.pop(name, None)
         return entry
 
+    def pin(self, entry: CacheEntry) -> None:
+        entry.pins += 1
+        if self.by_name.get(entry.name) is entry:
+            self._pinned[entry.name] = entry
+
+    def unpin(self, entry: CacheEntry) -> bool:
+        """One pin less; True when it was the last."""
+        entry.pins -= 1
+        if entry.pins == 0:
+            self._pinned.pop(entry.name, None)
+            return True
+        return False
+
     def pinned(self) -> list[CacheEntry]:
-        return [e for e in self.by_name.values() if e.pins > 0]
+        return list(self._pinned.values())
 
 
 @dataclass

@@ -76,6 +76,14 @@ class _Copy:
         self._on_close()  # the dataset forgets its views into this copy
 
 
+def _also(first: Callable[[], None], then: Callable[[], None]) -> Callable[[], None]:
+    def both() -> None:
+        first()
+        then()
+
+    return both
+
+
 class RemoteShard(ShardFields):
     """``ShardReader`` over a cached copy of a remote object (see the module docstring)."""
 
@@ -237,9 +245,14 @@ class RemoteShard(ShardFields):
             lease.release()
             raise
         on_unmapped = getattr(reader, "on_unmapped", None)
-        if on_unmapped is not None:  # the cache counts the file until its mapping is gone
+        if on_unmapped is not None:  # the cache keeps (and counts) the file until its mapping is gone
             on_unmapped(self._cache.track_mapping(lease))
-        copy = _Copy(reader, lease, self._files, self._closed_copy)
+            on_close = self._closed_copy
+        elif self._nbytes > self._small:  # a reader holding its file open: until it is closed
+            on_close = _also(self._closed_copy, self._cache.track_mapping(lease))
+        else:  # read whole into memory: the file is not held
+            on_close = self._closed_copy
+        copy = _Copy(reader, lease, self._files, on_close)
         self._copy = copy
         return copy
 
