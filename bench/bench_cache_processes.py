@@ -108,7 +108,9 @@ def run(s3: LocalS3, uri: str, work: Path, size: int, workers: int, old_tree: st
                 os.kill(stats(location)["cluster"]["workers"][0]["pid"], signal.SIGKILL)
         out["epoch_s"] = round(time.perf_counter() - start, 2)
         with suppress(Exception):
-            out["shard_cache"] = stats(location).get("shard_cache")
+            snap = stats(location)
+            out["shard_cache"] = snap.get("shard_cache")
+            out["cache"] = {k: snap["cache"].get(k) for k in ("misses", "redownloads", "evictions")}
     except Exception as exc:
         out["error"] = f"{type(exc).__name__}: {exc}"[:300]
     finally:
@@ -154,7 +156,7 @@ def main() -> None:
                         f"{row['code']} cache {size / 1e6:.0f} MB: peak {row['peak_bytes'] / 1e6:.2f} MB "
                         f"(bound {(size + shard) / 1e6:.2f}), rows {row['rows']} exact={row['exact']}, "
                         f"epoch {row.get('epoch_s')} s, load {row['load_before']:.1f}, "
-                        f"{counts}"
+                        f"{counts} {row.get('cache')}"
                         f"{' ' + row['error'] if 'error' in row else ''}",
                         flush=True,
                     )

@@ -10,9 +10,11 @@ standalone sidecar reads, with the Prometheus exposition inside) and merges:
   earliest, ``flightfeed_uptime_seconds``, ``flightfeed_cache_bytes`` (one shared cache
   directory), ``flightfeed_shared_stream_trainers`` and ratios take the largest.
   ``flightfeed_sidecar_workers_up`` says how many workers answered.
-* ``/stats``: totals, rates, active streams, I/O totals, the per-dataset sent/cache figures and
-  the shared-jobs window figures are added (trainers per shared stream: the largest; identical
-  requests meet on one process); ``workers`` lists who answered.
+* ``/stats``: totals, rates, active streams, I/O totals, the per-dataset sent/cache figures,
+  the shard cache's per-process counts (``shard_cache``: the node's own figures come from the
+  shared directory, alike in every process) and the shared-jobs window figures are added
+  (trainers per shared stream: the largest; identical requests meet on one process);
+  ``workers`` lists who answered.
 
 A worker that does not answer is left out (and counted as down), never fatal. The worker
 locations come from a callable, so whoever starts and supervises the workers stays the source

@@ -23,7 +23,7 @@ from typing import Protocol
 __all__ = ["KEEP_EVERY_S", "start_keeper"]
 
 #: how often a process follows the others and republishes its claim
-KEEP_EVERY_S = 0.1
+KEEP_EVERY_S = 0.05
 
 
 class _Kept(Protocol):
@@ -50,7 +50,8 @@ def _run(ref: weakref.ref[_Kept], stop: threading.Event) -> None:
             callbacks = cache._keep()
             for callback in callbacks:  # without the cache's lock
                 callback()
-            if callbacks:
+            if callbacks:  # readers closed: the maps of those with nothing in flight went now
+                cache._keep()  # (told at once, not a period later)
                 with cache._room:
                     cache._room.notify_all()
         del cache

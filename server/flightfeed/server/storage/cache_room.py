@@ -45,7 +45,7 @@ __all__ = ["Room", "STUCK_AFTER_S"]
 
 log = logging.getLogger("flightfeed.server")
 
-STUCK_AFTER_S = 0.5  # without room this long, one download on the node may go beyond the limit
+STUCK_AFTER_S = 0.3  # without room this long, one download on the node may go beyond the limit
 _POLL_S = 0.05  # a mapping that goes (here or in another process) does not notify: poll
 
 
@@ -103,7 +103,7 @@ class Room:
         the lock) of the entries evicted on the way."""
         start = time.monotonic()
         listed = False  # whether the directory was listed (the true state) for this reservation
-        waited = False
+        waited = retried = False
         try:
             while True:
                 with self.cond:
@@ -123,6 +123,10 @@ class Room:
                         f"shard cache {self.files.directory} is full: {decision.total} bytes cached or "
                         f"downloading + {incoming} needed > {self.max_bytes}; raise --cache-size"
                     )
+                if decision.callbacks and not retried:  # idle readers closed: their maps may be gone now
+                    retried = True
+                    continue
+                retried = False
                 if not decision.labels:  # nothing freed: wait for maps, pins and downloads to go
                     with self.cond:
                         if not waited:
