@@ -36,8 +36,8 @@ from flightfeed.server.storage.s3_client import download
 class ListingRoom(Room):
     """Room as it was decided: the directory listed per eviction check."""
 
-    def _decide(self, incoming: int, keep: str, listed: bool, waited: float) -> _Decision:
-        return super()._decide(incoming, keep, True, waited)
+    def _decide(self, incoming: int, keep: str, listed: bool, waited: float, label: str = "") -> _Decision:
+        return super()._decide(incoming, keep, True, waited, label)
 
 
 class ListingCache(ShardCache):

@@ -29,18 +29,23 @@ def private_tmpfs(path: str, size: int) -> Callable[[], None]:
     """A ``preexec_fn`` mounting a tmpfs of ``size`` bytes at ``path`` (which must exist) for
     the child and its descendants only."""
 
+    # resolved here, not in the forked child (no dynamic loading between fork and exec)
+    libc = ctypes.CDLL(None, use_errno=True)
+    unshare, mount = libc.unshare, libc.mount
+    uid, gid = os.getuid(), os.getgid()
+    target, options = path.encode(), f"size={size}".encode()
+    maps = (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1"))
+
     def preexec() -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.unshare(_CLONE_NEWNS) != 0:  # not allowed here: as root of a user namespace
-            uid, gid = os.getuid(), os.getgid()
-            if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNS) != 0:
+        if unshare(_CLONE_NEWNS) != 0:  # not allowed here: as root of a user namespace
+            if unshare(_CLONE_NEWUSER | _CLONE_NEWNS) != 0:
                 raise OSError(ctypes.get_errno(), "unshare")
-            for name, text in (("setgroups", "deny"), ("uid_map", f"0 {uid} 1"), ("gid_map", f"0 {gid} 1")):
+            for name, text in maps:
                 with open(f"/proc/self/{name}", "w") as f:
                     f.write(text)
-        if libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+        if mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
             raise OSError(ctypes.get_errno(), "mount --make-rprivate /")
-        if libc.mount(b"tmpfs", path.encode(), b"tmpfs", 0, f"size={size}".encode()) != 0:
+        if mount(b"tmpfs", target, b"tmpfs", 0, options) != 0:
             raise OSError(ctypes.get_errno(), f"mount tmpfs {path}")
 
     return preexec

@@ -11,7 +11,7 @@ those in its *claim*, ``.claims/<pid>-<random>.claim`` (JSON; one per cache obje
      "over": <bytes of its one download beyond the limit, or 0>,
      "wants": [name, ...]}                      # files it asks the others to let go of
 
-A process decides on room (``ShardCache._make_room``) and publishes its own claim under the
+A process decides on room (``cache_room``) and publishes its own claim under the
 journal's exclusive ``flock``, so two processes never both take the last free bytes. A file
 another process maps is not evicted (its space would come back only when that process lets it
 go); a process that needs the room asks for it instead (``wants``), and the others' keepers close

@@ -71,7 +71,7 @@ class Filler:
                 f"shard {d.key} ({size} bytes) is larger than the shard cache ({self.room.max_bytes} bytes "
                 f"at {self.files.directory}); raise --cache-size"
             )
-        self.room.make_room(size, d.name, self.report.evicted)
+        self.room.make_room(size, d.name, self.report.evicted, d.label)
         reserved = [size]  # given back when committed
         try:
             free = free_bytes(self.files.directory)
@@ -89,7 +89,7 @@ class Filler:
                 self.room.give_back(reserved[0])
                 self.cond.notify_all()
         if d.size is None:
-            self.room.make_room(0, d.name, self.report.evicted)  # (its size is known now)
+            self.room.make_room(0, d.name, self.report.evicted, d.label)  # (its size is known now)
         self.report.cached_bytes()
         return entry
 

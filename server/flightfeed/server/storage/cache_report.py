@@ -58,15 +58,15 @@ class CacheReport:
                 self._metrics.cache_evictions.labels(label).inc()
         self.cached_bytes()
 
-    def room(self, kind: str) -> None:
-        """``"wait"``: a download waited for room; ``"within"``/``"beyond"``: one went beyond the
-        limit (within it plus one shard, or past that)."""
+    def room(self, kind: str, label: str) -> None:
+        """``"wait"``: a download of dataset ``label`` waited for room; ``"within"``/``"beyond"``:
+        one went beyond the limit (within it plus one shard, or past that)."""
         if self._metrics is None:
             return
         if kind == "wait":
-            self._metrics.cache_room_waits.inc()
+            self._metrics.cache_room_waits.labels(label).inc()
         else:
-            self._metrics.cache_overdrafts.labels(kind).inc()
+            self._metrics.cache_overdrafts.labels(label, kind).inc()
 
     def cached_bytes(self) -> None:
         """(Without the cache's lock.) The gauge of cached bytes per dataset."""

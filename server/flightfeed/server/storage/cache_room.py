@@ -92,15 +92,16 @@ class Room:
         self.waiting = 0
         #: downloads that went beyond the limit (within max_bytes plus one shard)
         self.overdrafts = 0
-        #: told of each ``"wait"``, ``"within"`` and ``"beyond"`` (metrics); called under the lock
-        self.counted: Callable[[str], None] = lambda kind: None
+        #: told of each ``"wait"``, ``"within"`` and ``"beyond"`` with the download's dataset
+        #: (metrics); called under the lock
+        self.counted: Callable[[str, str], None] = lambda kind, label: None
         self._warned = -1e9
 
     # -- reservations (the cache's lock is NOT held) ----------------------------------------
-    def make_room(self, incoming: int, keep: str, evicted: Callable[[list[str]], None]) -> None:
-        """Reserve ``incoming`` bytes for a download of ``keep``, evicting, asking for mapped
-        files and waiting as the module docstring says; ``evicted(labels)`` is told (without
-        the lock) of the entries evicted on the way."""
+    def make_room(self, incoming: int, keep: str, evicted: Callable[[list[str]], None], label: str = "") -> None:
+        """Reserve ``incoming`` bytes for a download of ``keep`` (of dataset ``label``), evicting,
+        asking for mapped files and waiting as the module docstring says; ``evicted(labels)`` is
+        told (without the lock) of the entries evicted on the way."""
         start = time.monotonic()
         listed = False  # whether the directory was listed (the true state) for this reservation
         waited = retried = False
@@ -108,7 +109,7 @@ class Room:
             while True:
                 with self.cond:
                     self.held.drain()
-                    decision = self._decide(incoming, keep, listed, time.monotonic() - start)
+                    decision = self._decide(incoming, keep, listed, time.monotonic() - start, label)
                     if not decision.fits and not decision.labels and not listed:
                         listed = True  # the index may be behind the directory: look once
                         continue
@@ -132,7 +133,7 @@ class Room:
                         if not waited:
                             waited = True
                             self.waits += 1
-                            self.counted("wait")
+                            self.counted("wait", label)
                             self.waiting += 1
                         self.cond.wait(_POLL_S)
         finally:
@@ -223,7 +224,7 @@ class Room:
         }
 
     # -- the decision -----------------------------------------------------------------------
-    def _decide(self, incoming: int, keep: str, listed: bool, waited: float) -> _Decision:
+    def _decide(self, incoming: int, keep: str, listed: bool, waited: float, label: str = "") -> _Decision:
         with self.index.changing():
             if listed:
                 self.index.rescan()
@@ -256,7 +257,7 @@ class Room:
                 entry = self.entries.get(name)
                 if entry is not None and self.held.mapped(entry.generation):
                     callbacks.extend(entry.on_release)  # this process's idle readers: closed now
-            if not fits and self._may_overdraw(claims, total, waited):
+            if not fits and self._may_overdraw(claims, total, waited, label):
                 self.over, self._over_thread = incoming, threading.get_ident()
                 self.overdrafts += 1
                 fits = True
@@ -295,17 +296,17 @@ class Room:
             need -= size
         return victims, asked
 
-    def _may_overdraw(self, claims: list[Claim], total: int, waited: float) -> bool:
+    def _may_overdraw(self, claims: list[Claim], total: int, waited: float, label: str) -> bool:
         """Whether this download may be the node's one beyond the limit (module docstring)."""
         if self.over or any(c.over for c in claims):
             return False
         if total <= self.max_bytes and waited >= min(STUCK_AFTER_S, self.wait_for_room_s):
-            self.counted("within")
+            self.counted("within", label)
             return True  # the disk stays within max_bytes + this one shard
         if waited < self.wait_for_room_s:
             return False
         self.over_limit += 1
-        self.counted("beyond")
+        self.counted("beyond", label)
         now = time.monotonic()
         if now - self._warned >= 60.0:
             self._warned = now
