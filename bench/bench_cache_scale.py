@@ -17,7 +17,6 @@ import random
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,22 +28,28 @@ import pyarrow.fs as pafs
 from bench.common import machine, write_json
 from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.storage.cache import ShardCache
+from flightfeed.server.storage.cache_room import Room, _Decision
 from flightfeed.server.storage.local_s3 import LocalS3
 from flightfeed.server.storage.s3_client import download
+
+
+class ListingRoom(Room):
+    """Room as it was decided: the directory listed per eviction check."""
+
+    def _decide(self, incoming: int, keep: str, listed: bool, waited: float, label: str = "") -> _Decision:
+        return super()._decide(incoming, keep, True, waited, label)
 
 
 class ListingCache(ShardCache):
     """The cache as it was: the directory listed per eviction check and per bytes report."""
 
-    def _evict_for(
-        self, incoming: int, keep: str, listed: bool = False, stuck: bool = False
-    ) -> tuple[bool, int, int, list[Callable[[], None]], list[str], int]:
-        return super()._evict_for(incoming, keep, listed=True, stuck=stuck)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.room.__class__ = ListingRoom
 
-    def _report_bytes(self) -> None:
-        if self.metrics is not None:
-            self.files.listing()
-        super()._report_bytes()
+    def _per_label(self) -> dict[str, int]:
+        self.files.listing()  # (the bytes report listed the directory)
+        return super()._per_label()
 
 
 def upload(fs: pafs.FileSystem, bucket: str, count: int, size: int) -> list[str]:

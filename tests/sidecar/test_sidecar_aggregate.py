@@ -10,7 +10,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from flightfeed.server.sidecar import LocalSource
-from flightfeed.server.sidecar.aggregate import AggregateSource, merge_prometheus
+from flightfeed.server.sidecar.aggregate import AggregateSource, merge_prometheus, merge_stats
 from flightfeed.server.testing import RunningServer, running_server
 from tests.sidecar.conftest import ROWS_PER_SHARD, SHARDS, Counted
 
@@ -66,3 +66,18 @@ def test_merge_prometheus_adds_counters_and_keeps_the_oldest_created() -> None:
     assert _sample(merged, "flightfeed_rows_sent_total", dataset="d") == 12
     assert _sample(merged, "flightfeed_rows_sent_created", dataset="d") == 50
     assert _sample(merged, "flightfeed_uptime_seconds") == 9
+
+
+def test_merge_stats_adds_the_workers_shard_cache_counts() -> None:
+    """Each process counts its own waits, overdrafts and requests; the node's figures (read from
+    the shared directory) are the same in every process and are kept, not added."""
+    node = {"directory": "/c", "limit_bytes": 100, "cached_bytes": 90, "processes": 2}
+    mine = {"shard_cache": [{**node, "waits": 1, "overdrafts": 0, "over_limit": 0, "asked": 2, "released": 0}],
+            "cache": {"hits": 1, "misses": 1, "redownloads": 1}}
+    theirs = {"shard_cache": [{**node, "waits": 3, "overdrafts": 1, "over_limit": 0, "asked": 0, "released": 2}],
+              "cache": {"hits": 0, "misses": 2, "redownloads": 2}}
+    merged = merge_stats(mine, [theirs])
+    assert merged["shard_cache"] == [
+        {**node, "waits": 4, "overdrafts": 1, "over_limit": 0, "asked": 2, "released": 2}
+    ]
+    assert merged["cache"]["redownloads"] == 3

@@ -78,6 +78,16 @@ class ServerMetrics:
             ["dataset"],
             registry=r,
         )
+        self.cache_overdrafts = Counter(
+            "flightfeed_cache_overdrafts",
+            "Shard downloads beyond --cache-size because the shards in use left no room: bound=within "
+            "(the node's one, within the limit plus one shard), bound=beyond (past it: raise --cache-size)",
+            ["dataset", "bound"],
+            registry=r,
+        )
+        self.cache_room_waits = Counter(
+            "flightfeed_cache_room_waits", "Shard downloads that waited for room in the cache", ["dataset"], registry=r
+        )
         self.cache_download_seconds = Counter(
             "flightfeed_cache_download_seconds", "Seconds spent downloading shards", ["dataset"], registry=r
         )

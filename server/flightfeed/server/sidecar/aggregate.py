@@ -10,9 +10,11 @@ standalone sidecar reads, with the Prometheus exposition inside) and merges:
   earliest, ``flightfeed_uptime_seconds``, ``flightfeed_cache_bytes`` (one shared cache
   directory), ``flightfeed_shared_stream_trainers`` and ratios take the largest.
   ``flightfeed_sidecar_workers_up`` says how many workers answered.
-* ``/stats``: totals, rates, active streams, I/O totals, the per-dataset sent/cache figures and
-  the shared-jobs window figures are added (trainers per shared stream: the largest; identical
-  requests meet on one process); ``workers`` lists who answered.
+* ``/stats``: totals, rates, active streams, I/O totals, the per-dataset sent/cache figures,
+  the shard cache's per-process counts (``shard_cache``: the node's own figures come from the
+  shared directory, alike in every process) and the shared-jobs window figures are added
+  (trainers per shared stream: the largest; identical requests meet on one process);
+  ``workers`` lists who answered.
 
 A worker that does not answer is left out (and counted as down), never fatal. The worker
 locations come from a callable, so whoever starts and supervises the workers stays the source
@@ -46,7 +48,10 @@ _DATASET_SUMS = (
     "gb_per_s",
     "stream_gb_per_s",
 )
-_CACHE_SUMS = ("hits", "misses", "evictions", "download_seconds")
+_CACHE_SUMS = ("hits", "misses", "evictions", "download_seconds", "redownloads")
+#: a shard cache's per-process counts (``/stats`` ``shard_cache``; the rest is the node's, read
+#: from the shared directory by each process alike)
+_SHARD_CACHE_SUMS = ("waits", "overdrafts", "over_limit", "asked", "released", "reclaimed")
 
 
 def _combine(name: str, a: float, b: float) -> float:
@@ -127,11 +132,23 @@ def merge_stats(mine: dict[str, Any], others: Sequence[dict[str, Any]]) -> dict[
                 if isinstance(target.get("cache"), dict):
                     _add(target["cache"], d.get("cache"), _CACHE_SUMS)
         _merge_shared(out, snap.get("shared"))
+        _merge_shard_cache(out.get("shard_cache"), snap.get("shard_cache"))
     cache = out.get("cache")
     if isinstance(cache, dict) and isinstance(cache.get("hits"), (int, float)):
         seen = cache["hits"] + cache.get("misses", 0)
         cache["hit_ratio"] = cache["hits"] / seen if seen else None
     return out
+
+
+def _merge_shard_cache(mine: Any, other: Any) -> None:
+    """Add a worker's per-process shard cache counts into the coordinator's (same directory)."""
+    if not isinstance(mine, list) or not isinstance(other, list):
+        return
+    by_dir = {c.get("directory"): c for c in mine if isinstance(c, dict)}
+    for theirs in other:
+        into = by_dir.get(theirs.get("directory")) if isinstance(theirs, dict) else None
+        if into is not None:
+            _add(into, theirs, _SHARD_CACHE_SUMS)
 
 
 def _merge_shared(out: dict[str, Any], other: Any) -> None:

@@ -7,23 +7,27 @@ still maps (deleted, yet their space is back only when the mapping goes). Each p
 those in its *claim*, ``.claims/<pid>-<random>.claim`` (JSON; one per cache object)::
 
     {"pid": 123, "reserved": <bytes of downloads in flight>,
-     "mapped": [[name, size, inode], ...],      # files it maps now (current or evicted)
-     "over": <bytes of its one download beyond the limit, or 0>}
+     "mapped": [[name, size, inode], ...],      # files it maps or has pinned now
+     "over": <bytes of its one download beyond the limit, or 0>,
+     "wants": [name, ...]}                      # files it asks the others to let go of
 
-A process decides on room (``ShardCache._make_room``) and publishes its own claim under the
-journal's exclusive ``flock``, so two processes never both take the last free bytes. Another
-process's mapped file counts as held once it is no longer the cached file of that name (evicted
-or replaced: a ``stat`` says so).
+A process decides on room (``cache_room``) and publishes its own claim under the
+journal's exclusive ``flock``, so two processes never both take the last free bytes. A file
+another process maps is not evicted (its space would come back only when that process lets it
+go); a process that needs the room asks for it instead (``wants``), and the others' keepers close
+their idle readers of those files (``cache_keeper``). Another process's mapped file counts as held
+once it is no longer the cached file of that name (replaced, or evicted before the claim said it
+was mapped: a ``stat`` says so).
 
 A process holds an exclusive ``flock`` on its claim file for as long as it lives; the kernel drops
 it when the process dies, also by ``kill -9``. A reader that can take the lock knows the owner is
 gone: the claim and the owner's staged downloads are removed (reclaimed), and its mappings went
 with it.
 
-*Overdraft*: evicted files still mapped by streams in the middle of a message cannot be taken
-back at once; when only those (and other downloads) stand in the way, one download on the whole
-node may go beyond the limit (``over``), so streams waiting on each other's mappings always
-progress and the disk stays within ``--cache-size`` plus one shard.
+*Overdraft*: files mapped by streams in the middle of a message cannot be taken back at once;
+when only those (and other downloads) stand in the way, one download on the whole node may go
+beyond the limit (``over``), so streams waiting on each other's mappings always progress and the
+disk stays within ``--cache-size`` plus one shard (``cache_room``).
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ class Claim:
     reserved: int = 0
     mapped: list[tuple[str, int, int]] = field(default_factory=list)  # (name, size, inode)
     over: int = 0
+    wants: list[str] = field(default_factory=list)
 
     def held(self, files: CacheFiles) -> dict[int, int]:
         """inode -> bytes of the files it maps that are no longer the cached file of their name
@@ -78,20 +83,24 @@ class Claims:
         #: (reserved, mapped) as last published (None: not yet)
         self.last: tuple[int, list[tuple[str, int, int]]] | None = None
 
-    def publish(self, reserved: int, mapped: list[tuple[str, int, int]], over: int = 0) -> None:
+    def publish(
+        self, reserved: int, mapped: list[tuple[str, int, int]], over: int = 0, wants: list[str] | None = None
+    ) -> None:
         """Write this process's claim (call under the journal's exclusive lock)."""
         self._own()
         self.last = (reserved, list(mapped))
-        data = json.dumps({"pid": self._pid, "reserved": reserved, "mapped": mapped, "over": over}).encode()
+        doc = {"pid": self._pid, "reserved": reserved, "mapped": mapped, "over": over, "wants": wants or []}
+        data = json.dumps(doc).encode()
         if data == self._last:
             return
         os.pwrite(self._fd, data, 0)
         os.ftruncate(self._fd, len(data))
         self._last = data
 
-    def others(self) -> list[Claim]:
+    def others(self, reclaim: bool = True) -> list[Claim]:
         """The live claims of the other processes (call under the journal's exclusive lock);
-        those of dead processes are reclaimed on the way."""
+        those of dead processes are reclaimed on the way (``reclaim=False``: skipped; no lock
+        needed)."""
         self._own()
         out = []
         try:
@@ -102,7 +111,7 @@ class Claims:
             pid = filename.split("-", 1)[0]
             if not filename.endswith(_SUFFIX) or not pid.isdigit() or filename == self._name:
                 continue
-            claim = self._read_if_alive(os.path.join(self.directory, filename), int(pid))
+            claim = self._read_if_alive(os.path.join(self.directory, filename), int(pid), reclaim)
             if claim is not None:
                 out.append(claim)
         return out
@@ -126,7 +135,7 @@ class Claims:
         fcntl.flock(fd, fcntl.LOCK_EX)  # held for life: the kernel drops it when this process dies
         self._fd, self._pid, self._name, self._last = fd, pid, name, b""
 
-    def _read_if_alive(self, path: str, pid: int) -> Claim | None:
+    def _read_if_alive(self, path: str, pid: int, reclaim: bool = True) -> Claim | None:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
@@ -137,6 +146,8 @@ class Claims:
             except BlockingIOError:  # its owner lives
                 return _parse(os.pread(fd, 1 << 24, 0), pid)
             # nobody holds it: the owner died (kill -9 too); its mappings went with it
+            if not reclaim:
+                return None
             with contextlib.suppress(OSError):
                 os.unlink(path)
             self.files.remove_staged(pid)
@@ -157,6 +168,8 @@ def _parse(data: bytes, pid: int) -> Claim:
             mapped.append((str(item[0]), int(item[1]), int(item[2])))
     reserved = doc.get("reserved", 0) if isinstance(doc, dict) else 0
     over = doc.get("over", 0) if isinstance(doc, dict) else 0
+    wants = doc.get("wants", []) if isinstance(doc, dict) else []
     return Claim(
-        pid, int(reserved) if isinstance(reserved, int) else 0, mapped, int(over) if isinstance(over, int) else 0
+        pid, int(reserved) if isinstance(reserved, int) else 0, mapped, int(over) if isinstance(over, int) else 0,
+        [str(w) for w in wants] if isinstance(wants, list) else [],
     )

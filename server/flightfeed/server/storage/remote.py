@@ -76,6 +76,14 @@ class _Copy:
         self._on_close()  # the dataset forgets its views into this copy
 
 
+def _also(first: Callable[[], None], then: Callable[[], None]) -> Callable[[], None]:
+    def both() -> None:
+        first()
+        then()
+
+    return both
+
+
 class RemoteShard(ShardFields):
     """``ShardReader`` over a cached copy of a remote object (see the module docstring)."""
 
@@ -171,7 +179,7 @@ class RemoteShard(ShardFields):
         this serves a peer's request, so two nodes can never wait on each other)."""
         return self._cache.acquire(
             self.uri, self._direct, size=self._nbytes, version=self._version, sha256=self._sha256,
-            dataset=self._dataset, on_evict=self._evicted,
+            dataset=self._dataset, on_evict=self._evicted, on_release=self._release,
         )
 
     def direct_file(self) -> tuple[CacheLease, BinaryIO]:
@@ -237,9 +245,14 @@ class RemoteShard(ShardFields):
             lease.release()
             raise
         on_unmapped = getattr(reader, "on_unmapped", None)
-        if on_unmapped is not None:  # the cache counts the file until its mapping is gone
+        if on_unmapped is not None:  # the cache keeps (and counts) the file until its mapping is gone
             on_unmapped(self._cache.track_mapping(lease))
-        copy = _Copy(reader, lease, self._files, self._closed_copy)
+            on_close = self._closed_copy
+        elif self._nbytes > self._small:  # a reader holding its file open: until it is closed
+            on_close = _also(self._closed_copy, self._cache.track_mapping(lease))
+        else:  # read whole into memory: the file is not held
+            on_close = self._closed_copy
+        copy = _Copy(reader, lease, self._files, on_close)
         self._copy = copy
         return copy
 
@@ -256,6 +269,7 @@ class RemoteShard(ShardFields):
             sha256=self._sha256,
             dataset=self._dataset,
             on_evict=self._evicted,
+            on_release=self._release,
         )
 
     def _guard(self, reader: ShardReader) -> None:
@@ -275,6 +289,13 @@ class RemoteShard(ShardFields):
                 f"shard {self.uri} does not match its manifest (schema or record batches differ); "
                 "re-run `flightfeed convert` or delete the manifest"
             )
+
+    def _release(self) -> None:
+        """The cache needs the room this shard's file holds (another process, or this one, asks
+        for it): close the reader (now, or when its current read ends), so nobody maps the file
+        and it can be evicted. The next read opens it again (a hit while it is still cached)."""
+        if self._copy is not None:
+            self._files.drop(self)
 
     def _evicted(self) -> None:
         """The cache evicted an entry of this shard (called without the cache's lock, maybe from
