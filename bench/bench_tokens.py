@@ -64,8 +64,10 @@ def _stat(pid: int) -> list[str] | None:
     return text[text.rindex(")") + 2 :].split()
 
 
-def tree_cpu(root: int) -> float:
-    """CPU seconds of ``root`` (with its reaped children) and every live descendant."""
+def tree_cpu(root: int, exclude: int | None = None) -> float:
+    """CPU seconds of ``root`` (with its reaped children) and every live descendant, except the
+    subtree of ``exclude`` (the ``flightfeed serve`` that the client's process started: before the
+    sixth session it was counted as the client's, which put the server's CPU into the client's)."""
     parents: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -76,6 +78,8 @@ def tree_cpu(root: int) -> float:
     todo = [root]
     while todo:
         pid = todo.pop()
+        if pid == exclude:
+            continue
         st = _stat(pid)
         if st is None:
             continue
@@ -163,9 +167,13 @@ def _source(iterable: Iterable[Any]) -> Callable[[], Iterable[Any]]:
 
 
 # -- timing ----------------------------------------------------------------------------------------
-def timed(make: Callable[[], Iterable[Any]], tokens_per_window: int, max_tokens: int, to_long: bool) -> dict[str, Any]:
+def timed(
+    make: Callable[[], Iterable[Any]], tokens_per_window: int, max_tokens: int, to_long: bool,
+    server: int | None = None,
+) -> dict[str, Any]:
+    """``server``: the pid of a server this process started (its CPU is not the client's)."""
     me = os.getpid()
-    cpu0, t0 = tree_cpu(me), time.perf_counter()
+    cpu0, t0 = tree_cpu(me, server), time.perf_counter()
     first = None
     windows = 0
     cpu_first = cpu0
@@ -176,12 +184,12 @@ def timed(make: Callable[[], Iterable[Any]], tokens_per_window: int, max_tokens:
         windows += int(tok.shape[0])
         if first is None:
             first = time.perf_counter() - t0
-            cpu_first = tree_cpu(me)
+            cpu_first = tree_cpu(me, server)
             windows_first = windows
         if windows * tokens_per_window >= max_tokens:
             break
     wall = time.perf_counter() - t0
-    cpu = tree_cpu(me)
+    cpu = tree_cpu(me, server)
     assert first is not None
     steady_tokens = (windows - windows_first) * tokens_per_window
     steady_wall = max(1e-9, wall - first)
@@ -204,7 +212,7 @@ def run_flightfeed(args: argparse.Namespace, corpus: Path) -> dict[str, Any]:
             opts = ReadOptions(pack=Pack(column="tokens", seq_len=args.seq_len), streams=streams, report_interval=None)
             ds = FlightDataset(server.location, "tok", batch_size=args.batch_size, seed=0, options=opts)
             s0 = tree_cpu(server.pid)
-            r = timed(_source(ds), args.seq_len, args.read_tokens, to_long=False)
+            r = timed(_source(ds), args.seq_len, args.read_tokens, to_long=False, server=server.pid)
             r["server_cpu_s_per_1e6_tokens"] = (tree_cpu(server.pid) - s0) / max(1, r["tokens"]) * 1e6
             r["server_rss"] = rss(server.pid)
             out[f"streams={streams}"] = r
