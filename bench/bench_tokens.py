@@ -351,6 +351,9 @@ def main() -> int:
     p.add_argument("--big-tokens", type=float, default=0, help="also measure start-up on a corpus this big")
     p.add_argument("--big-docs", type=float, default=1e7)
     p.add_argument("--systems", nargs="+", default=["flightfeed", "litdata", "mds"])
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run the systems this many times, in alternation; each figure is the median "
+                        "(on a shared box the rates swing with the load of the moment)")
     p.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "flightfeed-bench-tokens")
     p.add_argument("--one", choices=["flightfeed", "litdata", "mds", "big"], help=argparse.SUPPRESS)
     p.add_argument("--part-out", type=Path, help=argparse.SUPPRESS)
@@ -379,20 +382,49 @@ def main() -> int:
         "systems": {},
     }
     names = list(args.systems) + (["big"] if args.big_tokens else [])
-    for name in names:  # each in its own process: no shared gRPC, start-method or memory state
-        print(f"{name}:", flush=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            part = Path(tmp) / "part.json"
-            cmd = [sys.executable, __file__, "--one", name, "--part-out", str(part), *sys.argv[1:]]
-            done = subprocess.run(cmd, cwd=ROOT, check=False)
-            got = json.loads(part.read_text()) if part.exists() else f"failed: exit status {done.returncode}"
-        results["systems"][name] = got
-        if name == "big":
-            print(f"  big: {json.dumps(got)}", flush=True)
+    runs: dict[str, list[Any]] = {name: [] for name in names}
+    for rep in range(max(1, args.repeats)):
+        for name in names:  # each in its own process: no shared gRPC, start-method or memory state
+            if name == "big" and rep:
+                continue
+            print(f"{name}:" + (f" (repeat {rep + 1})" if args.repeats > 1 else ""), flush=True)
+            with tempfile.TemporaryDirectory() as tmp:
+                part = Path(tmp) / "part.json"
+                cmd = [sys.executable, __file__, "--one", name, "--part-out", str(part), *sys.argv[1:]]
+                done = subprocess.run(cmd, cwd=ROOT, check=False)
+                got = json.loads(part.read_text()) if part.exists() else f"failed: exit status {done.returncode}"
+            runs[name].append(got)
+            if name == "big":
+                print(f"  big: {json.dumps(got)}", flush=True)
+    for name, got_runs in runs.items():
+        results["systems"][name] = _median_runs(got_runs)
+    results["repeats"] = runs if args.repeats > 1 else None
     results["load_average_after"] = os.getloadavg()
     write_json("tokens", results)
     print(summary(results))
     return 0
+
+
+def _median_runs(runs: list[Any]) -> Any:
+    """One system's runs -> per setting, the median of each figure (the runs that failed are left
+    out; a system that failed every time keeps its first message)."""
+    ok = [r for r in runs if isinstance(r, dict)]
+    if not ok:
+        return runs[0]
+    if len(ok) == 1:
+        return ok[0]
+    out: dict[str, Any] = {}
+    for label, first in ok[0].items():
+        if not isinstance(first, dict):
+            out[label] = first
+            continue
+        rows = [r[label] for r in ok if isinstance(r.get(label), dict)]
+        out[label] = {
+            k: float(np.median([row[k] for row in rows])) if isinstance(v, (int, float)) else v
+            for k, v in first.items()
+        }
+        out[label]["runs"] = len(rows)
+    return out
 
 
 def summary(results: dict[str, Any]) -> str:
