@@ -6,7 +6,8 @@ around ``--mean-doc`` tokens. Each system gets it in its own format, written onc
 
 * flightfeed: ``.arrow`` shards, one row per document, ``tokens: list<uint16>``; the server
   shuffles documents, concatenates and cuts windows of ``L + 1`` tokens (sharing one token) and
-  sends int64 tokens + int32 position ids; the trainer gets ``(B, L + 1)`` int64 tensors.
+  sends them in the column's own integer type (uint16) with int16 position ids; the client's
+  streams widen each message once and the trainer gets ``(B, L + 1)`` int64 tokens + int32 positions.
 * LitData: ``litdata.optimize(..., item_loader=TokensLoader())`` of the documents' tokens, read with
   ``StreamingDataset(item_loader=TokensLoader(block_size=L + 1), shuffle=True)`` +
   ``StreamingDataLoader``: blocks of ``L + 1`` tokens of the chunk-concatenated stream.
@@ -17,7 +18,10 @@ around ``--mean-doc`` tokens. Each system gets it in its own format, written onc
 The peers' batches are converted to int64 in the loop (what a trainer's embedding needs; flightfeed's
 arrive int64). Figures: input tokens per second (``L`` per window) after the first batch, start-up
 (time to the first batch), and client CPU seconds per 10**6 tokens over the client's whole process
-tree (DataLoader workers included); flightfeed's server CPU (its whole process tree) is given too.
+tree (DataLoader workers included; not the ``flightfeed serve`` that the client's process started,
+which the fifth session's figures counted as the client's); flightfeed's server CPU (its whole
+process tree) is given apart. ``--repeats N`` runs the systems N times in alternation and reports
+medians (on a shared box the rates swing with the load of the moment).
 Each system runs in its own process. ``--big-tokens``: a corpus of that many tokens in
 ``--big-docs`` documents is written, served by a fresh ``flightfeed serve``, and the time from
 starting the process to the first packed batch and the server's RSS (anonymous and file-backed) are
