@@ -100,6 +100,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--overwrite", action="store_true", help="replace a dataset already converted into DST")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--hash-thread",
+        action="store_true",
+        help="hash shards (sha256) on a second thread while the source is read: faster where a core is free, "
+        "slower on a busy machine (figures in bench/RESULTS.md)",
+    )
     add_reader_arguments(parser)
     add_s3_arguments(parser)
 
@@ -131,6 +137,7 @@ def run(args: argparse.Namespace) -> int:
             eot=args.eot,
             token_dtype=args.token_dtype,
             progress=not args.no_progress,
+            background_hash=args.hash_thread,
             storage=storage_options_from_args(args, os.environ),
             source_path=not args.no_source_path,
         )

@@ -9,6 +9,11 @@ the key's number. ``__len__`` must be there and agree with the records found.
 ``--lmdb-decoder raw``: every key that is not ``__dunder__`` in LMDB key order; columns ``key``
 (binary) and ``value`` (binary, unchanged).
 
+Values are read through one read transaction held for the conversion (``buffers=True``): a
+record in the recipe's exact encoding (a msgpack ``bin`` and an integer) is taken apart without
+msgpack and its image handed on as a view into the map, so its bytes are copied once, into the
+record batch; anything else is decoded by msgpack.
+
 Pickled values are refused in both modes (a pickle protocol 2+ header ``\\x80 N`` ... ``.``):
 flightfeed never unpickles. A value that does not decode, or a missing key, is a bad record
 named by environment and key.
@@ -17,6 +22,7 @@ named by environment and key.
 from __future__ import annotations
 
 import os
+import struct
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -30,6 +36,32 @@ __all__ = ["LmdbSource", "LMDB_DECODERS", "looks_like_pickle"]
 
 LMDB_DECODERS = ("msgpack", "raw")
 _PY_TYPES: dict[type, pa.DataType] = {bytes: pa.binary(), int: pa.int64(), float: pa.float64(), str: pa.string()}
+#: msgpack bin8/16/32 headers: (bytes of the length field); the integers: (size, struct code)
+_BIN_LENGTH = {0xC4: 1, 0xC5: 2, 0xC6: 4}
+_INTS = {0xCC: ">B", 0xCD: ">H", 0xCE: ">I", 0xCF: ">Q", 0xD0: ">b", 0xD1: ">h", 0xD2: ">i", 0xD3: ">q"}
+
+
+def recipe_pair(value: memoryview) -> tuple[memoryview, int] | None:
+    """``(image view, label)`` when ``value`` is exactly the msgpack array ``[bin, int]`` (the
+    recipe's layout); None for any other value (msgpack decodes those)."""
+    n = len(value)
+    if n < 3 or value[0] != 0x92:
+        return None
+    width = _BIN_LENGTH.get(value[1])
+    if width is None or n < 2 + width:
+        return None
+    start = 2 + width
+    size = int.from_bytes(value[2:start], "big")
+    end = start + size
+    if end >= n:
+        return None
+    tag = value[end]
+    if tag <= 0x7F or tag >= 0xE0:  # positive / negative fixint
+        return (value[start:end], tag if tag <= 0x7F else tag - 0x100) if end + 1 == n else None
+    code = _INTS.get(tag)
+    if code is None or end + 1 + struct.calcsize(code) != n:
+        return None
+    return value[start:end], int(struct.unpack_from(code, value, end + 1)[0])
 
 
 def looks_like_pickle(value: bytes | memoryview) -> bool:
@@ -76,6 +108,7 @@ class LmdbSource(RecordSource):
         self._rows = self._count or None  # the progress bar's total; final once read
         self._names: list[str] = []
         self._types: list[type] = []
+        self._txn: Any = None  # the read transaction of _read (its views stay valid until close)
         first = self._first_value()
         if decoder == "msgpack":
             self.schema = self._schema_of(first)
@@ -178,26 +211,33 @@ class LmdbSource(RecordSource):
             raise DatasetError(f"{self._src}: the LMDB environment cannot be read ({exc}); is it damaged?") from None
 
     def _read(self) -> Iterator[Sequence[Any] | BadRecord]:
-        with self._env.begin(buffers=True) as txn:  # values are views into the map until decoded
-            if self._decoder == "raw":
-                for view, value in txn.cursor():
-                    key = bytes(view)
-                    if key.startswith(b"__"):
-                        continue
-                    if looks_like_pickle(value):
-                        raise _pickle_error(self._where(key))
-                    yield key, bytes(value)
-                return
-            get = txn.get
-            for i in range(self._count):
-                key = str(i).encode()
-                found = get(key)
-                if found is None:
-                    yield BadRecord(self._where(key), "is missing (the msgpack layout needs keys '0'..'N-1')")
+        if self._txn is None:  # values are views into the map, valid while this transaction lives
+            self._txn = self._env.begin(buffers=True)
+        txn = self._txn
+        if self._decoder == "raw":
+            for view, value in txn.cursor():
+                key = bytes(view)
+                if key.startswith(b"__"):
                     continue
-                yield self._decode(key, found)
+                if looks_like_pickle(value):
+                    raise _pickle_error(self._where(key))
+                yield key, value
+            return
+        get = txn.get
+        fast = self._names == ["image", "label"] and self._types == [bytes, int]
+        for i in range(self._count):
+            key = str(i).encode()
+            found = get(key)
+            if found is None:
+                yield BadRecord(self._where(key), "is missing (the msgpack layout needs keys '0'..'N-1')")
+                continue
+            pair = recipe_pair(found) if fast else None
+            yield pair if pair is not None else self._decode(key, found)
 
     def close(self) -> None:
+        if self._txn is not None:
+            self._txn.abort()
+            self._txn = None
         self._env.close()
         if self._copy is not None:
             self._copy.__exit__(None, None, None)

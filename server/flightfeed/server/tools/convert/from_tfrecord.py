@@ -127,6 +127,8 @@ class TFRecordSource(RecordSource):
                         )
                         break
                     row.append(values[0])
+                elif kind == 1:
+                    row.append([bytes(v) for v in values])  # type: ignore[arg-type]
                 else:
                     row.append(values)
             if row:

@@ -45,28 +45,32 @@ def _split(name: str) -> tuple[str, str]:
     return name[:dot], name[dot + 1 :].lower()
 
 
-def _as_int(data: bytes) -> int:
-    return int(data.decode("ascii").strip())
+def _as_int(data: bytes | memoryview) -> int:
+    return int(str(data, "ascii").strip())
 
 
-def _as_text(data: bytes) -> str:
-    return data.decode("utf-8")
+def _as_text(data: bytes | memoryview) -> str:
+    return str(data, "utf-8")
 
 
-def _as_json(data: bytes) -> str:
-    text = data.decode("utf-8")
+def _as_json(data: bytes | memoryview) -> str:
+    text = str(data, "utf-8")
     json.loads(text)
     return text
 
 
-def _column(ext: str) -> tuple[pa.DataType, Callable[[bytes], Any]]:
+def _column(ext: str) -> tuple[pa.DataType, Callable[[bytes | memoryview], Any]]:
     if ext in INT_EXTENSIONS:
         return pa.int64(), _as_int
     if ext in TEXT_EXTENSIONS:
         return pa.string(), _as_text
     if ext in JSON_EXTENSIONS:
         return pa.string(), _as_json
-    return pa.binary(), bytes
+    return pa.binary(), _as_bytes
+
+
+def _as_bytes(data: bytes | memoryview) -> bytes | memoryview:
+    return data  # a view into the mapped shard: copied once, into the record batch
 
 
 class WebDatasetSource(RecordSource):
@@ -78,7 +82,7 @@ class WebDatasetSource(RecordSource):
             raise ConfigError(f"{src}: no WebDataset tar shards found (looked for {', '.join(TAR_SUFFIXES)})")
         self.description = f"WebDataset ({len(self.shards)} shard(s))"
         self._exts: tuple[str, ...] = ()
-        self._parse: tuple[Callable[[bytes], Any], ...] = ()
+        self._parse: tuple[Callable[[bytes | memoryview], Any], ...] = ()
         first = self._first_sample()
         self._exts = tuple(sorted(first))
         types = [_column(ext) for ext in self._exts]
@@ -105,9 +109,9 @@ class WebDatasetSource(RecordSource):
                     return exts
         raise ConfigError(f"{self._files.src}: the WebDataset shards hold no samples")
 
-    def _samples(self, path: str, shard: str) -> Iterator[tuple[str, dict[str, bytes]] | BadRecord]:
+    def _samples(self, path: str, shard: str) -> Iterator[tuple[str, dict[str, bytes | memoryview]] | BadRecord]:
         key: str | None = None
-        members: dict[str, bytes] = {}
+        members: dict[str, bytes | memoryview] = {}
         duplicate: str | None = None
         for item in tar_members(path, shard):
             if isinstance(item, BadRecord):
@@ -129,14 +133,16 @@ class WebDatasetSource(RecordSource):
 
     @staticmethod
     def _finish(
-        shard: str, key: str, members: dict[str, bytes], dup: str | None
-    ) -> tuple[str, dict[str, bytes]] | BadRecord:
+        shard: str, key: str, members: dict[str, bytes | memoryview], dup: str | None
+    ) -> tuple[str, dict[str, bytes | memoryview]] | BadRecord:
         if dup is not None:
             return BadRecord(f"{shard}: sample {key}", f"has two .{dup} members")
         return key, members
 
     def _records(self) -> Iterator[Sequence[Any] | BadRecord]:
         exts, parse = self._exts, self._parse
+        wanted = frozenset(exts)
+        columns = list(zip(exts, parse, strict=True))
         for shard in self.shards:
             with self._files.local(shard) as path:
                 for sample in self._samples(path, shard):
@@ -144,7 +150,7 @@ class WebDatasetSource(RecordSource):
                         yield sample
                         continue
                     key, members = sample
-                    if len(members) != len(exts) or any(e not in members for e in exts):
+                    if members.keys() != wanted:
                         missing = sorted(set(exts) - set(members))
                         extra = sorted(set(members) - set(exts))
                         yield BadRecord(
@@ -153,6 +159,8 @@ class WebDatasetSource(RecordSource):
                         )
                         continue
                     try:
-                        yield [key, *(p(members[e]) for e, p in zip(exts, parse, strict=True))]
+                        row = [key]
+                        row += [p(members[e]) for e, p in columns]
+                        yield row
                     except (ValueError, UnicodeDecodeError) as exc:
                         yield BadRecord(f"{shard}: sample {key}", f"a member does not parse ({exc})")

@@ -16,6 +16,7 @@ from flightfeed.server.storage.options import StorageOptions
 from flightfeed.server.tools.convert.destination import open_destination
 from flightfeed.server.tools.convert.formats import FORMAT_KINDS, detect_format, open_format_source
 from flightfeed.server.tools.convert.images import ImageFolderSource, looks_like_image_folder, split_folders
+from flightfeed.server.tools.convert.shard_hasher import prompt_switches
 from flightfeed.server.tools.convert.sources import (
     Hdf5Source,
     NumpySource,
@@ -60,6 +61,7 @@ class ConvertSettings:
     classes: list[str] | None = None  # images: the class list (a split: the union over the splits)
     source_base: str | None = None  # images: source_path is relative to this (default: SRC)
     progress: bool = True
+    background_hash: bool = False  # --hash-thread: sha256 of each shard on a second thread (shard_hasher.py)
     eot: int | None = None  # nanogpt: the end-of-text token id after which a document ends
     token_dtype: str | None = None  # nanogpt: the token files' dtype (None: uint16)
     storage: StorageOptions = field(default_factory=StorageOptions)
@@ -154,6 +156,7 @@ def convert(src: str, dst: str, settings: ConvertSettings | None = None) -> Mani
                 compression=settings.compression,
                 on_shard=dest.publish,
                 block_bytes=settings.block_bytes,
+                background_hash=settings.background_hash,
             )
             bar = tqdm(
                 total=source.num_rows,  # None for streamed sources (records.py): counted as they come
@@ -163,10 +166,11 @@ def convert(src: str, dst: str, settings: ConvertSettings | None = None) -> Mani
                 disable=not settings.progress,
             )
             try:
-                for batch in rebatch(source.batches(rows), rows):
-                    writer.write(batch)
-                    bar.update(batch.num_rows)
-                shards = writer.close()
+                with prompt_switches(settings.background_hash):
+                    for batch in rebatch(source.batches(rows), rows):
+                        writer.write(batch)
+                        bar.update(batch.num_rows)
+                    shards = writer.close()
             except BaseException:
                 writer.abort()
                 raise

@@ -33,6 +33,9 @@ MAX_NAMED_SKIPS = 1000
 _log = logging.getLogger(__name__)
 
 
+_BYTES_LIKE = (bytes, memoryview)
+
+
 class BadRecord:
     """A record that cannot be converted: ``where`` names file and key/offset, ``reason`` why;
     ``records``: how many records it stands for (a damaged shard whose index promised that many)."""
@@ -55,6 +58,8 @@ def value_bytes(value: object) -> int:
     """Approximate bytes of one column value (for sizing record batches)."""
     if isinstance(value, bytes | str):
         return len(value)
+    if isinstance(value, memoryview):
+        return value.nbytes
     if isinstance(value, np.ndarray):
         return int(value.nbytes)
     if isinstance(value, list | tuple):
@@ -62,11 +67,15 @@ def value_bytes(value: object) -> int:
     return 8
 
 
-def _binary(values: list[bytes]) -> pa.Array[Any]:
-    """A binary array of ``values`` in one copy (``pa.array`` converts item by item, ~6x slower)."""
+def _binary(values: list[bytes | memoryview]) -> pa.Array[Any]:
+    """A binary array of ``values`` in one copy (``pa.array`` converts item by item, ~6x slower).
+
+    Values may be memoryviews into the source's own mapping (LMDB, tar shards, a TFRecord's
+    record): each value's bytes are then copied exactly once, from the source into the batch."""
     lengths = np.fromiter(map(len, values), np.int64, len(values))
     if int(lengths.sum()) >= 1 << 31:
-        return pa.array(values, type=pa.large_binary()).cast(pa.binary())  # raises: the batch is too big
+        big = [bytes(v) for v in values]
+        return pa.array(big, type=pa.large_binary()).cast(pa.binary())  # raises: the batch is too big
     offsets = np.zeros(len(values) + 1, np.int32)
     np.cumsum(lengths, out=offsets[1:])
     buffers = [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(b"".join(values))]
@@ -134,7 +143,7 @@ class RecordSource:
         for field, values in zip(self.schema, columns, strict=True):
             if isinstance(field.type, pa.FixedShapeTensorType):
                 arrays.append(column_from_ndarray(np.stack(values), field.type))
-            elif field.type == pa.binary() and values and all(type(v) is bytes for v in values):
+            elif field.type == pa.binary() and values and all(type(v) in _BYTES_LIKE for v in values):
                 arrays.append(_binary(values))
             else:
                 arrays.append(pa.array(values, type=field.type))

@@ -4,6 +4,8 @@ Faster than :mod:`tarfile` for the many small members of a WebDataset shard (one
 and one read per member), and exact about damage: a header whose checksum does not match, or a
 member whose data ends early, yields a :class:`~.records.BadRecord` naming the file and the
 member's byte offset, after which the rest of that file is not read (its framing is lost).
+A regular member's data is a memoryview into the mapped shard (one copy later, into the record
+batch); the mapping is unmapped once the last view is gone.
 Understands ustar/GNU/pax headers (long names from ``L`` and ``x`` entries); ``.tar.gz``/
 ``.tgz`` shards are read through gzip.
 """
@@ -11,17 +13,17 @@ Understands ustar/GNU/pax headers (long names from ``L`` and ``x`` entries); ``.
 from __future__ import annotations
 
 import gzip
-import mmap
-import os
 from collections.abc import Iterator
 from typing import BinaryIO
 
+from flightfeed.server.tools.convert.mapped_file import MappedFile
 from flightfeed.server.tools.convert.records import BadRecord
 
 __all__ = ["tar_members", "Member"]
 
 _BLOCK = 512
-Member = tuple[str, int, bytes]
+_ZERO = bytes(_BLOCK)
+Member = tuple[str, int, bytes | memoryview]
 
 
 def _octal(field: bytes) -> int:
@@ -35,9 +37,8 @@ def _octal(field: bytes) -> int:
 
 
 def _checksum_ok(header: bytes) -> bool:
-    stored = _octal(header[148:156])
-    total = sum(header[:148]) + 8 * 32 + sum(header[156:])
-    return stored == total
+    field = header[148:156]
+    return _octal(field) == sum(header) - sum(field) + 8 * 32  # the field counts as 8 spaces
 
 
 def _pax_path(data: bytes) -> str | None:
@@ -52,47 +53,36 @@ def _pax_path(data: bytes) -> str | None:
     return None
 
 
-class _Mapped:
-    """``read(n)`` over a memory-mapped file: one copy per member instead of two."""
-
-    def __init__(self, path: str) -> None:
-        self._file = open(path, "rb")  # noqa: SIM115  # closed in close()
-        size = os.fstat(self._file.fileno()).st_size
-        self._map: mmap.mmap | bytes = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
-        self._pos = 0
-
-    def read(self, n: int) -> bytes:
-        data = self._map[self._pos : self._pos + n]
-        self._pos += len(data)
-        return data
-
-    def __enter__(self) -> _Mapped:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if isinstance(self._map, mmap.mmap):
-            self._map.close()
-        self._file.close()
-
-
-def _open(path: str) -> BinaryIO | _Mapped:
+def _open(path: str) -> BinaryIO | MappedFile:
     if path.lower().endswith((".tar.gz", ".tgz")):
         return gzip.open(path, "rb")  # type: ignore[return-value]
-    return _Mapped(path)
+    return MappedFile(path)
+
+
+def _header_name(header: bytes) -> str:
+    name = header[:100].split(b"\0", 1)[0].decode("utf-8", "replace")
+    if header[257:263] == b"ustar\0":  # POSIX ustar/pax (GNU's "ustar  " has no prefix field)
+        prefix = header[345:500].split(b"\0", 1)[0].decode("utf-8", "replace")
+        if prefix:
+            name = f"{prefix}/{name}"
+    return name
 
 
 def tar_members(path: str, display: str) -> Iterator[Member | BadRecord]:
     """The regular members of the tar at ``path`` in order (``display`` names it in errors)."""
     with _open(path) as f:
+        read = f.read
+        mapped = isinstance(f, MappedFile)
+        take = f.view if isinstance(f, MappedFile) else f.read  # member data: views when mapped
         offset = 0
         long_name: str | None = None
         while True:
-            header = f.read(_BLOCK)
+            header = read(_BLOCK)
             if len(header) < _BLOCK:
                 if header:
                     yield BadRecord(f"{display} at byte {offset}", "truncated tar header")
                 return  # a tar without its two zero blocks still ends cleanly at a member boundary
-            if header == b"\0" * _BLOCK:
+            if header == _ZERO:
                 return
             try:
                 sound = _checksum_ok(header)
@@ -103,31 +93,28 @@ def tar_members(path: str, display: str) -> Iterator[Member | BadRecord]:
                 yield BadRecord(f"{display} at byte {offset}", "tar header checksum mismatch (corrupt file)")
                 return
             kind = header[156:157]
-            name = long_name
-            long_name = None
-            if name is None:
-                name = header[:100].split(b"\0", 1)[0].decode("utf-8", "replace")
-                if header[257:263] == b"ustar\0":  # POSIX ustar/pax (GNU's "ustar  " has no prefix field)
-                    prefix = header[345:500].split(b"\0", 1)[0].decode("utf-8", "replace")
-                    if prefix:
-                        name = f"{prefix}/{name}"
-            data = f.read(size)
+            data: bytes | memoryview = take(size)
             if len(data) < size:
+                name = long_name if long_name is not None else _header_name(header)
                 yield BadRecord(
                     f"{display}: member {name} at byte {offset}", f"truncated: {len(data)} of {size} data bytes"
                 )
                 return
             pad = -size % _BLOCK
-            if pad:
-                f.read(pad)
+            if mapped:
+                f.skip(pad)  # type: ignore[union-attr]
+            elif pad:
+                read(pad)
             if kind == b"L":
-                long_name = data.rstrip(b"\0").decode("utf-8", "replace")
+                long_name = bytes(data).rstrip(b"\0").decode("utf-8", "replace")
             elif kind == b"x":
                 try:
-                    long_name = _pax_path(data)
+                    long_name = _pax_path(bytes(data))
                 except (ValueError, IndexError, UnicodeDecodeError):
                     yield BadRecord(f"{display} at byte {offset}", "damaged pax header")
                     return
-            elif kind in (b"0", b"\0", b"7"):
-                yield name, offset, data
+            else:
+                if kind in (b"0", b"\0", b"7"):
+                    yield (long_name if long_name is not None else _header_name(header)), offset, data
+                long_name = None
             offset += _BLOCK + size + pad

@@ -19,9 +19,12 @@ from typing import Any, BinaryIO, cast
 
 import numpy as np
 
+from flightfeed.server.tools.convert.mapped_file import MappedFile
+
 __all__ = ["tfrecord_frames", "parse_example", "masked_crc", "Feature", "FrameError", "ExampleError"]
 
-Feature = tuple[int, list[bytes] | list[float] | list[int]]  # (kind 1 bytes|2 float|3 int64, values)
+#: (kind 1 bytes|2 float|3 int64, values); bytes values are views into the record's data
+Feature = tuple[int, list[memoryview] | list[float] | list[int]]
 _MASK_DELTA = 0xA282EAD8
 _LENGTH = struct.Struct("<QI")
 _CRC = struct.Struct("<I")
@@ -48,12 +51,12 @@ def masked_crc(data: bytes) -> int:
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
-def _open(path: str) -> BinaryIO:
+def _open(path: str) -> BinaryIO | MappedFile:
     with open(path, "rb") as probe:
         magic = probe.read(2)
     if magic == b"\x1f\x8b":
         return gzip.open(path, "rb")  # type: ignore[return-value]
-    return open(path, "rb", buffering=1 << 20)
+    return MappedFile(path)  # a record's data is one copy out of the page cache
 
 
 def tfrecord_frames(path: str) -> Iterator[tuple[int, bytes] | FrameError]:
@@ -146,7 +149,7 @@ def _feature(buf: memoryview) -> Feature:
                 continue
             if number == 1:
                 assert isinstance(v, memoryview)
-                values.append(v.tobytes())
+                values.append(v)  # no copy: the column copies it once, into the record batch
             elif number == 2:
                 if w == 2:
                     values.extend(np.frombuffer(v, "<f4").tolist())  # type: ignore[arg-type]

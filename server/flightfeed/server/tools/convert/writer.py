@@ -1,6 +1,8 @@
 """Sharded ``.arrow`` output: record batches of a fixed row count, shards of about
-``shard_bytes``, each re-read and checked after it is closed, hashed (sha256 and the checksums of
-its ``block_bytes`` blocks, for the manifest), then handed to ``on_shard``.
+``shard_bytes``, hashed as they are written (sha256 and the checksums of its ``block_bytes``
+blocks, for the manifest: ``shard_hasher.py``; sha256 on a second thread with
+``background_hash=True``), checked after they are closed (the file's footer read back: schema,
+batch count, rows per batch), then handed to ``on_shard``.
 
 Shards are Arrow IPC *file* format (random access, memory-mappable) named ``part-00000.arrow``;
 a shard is written as ``NAME.tmp`` and renamed when complete.
@@ -8,15 +10,19 @@ a shard is written as ``NAME.tmp`` and renamed when complete.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 from collections.abc import Callable, Iterable, Iterator
-from typing import Literal
+from concurrent.futures import ThreadPoolExecutor
+from typing import Literal, cast
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from flightfeed.server.readers.blocks import BLOCK_BYTES, digest_file
+from flightfeed.server.readers.blocks import BLOCK_BYTES
 from flightfeed.server.storage.manifest import ManifestShard
+from flightfeed.server.tools.convert.shard_hasher import HashingFile, ShardHasher
 from flightfeed.wire.errors import ShardError
 
 __all__ = ["ShardWriter", "rebatch", "shard_name", "Compression"]
@@ -65,6 +71,7 @@ class ShardWriter:
         compression: Compression = "none",
         on_shard: Callable[[str, ManifestShard], None] | None = None,
         block_bytes: int = BLOCK_BYTES,
+        background_hash: bool = False,
     ) -> None:
         self.block_bytes = block_bytes
         self.directory = directory
@@ -73,9 +80,13 @@ class ShardWriter:
         self._options = ipc.IpcWriteOptions(compression=None if compression == "none" else compression)
         self._on_shard = on_shard
         self.shards: list[ManifestShard] = []
-        self._sink: pa.OSFile | None = None
+        self._sink: pa.PythonFile | None = None
+        self._file: HashingFile | None = None
         self._writer: ipc.RecordBatchFileWriter | None = None
         self._batch_rows: list[int] = []
+        self._hasher: ShardHasher | None = None
+        #: one thread hashes what was written while the caller reads and encodes the next batch
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="flightfeed-convert-hash") if background_hash else None
 
     def write(self, batch: pa.RecordBatch) -> None:
         sink, writer = self._sink, self._writer
@@ -88,8 +99,12 @@ class ShardWriter:
         self._batch_rows.append(batch.num_rows)
 
     def close(self) -> list[ManifestShard]:
-        if self._writer is not None:
-            self._finish()
+        try:
+            if self._writer is not None:
+                self._finish()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown()
         return self.shards
 
     def abort(self) -> None:
@@ -99,36 +114,55 @@ class ShardWriter:
             self._writer.close()
             if self._sink is not None:
                 self._sink.close()
+            self._close_file()
             self._writer = self._sink = None
+            if self._hasher is not None:
+                with contextlib.suppress(ShardError):  # the error being handled is the one to report
+                    self._hasher.wait()
+                self._hasher = None
             if os.path.exists(path):
                 os.unlink(path)
+        if self._pool is not None:
+            self._pool.shutdown()
 
     # -- internals --------------------------------------------------------------------------
     def _path(self, index: int) -> str:
         return os.path.join(self.directory, shard_name(index))
 
-    def _start(self) -> tuple[pa.OSFile, ipc.RecordBatchFileWriter]:
-        sink = pa.OSFile(self._path(len(self.shards)) + ".tmp", "wb")
+    def _start(self) -> tuple[pa.PythonFile, ipc.RecordBatchFileWriter]:
+        path = self._path(len(self.shards)) + ".tmp"
+        self._hasher = ShardHasher(path, self.block_bytes, self._pool)
+        self._file = HashingFile(path, self._hasher)
+        sink = pa.PythonFile(cast(io.IOBase, self._file), mode="w")  # duck-typed: write/tell/flush/close
         writer = ipc.new_file(sink, self.schema, options=self._options)
         self._sink, self._writer, self._batch_rows = sink, writer, []
         return sink, writer
+
+    def _close_file(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
     def _finish(self) -> None:
         if self._writer is not None:
             self._writer.close()
         if self._sink is not None:
             self._sink.close()
+        self._close_file()
         self._writer = self._sink = None
         final = self._path(len(self.shards))
         tmp = final + ".tmp"
         rows = sum(self._batch_rows)
+        size = os.path.getsize(tmp)
+        hasher, self._hasher = self._hasher, None
+        assert hasher is not None
+        sha256, blocks = hasher.finish(size)  # every byte written was hashed as it was written
         _verify(tmp, final, self.schema, self._batch_rows)
         os.replace(tmp, final)
-        sha256, blocks = digest_file(final, self.block_bytes)  # one pass, the file is in page cache
         entry = ManifestShard(
             name=os.path.basename(final),
             rows=rows,
-            bytes=os.path.getsize(final),
+            bytes=size,
             sha256=sha256,
             batch_rows=tuple(self._batch_rows),
             blocks=blocks,
