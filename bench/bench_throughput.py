@@ -1,7 +1,10 @@
 """Throughput on one machine, all on the same image-like data, in one run -> bench/out/throughput.json
 
 (a) raw pyarrow Flight ceiling: the shards served by ``bench/raw_flight.py`` (RecordBatchStream,
-    zero-copy slices), K streams each with its own FlightClient, read in threads;
+    zero-copy slices), K streams each with its own FlightClient, read in threads, each chunk
+    dropped on its receiving thread; (a'') the same, each chunk handed to the main thread, viewed as
+    torch tensors and dropped there (a trainer's loop: memory freed on another thread than the one
+    that received it costs the allocator page faults, which (a) never pays);
 (b) flightfeed through FlightDataset, stored order and shuffled (same K, same message size);
 (b') flightfeed's device path with the CPU engine (``device="cpu"`` + ``CpuEngine``): the lanes
     stage every message into the pinned ring, the mover copies it to a second host buffer -- the
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import sys
 import tempfile
 import threading
@@ -74,25 +78,43 @@ class RawReader:
         self.streams = streams
         self.clients = [flight.FlightClient(location) for _ in range(streams)]
 
-    def epoch(self) -> tuple[int, float]:
+    def epoch(self, handoff: bool = False) -> tuple[int, float]:
+        """One epoch. ``handoff``: the reading threads hand each chunk to this thread (a queue of
+        ``streams x 3``), which views it as torch tensors and drops it -- what a trainer's loop over
+        raw Flight does; without it each chunk is dropped on the thread that received it (the
+        ceiling: its memory goes straight back to that thread's allocator, no page is faulted in)."""
         got = [0] * self.streams
+        handed: queue.Queue[pa.RecordBatch | None] = queue.Queue(maxsize=3 * self.streams)
 
         def read(k: int) -> None:
             reader = self.clients[k].do_get(flight.Ticket(f"{k}/{self.streams}".encode()))
             n = 0
-            while True:
-                try:
-                    chunk = reader.read_chunk()
-                except StopIteration:
-                    break
-                if chunk.data is not None:
-                    n += chunk.data.nbytes
-            got[k] = n
+            try:
+                while True:
+                    try:
+                        chunk = reader.read_chunk()
+                    except StopIteration:
+                        break
+                    if chunk.data is not None:
+                        n += chunk.data.nbytes
+                        if handoff:
+                            handed.put(chunk.data)
+            finally:
+                got[k] = n
+                if handoff:
+                    handed.put(None)
 
         t0 = time.perf_counter()
         threads = [threading.Thread(target=read, args=(k,)) for k in range(self.streams)]
         for t in threads:
             t.start()
+        ended = 0
+        while handoff and ended < self.streams:
+            rb = handed.get()
+            if rb is None:
+                ended += 1
+            else:
+                batch_to_torch(rb)
         for t in threads:
             t.join()
         return sum(got), time.perf_counter() - t0
@@ -130,32 +152,47 @@ def staging_speedup(directory: Path, message_rows: int, repeats: int = 3) -> dic
     total = sum(rb.nbytes for parts in messages for rb in parts)
     ring = PinnedRing(CpuEngine().host_buffer, lambda nbytes: 2)
 
+    thread_cpu: list[float] = []  # CPU seconds of the staging threads themselves, per run
+
     def run(threads: int) -> float:
-        def work(share: list[list[pa.RecordBatch]]) -> None:
+        spent = [0.0] * threads
+
+        def work(k: int, share: list[list[pa.RecordBatch]]) -> None:
+            c = time.thread_time()
             for parts in share:
                 staged = stage_message(ring, parts)
                 assert staged.slot is not None
                 ring.release(staged.slot)
+            spent[k] = time.thread_time() - c
 
         t0, c0 = time.perf_counter(), time.process_time()
-        pool = [threading.Thread(target=work, args=(messages[k::threads],)) for k in range(threads)]
+        pool = [threading.Thread(target=work, args=(k, messages[k::threads])) for k in range(threads)]
         for t in pool:
             t.start()
         for t in pool:
             t.join()
         wall = time.perf_counter() - t0
         busy.append((time.process_time() - c0) / wall)
+        thread_cpu.append(sum(spent))
         return total / wall / 1e9
 
     busy: list[float] = []
     run(2)  # the ring's pages are touched once
+    thread_cpu.clear()
     one = median([run(1) for _ in range(repeats)])
+    one_cpu = median(thread_cpu) / (total / 1e9)
     busy.clear()
+    thread_cpu.clear()
     two = median([run(2) for _ in range(repeats)])
+    two_cpu = median(thread_cpu) / (total / 1e9)
     # CPU seconds per wall second with 2 threads: near 2 when the copies run in parallel (no GIL),
-    # at most 1 if they were serialised; other load on the machine lowers it too
+    # at most 1 if they were serialised; other load on the machine lowers it too. The staging
+    # threads' own CPU seconds per GB, 1 thread vs 2: equal when two threads add no contention
+    # (no lock, no GIL wait), so on two idle cores the wall-clock speedup is bounded by the
+    # memory bandwidth alone -- a figure that a busy machine disturbs much less than the speedup
     return {"one_thread_gb_per_s": one, "two_threads_gb_per_s": two, "speedup": two / one,
-            "two_threads_cpu_per_wall": median(busy)}
+            "two_threads_cpu_per_wall": median(busy),
+            "one_thread_cpu_s_per_gb": one_cpu, "two_threads_cpu_s_per_gb": two_cpu}
 
 
 # -- (d) the seed recipe -------------------------------------------------------------------------
@@ -246,7 +283,8 @@ def main() -> int:
     print(
         f"(e) staging copy: 1 thread {staging['one_thread_gb_per_s']:.2f} GB/s, 2 threads "
         f"{staging['two_threads_gb_per_s']:.2f} GB/s ({staging['speedup']:.2f}x; 2 threads use "
-        f"{staging['two_threads_cpu_per_wall']:.2f} CPU s per s)", flush=True,
+        f"{staging['two_threads_cpu_per_wall']:.2f} CPU s per s; the staging threads' CPU s/GB: 1 thread "
+        f"{staging['one_thread_cpu_s_per_gb']:.3f}, 2 threads {staging['two_threads_cpu_s_per_gb']:.3f})", flush=True,
     )
 
     local = []
@@ -255,7 +293,9 @@ def main() -> int:
         local.append(n / dt / 1e9)
     print(f"(c) local .arrow mmap -> torch (one copy): {median(local):.2f} GB/s", flush=True)
 
-    figures: dict[str, list[dict[str, float]]] = {"raw": [], "stored": [], "shuffled": [], "device": [], "fixed": []}
+    figures: dict[str, list[dict[str, float]]] = {
+        "raw": [], "raw_handoff": [], "stored": [], "shuffled": [], "device": [], "fixed": []
+    }
     serve_args = args.server_args.split()
     with raw_flight_server(data, M) as raw_srv, flightfeed_server({"images": data}, *serve_args) as ff_srv:
         raw = RawReader(raw_srv.location, K)
@@ -276,10 +316,11 @@ def main() -> int:
         readers["device"]._copy_engine = CpuEngine  # the device path, its "device" a host buffer
         try:
             for r in range(args.rounds):
-                c0, s0 = time.process_time(), process_tree_cpu_s(raw_srv.pid)
-                n, dt = raw.epoch()
-                figures["raw"].append({"gb_per_s": n / dt / 1e9, "seconds": dt, "bytes": float(n)})
-                cpu(figures["raw"][-1], c0, process_tree_cpu_s(raw_srv.pid) - s0)
+                for mode in ("raw", "raw_handoff"):
+                    c0, s0 = time.process_time(), process_tree_cpu_s(raw_srv.pid)
+                    n, dt = raw.epoch(handoff=mode == "raw_handoff")
+                    figures[mode].append({"gb_per_s": n / dt / 1e9, "seconds": dt, "bytes": float(n)})
+                    cpu(figures[mode][-1], c0, process_tree_cpu_s(raw_srv.pid) - s0)
                 for mode, ds in readers.items():
                     c0, s0 = time.process_time(), process_tree_cpu_s(ff_srv.pid)
                     figures[mode].append(measure_epoch(ds, r))
@@ -310,6 +351,9 @@ def main() -> int:
         "client_cpu_shuffled_vs_raw": cpu_per_gb["shuffled"]["client"] / cpu_per_gb["raw"]["client"],
         "client_cpu_device_vs_raw": cpu_per_gb["device"]["client"] / cpu_per_gb["raw"]["client"],
         "client_cpu_stored_vs_fixed_streams": cpu_per_gb["stored"]["client"] / cpu_per_gb["fixed"]["client"],
+        # a raw Flight loop whose chunks a consumer thread takes and drops, as a trainer's does
+        "client_cpu_stored_vs_raw_handoff": cpu_per_gb["stored"]["client"] / cpu_per_gb["raw_handoff"]["client"],
+        "client_cpu_raw_handoff_vs_raw": cpu_per_gb["raw_handoff"]["client"] / cpu_per_gb["raw"]["client"],
     }
     result = {
         "machine": machine(),

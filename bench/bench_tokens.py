@@ -6,7 +6,8 @@ around ``--mean-doc`` tokens. Each system gets it in its own format, written onc
 
 * flightfeed: ``.arrow`` shards, one row per document, ``tokens: list<uint16>``; the server
   shuffles documents, concatenates and cuts windows of ``L + 1`` tokens (sharing one token) and
-  sends int64 tokens + int32 position ids; the trainer gets ``(B, L + 1)`` int64 tensors.
+  sends them in the column's own integer type (uint16) with int16 position ids; the client's
+  streams widen each message once and the trainer gets ``(B, L + 1)`` int64 tokens + int32 positions.
 * LitData: ``litdata.optimize(..., item_loader=TokensLoader())`` of the documents' tokens, read with
   ``StreamingDataset(item_loader=TokensLoader(block_size=L + 1), shuffle=True)`` +
   ``StreamingDataLoader``: blocks of ``L + 1`` tokens of the chunk-concatenated stream.
@@ -17,7 +18,10 @@ around ``--mean-doc`` tokens. Each system gets it in its own format, written onc
 The peers' batches are converted to int64 in the loop (what a trainer's embedding needs; flightfeed's
 arrive int64). Figures: input tokens per second (``L`` per window) after the first batch, start-up
 (time to the first batch), and client CPU seconds per 10**6 tokens over the client's whole process
-tree (DataLoader workers included); flightfeed's server CPU (its whole process tree) is given too.
+tree (DataLoader workers included; not the ``flightfeed serve`` that the client's process started,
+which the fifth session's figures counted as the client's); flightfeed's server CPU (its whole
+process tree) is given apart. ``--repeats N`` runs the systems N times in alternation and reports
+medians (on a shared box the rates swing with the load of the moment).
 Each system runs in its own process. ``--big-tokens``: a corpus of that many tokens in
 ``--big-docs`` documents is written, served by a fresh ``flightfeed serve``, and the time from
 starting the process to the first packed batch and the server's RSS (anonymous and file-backed) are
@@ -64,8 +68,10 @@ def _stat(pid: int) -> list[str] | None:
     return text[text.rindex(")") + 2 :].split()
 
 
-def tree_cpu(root: int) -> float:
-    """CPU seconds of ``root`` (with its reaped children) and every live descendant."""
+def tree_cpu(root: int, exclude: int | None = None) -> float:
+    """CPU seconds of ``root`` (with its reaped children) and every live descendant, except the
+    subtree of ``exclude`` (the ``flightfeed serve`` that the client's process started: before the
+    sixth session it was counted as the client's, which put the server's CPU into the client's)."""
     parents: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -76,6 +82,8 @@ def tree_cpu(root: int) -> float:
     todo = [root]
     while todo:
         pid = todo.pop()
+        if pid == exclude:
+            continue
         st = _stat(pid)
         if st is None:
             continue
@@ -163,9 +171,13 @@ def _source(iterable: Iterable[Any]) -> Callable[[], Iterable[Any]]:
 
 
 # -- timing ----------------------------------------------------------------------------------------
-def timed(make: Callable[[], Iterable[Any]], tokens_per_window: int, max_tokens: int, to_long: bool) -> dict[str, Any]:
+def timed(
+    make: Callable[[], Iterable[Any]], tokens_per_window: int, max_tokens: int, to_long: bool,
+    server: int | None = None,
+) -> dict[str, Any]:
+    """``server``: the pid of a server this process started (its CPU is not the client's)."""
     me = os.getpid()
-    cpu0, t0 = tree_cpu(me), time.perf_counter()
+    cpu0, t0 = tree_cpu(me, server), time.perf_counter()
     first = None
     windows = 0
     cpu_first = cpu0
@@ -176,12 +188,12 @@ def timed(make: Callable[[], Iterable[Any]], tokens_per_window: int, max_tokens:
         windows += int(tok.shape[0])
         if first is None:
             first = time.perf_counter() - t0
-            cpu_first = tree_cpu(me)
+            cpu_first = tree_cpu(me, server)
             windows_first = windows
         if windows * tokens_per_window >= max_tokens:
             break
     wall = time.perf_counter() - t0
-    cpu = tree_cpu(me)
+    cpu = tree_cpu(me, server)
     assert first is not None
     steady_tokens = (windows - windows_first) * tokens_per_window
     steady_wall = max(1e-9, wall - first)
@@ -204,7 +216,7 @@ def run_flightfeed(args: argparse.Namespace, corpus: Path) -> dict[str, Any]:
             opts = ReadOptions(pack=Pack(column="tokens", seq_len=args.seq_len), streams=streams, report_interval=None)
             ds = FlightDataset(server.location, "tok", batch_size=args.batch_size, seed=0, options=opts)
             s0 = tree_cpu(server.pid)
-            r = timed(_source(ds), args.seq_len, args.read_tokens, to_long=False)
+            r = timed(_source(ds), args.seq_len, args.read_tokens, to_long=False, server=server.pid)
             r["server_cpu_s_per_1e6_tokens"] = (tree_cpu(server.pid) - s0) / max(1, r["tokens"]) * 1e6
             r["server_rss"] = rss(server.pid)
             out[f"streams={streams}"] = r
@@ -343,6 +355,9 @@ def main() -> int:
     p.add_argument("--big-tokens", type=float, default=0, help="also measure start-up on a corpus this big")
     p.add_argument("--big-docs", type=float, default=1e7)
     p.add_argument("--systems", nargs="+", default=["flightfeed", "litdata", "mds"])
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run the systems this many times, in alternation; each figure is the median "
+                        "(on a shared box the rates swing with the load of the moment)")
     p.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "flightfeed-bench-tokens")
     p.add_argument("--one", choices=["flightfeed", "litdata", "mds", "big"], help=argparse.SUPPRESS)
     p.add_argument("--part-out", type=Path, help=argparse.SUPPRESS)
@@ -371,20 +386,49 @@ def main() -> int:
         "systems": {},
     }
     names = list(args.systems) + (["big"] if args.big_tokens else [])
-    for name in names:  # each in its own process: no shared gRPC, start-method or memory state
-        print(f"{name}:", flush=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            part = Path(tmp) / "part.json"
-            cmd = [sys.executable, __file__, "--one", name, "--part-out", str(part), *sys.argv[1:]]
-            done = subprocess.run(cmd, cwd=ROOT, check=False)
-            got = json.loads(part.read_text()) if part.exists() else f"failed: exit status {done.returncode}"
-        results["systems"][name] = got
-        if name == "big":
-            print(f"  big: {json.dumps(got)}", flush=True)
+    runs: dict[str, list[Any]] = {name: [] for name in names}
+    for rep in range(max(1, args.repeats)):
+        for name in names:  # each in its own process: no shared gRPC, start-method or memory state
+            if name == "big" and rep:
+                continue
+            print(f"{name}:" + (f" (repeat {rep + 1})" if args.repeats > 1 else ""), flush=True)
+            with tempfile.TemporaryDirectory() as tmp:
+                part = Path(tmp) / "part.json"
+                cmd = [sys.executable, __file__, "--one", name, "--part-out", str(part), *sys.argv[1:]]
+                done = subprocess.run(cmd, cwd=ROOT, check=False)
+                got = json.loads(part.read_text()) if part.exists() else f"failed: exit status {done.returncode}"
+            runs[name].append(got)
+            if name == "big":
+                print(f"  big: {json.dumps(got)}", flush=True)
+    for name, got_runs in runs.items():
+        results["systems"][name] = _median_runs(got_runs)
+    results["repeats"] = runs if args.repeats > 1 else None
     results["load_average_after"] = os.getloadavg()
     write_json("tokens", results)
     print(summary(results))
     return 0
+
+
+def _median_runs(runs: list[Any]) -> Any:
+    """One system's runs -> per setting, the median of each figure (the runs that failed are left
+    out; a system that failed every time keeps its first message)."""
+    ok = [r for r in runs if isinstance(r, dict)]
+    if not ok:
+        return runs[0]
+    if len(ok) == 1:
+        return ok[0]
+    out: dict[str, Any] = {}
+    for label, first in ok[0].items():
+        if not isinstance(first, dict):
+            out[label] = first
+            continue
+        rows = [r[label] for r in ok if isinstance(r.get(label), dict)]
+        out[label] = {
+            k: float(np.median([row[k] for row in rows])) if isinstance(v, (int, float)) else v
+            for k, v in first.items()
+        }
+        out[label]["runs"] = len(rows)
+    return out
 
 
 def summary(results: dict[str, Any]) -> str:

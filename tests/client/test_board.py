@@ -136,6 +136,24 @@ def test_an_idle_fast_lane_hedges_then_steals_what_a_slow_lane_holds() -> None:
     assert b.counts == {"moved": 3, "hedged": 1, "duplicates": 1}  # 3, 5 and 7 came from lane 0's node
 
 
+def test_lanes_of_one_node_keep_their_stripes_whatever_their_speeds() -> None:
+    """Two streams to the same node, one ten times slower (a busy host's jitter): moving work
+    between them would move it to the same node, each move a cancelled request and a new one, so
+    the slow lane's run is not cut, nothing is stolen or hedged, and it is no straggler."""
+    b = Board(rows=[10] * 8, plan=[j % 2 for j in range(8)], homes=["grpc://node:1"] * 2, window=8,
+              clock=Clock(), run_seconds=10.0)
+    fast, slow = claim(b, 0), claim(b, 1)
+    assert receive(b, slow, 0.5)  # 0.5 s a message: still the whole stripe 1, 3, 5, 7
+    for _ in range(4):
+        receive(b, fast, 0.01)
+    assert slow.stop == len(slow.indices) == 4
+    assert b._help_target(0) is None and not b._straggling() and b._lead(1) == 0
+    for _ in range(3):
+        receive(b, slow, 0.5)
+    assert list(b.messages()) == [f"m{j}" for j in range(8)]
+    assert b.counts == {"moved": 0, "hedged": 0, "duplicates": 0}
+
+
 def test_a_busy_lane_inside_a_wide_window_helps_with_a_frozen_lanes_messages() -> None:
     """A lane measured as fast as the others that stops answering (a frozen node, issue 33): the
     consumer waits for its message, so a lane in the middle of its own long run (inside a wide

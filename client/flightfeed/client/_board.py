@@ -24,6 +24,11 @@ a count), and the work moves between them:
   remaining time: the message is requested again and the first copy to arrive wins; the loser is
   dropped (``duplicates``) and its lane moves on. Fast lanes so take over a slow node's share: the
   epoch divides itself by the nodes' speeds.
+* **one node**: speeds are compared, and work is stolen or hedged, only between lanes that fetch
+  from different locations (``Estimates._best_elsewhere``): the lanes of one node fetch from the
+  same place, so moving work between them gains nothing, and on a busy host their speeds differ by
+  2x from moment to moment -- each move was a cancelled request and a new one (a healthy one-node
+  read took 35-68 requests an epoch instead of K, ~10% more client CPU).
 * **deliver**: finished messages wait in a reorder buffer; the consumer takes them in canonical
   order (:meth:`Board.messages`).
 
@@ -213,7 +218,7 @@ class Board(Estimates):
         return self._hold(lane, indices)
 
     def _clearly_slower(self, lane: int) -> bool:
-        mine, best = self._message_time(lane), self._best_time()
+        mine, best = self._message_time(lane), self._best_elsewhere(lane)
         return mine is not None and best is not None and self._slow(mine, best)
 
     def _shorten(self, run: Run, stop: int) -> None:
@@ -225,12 +230,8 @@ class Board(Estimates):
         run.stop = min(run.stop, stop)
 
     def _straggling(self) -> bool:
-        """Some lane is clearly slower than the fastest (speeds measured)."""
-        best = self._best_time()
-        if best is None:
-            return False
-        times = [t for k in range(self.lanes) if not self.state[k].gone and (t := self._message_time(k)) is not None]
-        return self._slow(max(times), best)
+        """Some lane is clearly slower than the fastest lane at another location (speeds measured)."""
+        return any(not self.state[k].gone and self._clearly_slower(k) for k in range(self.lanes))
 
     def _leftover_start(self, lane: int) -> int | None:
         """The first free message inside the window that is not this lane's own (released,
@@ -292,6 +293,8 @@ class Board(Estimates):
         if self.done[i] or run is None or run.lane == lane:
             return None
         due = self._due(i)
+        if not self._elsewhere(run.lane, lane):
+            return None  # the same node: its other lane would fetch it from the same place (``_best_elsewhere``)
         if i != run.current or run.at_gate:  # not started: steal it and what follows it, from a slower lane
             # a lane measured fast that stopped answering (a frozen node: not dead, not slow) is as
             # slow as the time its current message has taken so far
@@ -300,7 +303,7 @@ class Board(Estimates):
             eta = self._remaining(run, now) + self._ahead(run, i)
             if slower and eta > due and eta > max(mine * _STEAL_MARGIN, mine + _MIN_GAIN_S):
                 return run, i, False
-        elif self.hedging and self.hedger[i] is None and self._elsewhere(run.lane, lane):
+        elif self.hedging and self.hedger[i] is None:
             left = self._remaining(run, now)
             if left > due and left > max(mine * _HEDGE_MARGIN, mine + _MIN_GAIN_S):
                 return run, i, True

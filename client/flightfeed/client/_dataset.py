@@ -32,7 +32,8 @@ from flightfeed.client._mover import DevicePath, device_batches
 from flightfeed.client._node import FlightNode
 from flightfeed.client._normalize import normalize_option
 from flightfeed.client._options import ConnectOptions, ReadOptions, checked_settings, refuse_moved
-from flightfeed.client._pack import packed_to_torch, set_pack, widen
+from flightfeed.client._pack import set_pack, widen
+from flightfeed.client._packed import packed_batches, widen_message
 from flightfeed.client._pool import ConnectionPool
 from flightfeed.client._ragged import tuple_of
 from flightfeed.client._report import _default_client_id, start_reporter
@@ -352,10 +353,16 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         path = self._device_path() if topo.num_workers == 1 else None
         keep_arrow = self.options.decode_on == "trainer"  # the trainer decode reads the Arrow batch
         convert = functools.partial(batch_to_torch, ragged=self.options.ragged, pad_value=self.options.pad_value)
-        hooks = {} if path is None else path.hooks(
+        pack = self.options.pack
+        # packed windows on the CPU: each lane widens its whole message once (``_packed``)
+        packed_cpu = pack is not None and path is None and (self.device is None or self.device.type == "cpu")
+        hooks: dict[str, Any] = {} if path is None else path.hooks(
             readers, self.options.prefetch, self._lane_settings, self.meter.spent, keep_arrow=keep_arrow,
             convert=convert, pad_value=self.options.pad_value,
         )
+        if packed_cpu:
+            assert pack is not None
+            hooks["stage"] = functools.partial(widen_message, column=pack.column)
         lanes = Lanes(
             readers, prefetch=self.options.prefetch, settings=self._lane_settings, count=self.meter.count, **hooks
         )
@@ -364,17 +371,20 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         self._running.append(running)
         mover = path.start(lanes, self.meter.spent) if path is not None else None
         lanes.start()
-        batches: Iterator[tuple[Any, Any, int]] = (
-            device_batches(mover, self.batch_size) if mover is not None
-            else ((rb, None, rb.nbytes) for rb in split_batches(drop_rows(lanes.messages(), skip), self.batch_size))
-        )
+        batches: Iterator[tuple[Any, Any, int]]
+        if mover is not None:
+            batches = device_batches(mover, self.batch_size)
+        elif packed_cpu:
+            assert pack is not None
+            batches = packed_batches(lanes.messages(), self.batch_size, pack.column, skip)
+        else:
+            batches = split_batches(drop_rows(lanes.messages(), skip), self.batch_size)
         stage = _device_stage(self.device if path is None else None, self.meter)
         as_tuple = self.options.as_tuple
         ragged, pad_value = self.options.ragged, self.options.pad_value
         post = image_stage(
             self.device, normalize_option(self.options.normalize), self.options.decode_on, self._image_decoder
         )
-        pack = self.options.pack
         self.meter.start()
         reporter = start_reporter(  # to the member that answered this iteration's get_flight_info
             self._members.order()[0], self.meter.figures, interval=self.options.report_interval,
@@ -399,15 +409,12 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
                         self._state = self._state.advanced(positions)
                         continue
                 if staged is None:
-                    if pack is not None and self.device is None:  # CPU: one widening copy (``_pack``)
-                        tensors = packed_to_torch(rb, pack.column)
-                    else:
-                        tensors = batch_to_torch(rb, ragged, pad_value)
+                    tensors = batch_to_torch(rb, ragged, pad_value)
                     self.meter.spent("convert", time.perf_counter() - t1)
                     out = stage(tensors)  # the device stage reports its own time
-                else:  # on the device already (``_mover``)
+                else:  # on the device already (``_mover``), or packed windows widened by the lanes (``_packed``)
                     out = staged
-                if pack is not None:
+                if pack is not None and not packed_cpu:
                     out = widen(out, pack.column)  # int64 tokens, int32 positions (``_pack``)
                 if post is not None:
                     t2 = time.perf_counter()

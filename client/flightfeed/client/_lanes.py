@@ -275,7 +275,8 @@ class Lane(threading.Thread):
                             self.board.fail(exc)
                             self._drop(reader, run)
                             return
-                    more = self.board.deliver(run, payload, nbytes)
+                    # a payload that holds other memory than the received parts says how much (``_packed``)
+                    more = self.board.deliver(run, payload, getattr(payload, "held_bytes", nbytes))
                     self.delivered += 1
                     pending, have = [], 0
                     if not more:

@@ -195,7 +195,7 @@ class Mover(threading.Thread):
 
             def place(buf: Any) -> torch.Tensor:
                 at, dtype, shape = buf
-                n = _numel(shape) * torch.empty(0, dtype=dtype).element_size()
+                n = _numel(shape) * dtype.itemsize  # no tensor made per column per message
                 return flat[at : at + n].view(dtype).view(shape)
 
         else:  # unstaged (no free slot): copied from Arrow memory

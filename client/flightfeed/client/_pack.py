@@ -27,14 +27,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
-import pyarrow as pa
 import torch
 
 from flightfeed.wire.errors import ConfigError
 from flightfeed.wire.messages import MAX_SEQ_LEN
 
-__all__ = ["Pack", "POSITION_IDS", "set_pack", "widen", "packed_to_torch"]
+__all__ = ["Pack", "POSITION_IDS", "set_pack", "widen"]
 
 #: the name of the position-id column of packed batches
 POSITION_IDS = "position_ids"
@@ -87,7 +85,8 @@ def set_pack(cmd: Any, pack: Pack | None, columns: list[str]) -> None:
 def widen(batch: dict[str, Any], column: str) -> dict[str, Any]:
     """Tokens to int64 and position ids to int32 (the wire carries the column's own integer type
     and int16 positions: fewer bytes to receive and copy); after the device stage, so a CUDA batch
-    crosses PCIe narrow and widens on the GPU."""
+    crosses PCIe narrow and widens on the GPU. (The CPU path widens whole messages on the streams'
+    threads instead: ``_packed``.)"""
     for name, dtype in ((column, torch.int64), (POSITION_IDS, torch.int32)):
         t = batch.get(name)
         if isinstance(t, torch.Tensor) and t.dtype != dtype:
@@ -105,23 +104,3 @@ def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if t.device.type != "cpu":
         return t.to(dtype)
     return torch.from_numpy(t.numpy().astype(_NUMPY[dtype]))
-
-
-def _fixed_rows(arr: Any) -> npt.NDArray[Any]:
-    """A FixedSizeList column of a (possibly sliced) RecordBatch as a 2-d numpy view of its values
-    (the child's own offset plus the list offset times the width: ``.values`` ignores the latter)."""
-    width = arr.type.list_size
-    values = np.frombuffer(arr.buffers()[-1], dtype=np.dtype(str(arr.type.value_type)))
-    lo = arr.values.offset + arr.offset * width
-    return values[lo : lo + len(arr) * width].reshape(len(arr), width)
-
-
-def packed_to_torch(batch: pa.RecordBatch, column: str) -> dict[str, torch.Tensor]:
-    """A packed batch straight to int64 tokens and int32 positions on the CPU: one widening copy per
-    column from the received Arrow buffers (the generic conversion plus ``widen`` costs about twice
-    the Python per batch)."""
-    out = {}
-    for name, dtype in ((column, np.int64), (POSITION_IDS, np.int32)):
-        arr = batch.column(name)
-        out[name] = torch.from_numpy(_fixed_rows(arr).astype(dtype))
-    return out

