@@ -24,6 +24,7 @@ instead (``FixedOut``, the caller decides).
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,13 +33,17 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-__all__ = ["FixedLayout", "FixedOut", "fixed_layout", "flat_values", "gather_fixed", "VIEW_MIN_BYTES"]
+from flightfeed.server.request.out_buffers import shared_out_buffers
+
+__all__ = ["FixedLayout", "FixedOut", "fixed_layout", "flat_values", "gather_fixed", "copy_runs", "RUN_MIN_BYTES", "VIEW_MIN_BYTES"]
 
 _I64 = npt.NDArray[np.int64]
 _Arr = Any  # pyarrow arrays (the stubs type them per scalar type)
 
 #: rows at least this wide are copied through binary views (one native copy); smaller ones by numpy
 VIEW_MIN_BYTES = 64
+#: rows at least this wide are copied run by run into a reused block (no page faults per message)
+RUN_MIN_BYTES = 16 << 10
 _MAX_SPAN = (1 << 31) - 1  # a view's offset is an int32
 
 
@@ -103,12 +108,46 @@ def gather_fixed(layout: FixedLayout, parts: Sequence[Part], n: int) -> _Arr:
     ``layout``'s type, in message order."""
     row_bytes = layout.row_bytes
     data = None
-    if n and row_bytes >= VIEW_MIN_BYTES:
+    if n and row_bytes >= RUN_MIN_BYTES:
+        data = _copy_by_runs(layout, parts, n)
+    elif n and row_bytes >= VIEW_MIN_BYTES:
         data = _copy_by_views(parts, n, row_bytes)
     if data is None:
         data = _copy_by_numpy(layout, parts, n)
     leaf = pa.Array.from_buffers(pa.from_numpy_dtype(layout.dtype), n * layout.width, [None, data])
     return layout.rebuild(leaf)
+
+
+def _copy_by_runs(layout: FixedLayout, parts: Sequence[Part], n: int) -> pa.Buffer:
+    """The rows copied once, in message order, into a reused output block (``out_buffers``):
+    consecutive message rows that are consecutive rows of one chunk form a run, and one numpy
+    call copies every run (each copy without the GIL). The views of the runs are made by C
+    loops, with the GIL held: about 0.3 us per run, against about 15 us to copy a 150 KB row."""
+    counts = np.fromiter((len(d) for _, d, _ in parts), dtype=np.int64, count=len(parts))
+    at_part = np.empty(n, dtype=np.int64)  # per message position: its part and its chunk row
+    at_row = np.empty(n, dtype=np.int64)
+    for g, (_, dst, src) in enumerate(parts):
+        at_part[dst] = g
+        at_row[dst] = src
+    cut = np.flatnonzero((at_part[1:] != at_part[:-1]) | (at_row[1:] != at_row[:-1] + 1)) + 1
+    first = np.concatenate(([0], cut))
+    length = np.diff(np.concatenate((first, [n])))
+    blocks = [vals for vals, _, _ in parts]
+    # a view per run, made by C loops (map, itemgetter): no Python line runs per run
+    run_parts = at_part[first].tolist()
+    run_blocks = operator.itemgetter(*run_parts)(blocks) if len(run_parts) > 1 else (blocks[run_parts[0]],)
+    starts = at_row[first]
+    runs = list(map(operator.getitem, run_blocks, map(slice, starts.tolist(), (starts + length).tolist())))
+    view, buf = shared_out_buffers().take(n * layout.row_bytes)
+    out = view.view(layout.dtype).reshape(n, layout.width)
+    copy_runs(runs, out)
+    return buf
+
+
+def copy_runs(runs: list[npt.NDArray[np.generic]], out: npt.NDArray[np.generic]) -> None:
+    """The native copy of :func:`_copy_by_runs` (numpy releases the GIL for each run's copy;
+    named so benchmarks can time it)."""
+    np.concatenate(runs, axis=0, out=out)
 
 
 def _copy_by_views(parts: Sequence[Part], n: int, row_bytes: int) -> pa.Buffer | None:
