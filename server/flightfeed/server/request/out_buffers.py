@@ -17,6 +17,7 @@ are anonymous mappings advised to use huge pages (fewer TLB misses on the copy).
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import threading
 import weakref
@@ -28,8 +29,9 @@ import pyarrow as pa
 
 __all__ = ["OutBuffers", "shared_out_buffers", "DEFAULT_RETAIN_BYTES"]
 
-#: free blocks kept for reuse, in bytes (about 4 streams x 3 messages in flight x 16 MiB, doubled)
-DEFAULT_RETAIN_BYTES = 384 << 20
+#: free blocks kept for reuse, in bytes (16 messages of the default 16 MiB; blocks that messages
+#: still hold, e.g. in the share window, are not counted: they are not free)
+DEFAULT_RETAIN_BYTES = 256 << 20
 _GRAIN = 2 << 20  # block sizes are multiples of a huge page
 _U8 = npt.NDArray[np.uint8]
 
@@ -94,10 +96,8 @@ def _new_block(nbytes: int) -> _U8:
     # private anonymous memory, page-aligned (a shared one would be shmem: no transparent huge pages)
     area = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(mmap, "MADV_HUGEPAGE"):
-        try:
+        with contextlib.suppress(OSError):  # huge pages off on this kernel: the block still works
             area.madvise(mmap.MADV_HUGEPAGE)
-        except OSError:  # huge pages off on this kernel: the block still works
-            pass
     return np.frombuffer(area, dtype=np.uint8)
 
 
