@@ -30,7 +30,6 @@ _I64 = npt.NDArray[np.int64]
 _Arr = Any  # pyarrow arrays (the stubs type them per scalar type)
 _concat_batches: Callable[[list[pa.RecordBatch]], pa.RecordBatch] = pa.concat_batches  # type: ignore[attr-defined]
 _COALESCE_BYTES = 1 << 20  # contiguous pieces smaller than this are copied together
-_VIEW_ENTRIES = 8192  # memoised (chunk, column) views per dataset
 _MISS = object()
 #: a message may hold the chunks of at most this share of the open-shard bound at once
 _PIN_SHARE = 4
@@ -104,21 +103,14 @@ def _pieces(
 
 def _flat_view(ds: Dataset, cid: int, name: str, width: int) -> npt.NDArray[np.generic] | None:
     """Chunk ``cid``'s column ``name`` as a 2-d numpy view (rows, width); None when it has nulls.
-    Memoised per dataset for zero-copy (memory-mapped) chunks: deriving it costs more than
-    copying a small column's rows."""
-    key = (cid, name)
-    cacheable = ds.chunk_zero_copy(cid)
-    if cacheable:
-        with ds.views_lock:
-            hit = ds.views.get(key, _MISS)
-        if hit is not _MISS:
-            return hit  # type: ignore[return-value]
-    closes = ds.view_closes(cid) if cacheable else 0  # before the read: a close after it drops the view
-    arr = ds.chunk(cid).column(name)
-    view = None if arr.null_count else flat_values(arr).reshape(len(arr), width)
-    if cacheable:
-        ds.keep_view(key, view, _VIEW_ENTRIES, closes)
-    return view
+    Memoised per dataset for zero-copy (memory-mapped) chunks (``Dataset.derived``): deriving it
+    costs more than copying a small column's rows."""
+
+    def derive() -> npt.NDArray[np.generic] | None:
+        arr = ds.chunk(cid).column(name)
+        return None if arr.null_count else flat_values(arr).reshape(len(arr), width)
+
+    return ds.derived((cid, name), derive)
 
 
 def _flat_views(
