@@ -14,6 +14,14 @@ the chunks' row blocks its data buffers (zero-copy), and casting the view array 
 with the GIL released (so streams gather in parallel). The rows of that buffer become the
 column's values without another copy. Building the views is numpy work per chunk, never per row.
 
+Rows of ``RUN_MIN_BYTES`` (16 KiB) and more (images, large tensors) are copied another way, into
+a reused output block (``out_buffers``): Arrow's cast allocates its output afresh, and on the
+served path those pages were faulted and zeroed by the kernel for every message (the Flight
+server frees a message on another thread than the one that made it), which cost half as much as
+the copy. Consecutive message rows that are consecutive rows of one chunk form a run; a view per
+run is made by C loops (``map``) and one ``numpy.concatenate(..., out=block)`` copies them all,
+each run without the GIL.
+
 Rows under ``VIEW_MIN_BYTES`` (labels, indices, small vectors) are copied with numpy (two copies
 of a few bytes cost less than a view each); a chunk whose rows span 2 GiB or more (a view's
 offset is an int32) is copied the same way. The one-copy path holds every chunk of the message

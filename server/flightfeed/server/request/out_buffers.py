@@ -32,7 +32,7 @@ __all__ = ["OutBuffers", "shared_out_buffers", "DEFAULT_RETAIN_BYTES"]
 #: free blocks kept for reuse, in bytes (16 messages of the default 16 MiB; blocks that messages
 #: still hold, e.g. in the share window, are not counted: they are not free)
 DEFAULT_RETAIN_BYTES = 256 << 20
-_GRAIN = 2 << 20  # block sizes are multiples of a huge page
+_GRAIN = 1 << 20  # block sizes are multiples of this (a message wastes less than one grain)
 _U8 = npt.NDArray[np.uint8]
 
 
