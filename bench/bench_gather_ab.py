@@ -22,8 +22,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench_scaling import flightfeed_tickets, read_all
-from common import ServerProcess, image_dataset, load_average, machine, median, process_tree_cpu_s, write_json
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.bench_scaling import flightfeed_tickets, read_all
+from bench.common import (
+    ServerProcess,
+    image_dataset,
+    load_average,
+    machine,
+    median,
+    process_tree_cpu_s,
+    write_json,
+)
 
 
 def _server(data: Path, source: Path | None) -> ServerProcess:
