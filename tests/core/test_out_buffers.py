@@ -145,3 +145,27 @@ def test_narrow_rows_do_not_use_the_blocks(tmp_path: Path) -> None:
     assert (got == rows.astype(np.uint8)[:, None]).all()
     assert shared_out_buffers().taken == taken
     ds.close()
+
+
+def test_a_block_coming_back_while_the_pool_is_busy_on_the_same_thread_does_not_deadlock() -> None:
+    """The last reference may go inside a garbage collection pass while this thread holds the
+    pool's lock (or on a gRPC thread at any moment): giving the block back takes no lock."""
+    import threading
+
+    pool = OutBuffers()
+    buf = _filled(pool, 1 << 20, 3)
+    address = buf.address
+    held = [buf]
+    del buf
+
+    def drop_under_the_lock() -> None:
+        with pool._lock:
+            held.clear()  # the finalizer runs here, on this thread, lock held
+            gc.collect()
+
+    worker = threading.Thread(target=drop_under_the_lock, daemon=True)
+    worker.start()
+    worker.join(timeout=30)
+    assert not worker.is_alive()
+    assert pool.free_bytes == 1 << 20
+    assert _filled(pool, 1 << 20, 4).address == address

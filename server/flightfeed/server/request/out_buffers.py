@@ -17,10 +17,12 @@ are anonymous mappings advised to use huge pages (fewer TLB misses on the copy).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import mmap
 import threading
 import weakref
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -37,12 +39,17 @@ _U8 = npt.NDArray[np.uint8]
 
 
 class OutBuffers:
-    """Blocks of memory reused for message outputs (thread-safe)."""
+    """Blocks of memory reused for message outputs (thread-safe).
+
+    A block returns from a weakref finalizer, which may run on any thread and inside a garbage
+    collection pass anywhere, even while this pool's lock is held by the same thread: it only
+    appends to a deque (atomic), and the next ``take`` files what came back under the lock."""
 
     def __init__(self, retain_bytes: int = DEFAULT_RETAIN_BYTES) -> None:
         self.retain_bytes = retain_bytes
-        self._free: list[_U8] = []  # kept blocks, by size
+        self._free: list[_U8] = []  # kept blocks, smallest first
         self._free_bytes = 0
+        self._returned: deque[_U8] = deque()  # blocks whose messages are gone, not yet filed
         self._lock = threading.Lock()
         #: blocks made (not reused) and taken, for tests and /stats-like counters
         self.made = 0
@@ -58,7 +65,7 @@ class OutBuffers:
             with self._lock:
                 self.made += 1
         view: _U8 = block[:nbytes]  # a new object per message: its death returns the block
-        weakref.finalize(view, self._give_back, block)
+        weakref.finalize(view, self._returned.append, block)
         memory: Any = view
         return view, pa.py_buffer(memory)
 
@@ -67,6 +74,7 @@ class OutBuffers:
         block is not spent on a small message)."""
         with self._lock:
             self.taken += 1
+            self._file_returned()
             for i, block in enumerate(self._free):
                 if block.size >= nbytes:
                     if block.size > 2 * max(nbytes, _GRAIN):
@@ -76,18 +84,19 @@ class OutBuffers:
                     return block
         return None
 
-    def _give_back(self, block: _U8) -> None:
-        with self._lock:
-            if self._free_bytes + block.size > self.retain_bytes:
-                return  # dropped: freed with its last reference
-            sizes = [b.size for b in self._free]
-            at = int(np.searchsorted(np.asarray(sizes, dtype=np.int64), block.size)) if sizes else 0
-            self._free.insert(at, block)
-            self._free_bytes += block.size
+    def _file_returned(self) -> None:
+        """Keep the blocks that came back, up to ``retain_bytes`` of free blocks (lock held);
+        the others are let go (unmapped with their last reference)."""
+        while self._returned:
+            block = self._returned.popleft()
+            if self._free_bytes + block.size <= self.retain_bytes:
+                bisect.insort(self._free, block, key=len)
+                self._free_bytes += block.size
 
     @property
     def free_bytes(self) -> int:
         with self._lock:
+            self._file_returned()
             return self._free_bytes
 
 
