@@ -219,6 +219,8 @@ def main() -> int:
     p.add_argument("--streams", type=int, default=4)
     p.add_argument("--server-workers", type=int, default=4, help="flightfeed serve --workers (default 4)")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1,
+                   help="epochs each reader reads first, not in the medians (the first one's rate is reported)")
     p.add_argument("--steps", type=int, default=100, help="measured ResNet-50 steps (after 20 warm-up steps)")
     p.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "flightfeed-bench")
     p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU: check the script, no targets")
@@ -281,6 +283,13 @@ def main() -> int:
                 return ds
 
             to_device, to_host = reader(device), reader(None)
+            # the first epoch of each reader pays one-off costs (pinning the ring, the CUDA context,
+            # the server's first plans): reported apart, not in the steady-state medians
+            for w in range(args.warmup):
+                first_dev, first_host = measure_epoch(to_device, 1000 + w), measure_epoch(to_host, 1000 + w)
+                if w == 0:
+                    result[f"flightfeed_{mode}_first_epoch_to_device_gb_per_s"] = first_dev["gb_per_s"]
+                    result[f"flightfeed_{mode}_first_epoch_to_host_gb_per_s"] = first_host["gb_per_s"]
             epochs, host_epochs = [], []
             for e in range(args.rounds):  # interleaved: one ratio of one run
                 epochs.append(measure_epoch(to_device, e))

@@ -58,6 +58,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from bench.common import OUT, flightfeed_server, machine, process_tree_cpu_s, write_json
 from flightfeed.client import FlightDataset, ReadOptions
+from flightfeed.client._jpeg_decoders import backend_of, default_decoder
 
 TARGETS = {"train_vs_seed_img_per_s": 2.0}  # issue 17 (issue 9 asked 1.5)  # and the client: <= CLIENT_MS_PER_IMAGE
 CLIENT_MS_PER_IMAGE = 0.1  # 10% of one core at 1,000 img/s
@@ -231,6 +232,53 @@ def gpu_decode_case(shards: Path, batch: int, epochs: int, streams: int) -> dict
     return _figures(n, wall, server_cpu=server_cpu, client_cpu=client_cpu, extra={"streams": streams})
 
 
+def trainer_decode_case(shards: Path, batch: int, epochs: int, streams: int) -> dict[str, Any]:
+    """The product's trainer-side decode: ``transform="imagenet_train"`` with
+    ``ReadOptions(decode_on="trainer")`` and ``device="cuda"``: the node draws the crop box and flip
+    and sends the JPEG bytes; the client decodes each batch with one batched nvJPEG call and
+    crops/resizes/flips the batch with batched matmuls on the GPU (``_trainer_decode``). Also
+    ``decode_call_cpu_ms_per_image``: the client CPU of the batched ``decode_jpeg`` call alone, on
+    one batch (what no code around that call can remove)."""
+    decode_jpeg: Any = importlib.import_module("torchvision.io").decode_jpeg
+    with flightfeed_server({"imgs": shards}) as server:
+        ds = FlightDataset(
+            server.location,
+            "imgs",
+            batch_size=batch,
+            transform="imagenet_train",
+            device="cuda",
+            options=ReadOptions(streams=streams, decode_on="trainer", report_interval=None),
+        )
+        n, wall, server_cpu, client_cpu = _timed_epochs(
+            ds, server.pid, epochs, lambda b: len(b["label"]), sync=torch.cuda.synchronize
+        )
+        ds.close()
+        raw = FlightDataset(server.location, "imgs", batch_size=batch, options=ReadOptions(report_interval=None))
+        one = next(iter(raw))
+        raw.close()
+    encoded = [torch.frombuffer(bytearray(x), dtype=torch.uint8) for x in one["image"]]
+    cuda = torch.device("cuda")
+    default = default_decoder(cuda)
+    calls: dict[str, Callable[[], Any]] = {
+        "default": lambda: default(encoded, cuda, "RGB"),
+        "torchvision": lambda: decode_jpeg(encoded, device="cuda"),
+    }
+    call_ms: dict[str, float] = {}
+    for name, call in calls.items():
+        call()  # warm the decoder
+        torch.cuda.synchronize()
+        c0 = time.process_time()
+        for _ in range(3):
+            call()
+        torch.cuda.synchronize()
+        call_ms[name] = (time.process_time() - c0) / (3 * len(encoded)) * 1e3
+    return _figures(n, wall, server_cpu=server_cpu, client_cpu=client_cpu, extra={
+        "streams": streams, "decoder": backend_of(default),
+        "decode_call_cpu_ms_per_image": call_ms["default"],
+        "torchvision_decode_call_cpu_ms_per_image": call_ms["torchvision"],
+    })
+
+
 def _timed_epochs(
     ds: FlightDataset,
     server_pid: int,
@@ -313,10 +361,11 @@ def _make_messages(
 def flightfeed_case(
     shards: Path, cores: int, batch: int, epochs: int, preset: str, streams: int, procs: int, window: str | None
 ) -> dict[str, Any]:
-    """``window``: ``serve --share-window`` (None: the server's default, 512 MB)."""
-    decode = str(max(1, cores // procs))
+    """``window``: ``serve --share-window`` (None: the server's default, 512 MB). ``procs`` 0: the
+    default ``serve`` (no ``--workers``/``--decode-workers``: the server sizes both from its cores)."""
+    tuning = ["--decode-workers", str(max(1, cores // procs)), "--workers", str(procs)] if procs > 0 else []
     extra = ["--share-window", window] if window is not None else []
-    with flightfeed_server({"imgs": shards}, "--decode-workers", decode, "--workers", str(procs), *extra) as server:
+    with flightfeed_server({"imgs": shards}, *tuning, *extra) as server:
         ds = FlightDataset(
             server.location,
             "imgs",
@@ -361,11 +410,13 @@ def main() -> int:
     p.add_argument("--epochs", type=int, default=1, help="timed epochs per case (after one warm-up epoch)")
     p.add_argument("--streams", type=int, default=2)
     p.add_argument("--server-workers", type=int, default=1,
-                   help="flightfeed serve --workers (processes, each with cores/N decode threads: one GIL each)")
+                   help="flightfeed serve --workers (processes, each with cores/N decode threads: one GIL "
+                        "each); 0: the default serve, no tuning flags")
     p.add_argument("--share-window", default="0",
                    help="serve --share-window for the flightfeed cases (one trainer: nothing to share; 'default' "
                         "= the server's 512 MB, which costs first-touch page faults while it fills: case g)")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the median round is reported")
+    p.add_argument("--only", nargs="+", default=None, help="run only these cases (no ratios; imagenet_only.json)")
     p.add_argument("--data", type=Path, default=OUT / "imagenet-data")
     p.add_argument("--max-side", type=int, default=320, help="case (e): convert --max-side N")
     p.add_argument("--seed-impl", choices=["auto", "torchvision", "pillow"], default="auto",
@@ -410,15 +461,40 @@ def main() -> int:
     }
     if torch.cuda.is_available() and impl == "torchvision":
         cases["d_gpu_decode_train"] = lambda: gpu_decode_case(shards, args.batch_size, args.epochs, args.streams)
+        cases["d_trainer_decode_product"] = lambda: trainer_decode_case(
+            shards, args.batch_size, args.epochs, args.streams
+        )
+    if args.only:
+        unknown = sorted(set(args.only) - set(cases))
+        if unknown:
+            p.error(f"--only: no case {unknown}; cases here: {sorted(cases)}")
+        cases = {name: run for name, run in cases.items() if name in args.only}
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in cases}
+    failed: dict[str, str] = {}
     for r in range(args.rounds):  # interleaved rounds: load from other processes hits every case alike
         for name, run in cases.items():
-            runs[name].append(run())
+            if name in failed:
+                continue
+            try:
+                runs[name].append(run())
+            except Exception as exc:  # a GPU case that breaks still leaves the others' figures
+                if not name.startswith("d_"):
+                    raise
+                failed[name] = f"{type(exc).__name__}: {exc}"
+                print(f"round {r} {name} FAILED {failed[name]}", flush=True)
+                continue
             shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in runs[name][-1].items()}
             print(f"round {r} {name}", json.dumps(shown), flush=True)
+    results["failed"] = failed
     for name, figures in runs.items():
+        if not figures:
+            continue
         best = sorted(figures, key=lambda f: f["img_per_s"])[len(figures) // 2]  # the median round
         results[name] = dict(best, rounds=[f["img_per_s"] for f in figures])
+    if args.only:  # a subset: its figures, no ratios
+        print("cases", json.dumps({name: results.get(name) for name in cases}, default=str))
+        write_json("imagenet_only", results)
+        return 0
     a, b = results["a_seed_recipe_train"], results["b_flightfeed_train"]
     results["ratios"] = {
         "train_vs_seed_img_per_s": b["img_per_s"] / a["img_per_s"],

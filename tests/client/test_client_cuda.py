@@ -94,7 +94,7 @@ def test_the_lanes_ring_and_the_mover_on_the_gpu() -> None:
         outs.append((b["x"] * 1, b["tok"].values() * 1))
     mover.join()
     torch.cuda.synchronize()
-    assert ring.buffer is not None and ring.buffer.is_pinned()
+    assert ring.buffers and all(b.is_pinned() for b in ring.buffers)
     for k, (x, tok) in enumerate(outs):
         assert bool((x == 4 * k).all())
         assert tok.tolist() == [4 * k + r for r in range(4) for _ in range(1 + (4 * k + r) % 3)]

@@ -119,8 +119,10 @@ def test_identical_concurrent_streams_share_one_gathered_message(server: Running
     a, b = next(first), next(second)
     assert a.column("index").to_pylist() == b.column("index").to_pylist()
     assert _address(a) == _address(b)  # one copy
-    # counted once: by the shared-jobs window that keeps it, not by the two streams sending it
-    assert srv.share_window.bytes - kept == a.nbytes and srv.bytes_in_flight.total == before
+    # counted once: by the shared-jobs window that keeps it, not by the two streams sending it (the
+    # window may also hold the next message already, gathered ahead while this one is sent: at most
+    # one more, since both streams share it too)
+    assert a.nbytes <= srv.share_window.bytes - kept <= 2 * a.nbytes and srv.bytes_in_flight.total == before
     cmd.seed = 6  # another order: its own copy
     other = srv.get_flight_info(None, flight.FlightDescriptor.for_command(cmd.SerializeToString()))
     _, _, third = srv.open_ticket(None, other.endpoints[0].ticket)

@@ -178,13 +178,19 @@ def test_trainers_per_shared_stream_in_metrics_and_stats(serve: Serve) -> None:
         assert server.share_window.trainers() == {"small": 3}
         text = srv.metrics.prometheus_text().decode()
         assert 'flightfeed_shared_stream_trainers{dataset="small"} 3.0' in text
-        assert 'flightfeed_shared_hits_total{dataset="small"} 2.0' in text
         shared = metrics_snapshot(srv.metrics, include_prometheus=False)["shared"]
         assert shared["trainers"] == 3 and shared["datasets"]["small"]["trainers"] == 3
-        assert shared["hits"] == 2 and shared["misses"] == 1 and shared["bytes"] == firsts[0].nbytes
-        assert shared["bytes_served"] == 2 * firsts[0].nbytes and shared["hit_ratio"] == pytest.approx(2 / 3)
-        rest = [[b.column("index").to_pylist() for b in s] for s in streams]
-        assert rest[0] == rest[1] == rest[2]
+        # each stream gathers its next message while this one is sent (read-ahead): count at the end
+        rest = [[b for b in s] for s in streams]
+        indices = [[b.column("index").to_pylist() for b in r] for r in rest]
+        assert indices[0] == indices[1] == indices[2]
+        made = 1 + len(rest[0])  # messages of one stream: each made once, served twice more
+        made_bytes = firsts[0].nbytes + sum(b.nbytes for b in rest[0])
+        text = srv.metrics.prometheus_text().decode()
+        assert f'flightfeed_shared_hits_total{{dataset="small"}} {2.0 * made}' in text
+        shared = metrics_snapshot(srv.metrics, include_prometheus=False)["shared"]
+        assert shared["hits"] == 2 * made and shared["misses"] == made
+        assert shared["bytes_served"] == 2 * made_bytes and shared["hit_ratio"] == pytest.approx(2 / 3)
         assert server.share_window.trainers() == {}  # the streams ended
 
 

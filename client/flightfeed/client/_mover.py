@@ -113,7 +113,7 @@ class DevicePath:
         """Start the mover (call before ``lanes.start()``: the ring's size counts the epoch's messages)."""
         assert self.engine is not None and self.ring is not None
         self.messages = len(lanes.board.rows)
-        if self.ring.buffer is None:
+        if not self.ring.sized:
             self.ring.max_rows = max(lanes.board.rows, default=0)
         self.mover = Mover(lanes.messages(), self.engine, self.ring, timer=timer)
         self.mover.start()

@@ -1,4 +1,4 @@
-"""The pinned ring the lanes stage into: one host buffer, allocated once, cut into equal slots.
+"""The pinned ring the lanes stage into: equal slots, each allocated once, when first needed.
 
 The device path (``_mover``) moves every message through this ring. A lane's receiving thread
 that has a whole message copies its columns straight into a free slot (:func:`stage_message`):
@@ -9,7 +9,8 @@ bytes or strings) stay on the host. The slot then waits in the board's reorder b
 mover thread copies it to the device in canonical order; the slot is free again once that copy's
 fence says the device has read it (:meth:`PinnedRing.retire`, :meth:`PinnedRing.reap`).
 
-The ring is sized from the first message: ``slots(nbytes)`` slots of 1.25x its staged bytes. A
+The ring is sized from the first message: ``slots(nbytes)`` slots of 1.25x its staged bytes, each
+allocated only when no allocated slot is free (pinning is slow; the bound is rarely all used). A
 lane that finds no free slot (or a message larger than a slot) never waits for one -- the slots may
 all hold later messages that wait for this one -- it hands the message over unstaged, and the mover
 copies it from Arrow memory itself (``spilled`` counts those; a correctly sized ring has none).
@@ -83,7 +84,12 @@ def _flat(t: torch.Tensor) -> np.ndarray[Any, Any]:
 
 
 class PinnedRing:
-    """``count`` slots of ``slot_bytes`` in one buffer from ``allocate`` (pinned for CUDA)."""
+    """Up to ``count`` slots of ``slot_bytes`` each from ``allocate`` (pinned for CUDA).
+
+    The slot count and size are fixed by the first message, but a slot's buffer is allocated only
+    when no allocated slot is free: pinning memory is slow (about a second per GB), so the ring
+    holds what the iteration really keeps in flight, not the bound (``slots``), and the first
+    epoch does not wait for gigabytes to be pinned. Buffers are kept until :meth:`close`."""
 
     def __init__(
         self, allocate: Callable[[int], torch.Tensor], slots: Callable[[int], int], *, max_rows: int = 0
@@ -93,10 +99,11 @@ class PinnedRing:
         #: whichever message comes first (a short last message may well arrive first)
         self.max_rows = max_rows
         self.lock = threading.Lock()
-        self.buffer: torch.Tensor | None = None
+        self._buffers: list[torch.Tensor | None] = []  # per slot; None until first needed
         self.slot_bytes = 0
         self.count = 0
-        self._free: list[int] = []
+        self._free: list[int] = []  # allocated slots that hold nothing
+        self._unborn: list[int] = []  # slots not allocated yet
         self._in_flight: list[tuple[int, Fence]] = []  # slots whose copy to the device may still read them
         self.staged = 0  # messages staged into a slot
         self.spilled = 0  # messages handed over unstaged (no free slot, or larger than a slot)
@@ -104,40 +111,69 @@ class PinnedRing:
         self.closed = False
 
     @property
+    def sized(self) -> bool:
+        """The first message has fixed the slots' count and size."""
+        return self.count > 0
+
+    @property
+    def buffers(self) -> list[torch.Tensor]:
+        """The slot buffers allocated so far."""
+        return [b for b in self._buffers if b is not None]
+
+    @property
     def host_bytes(self) -> int:
-        return 0 if self.buffer is None else self.buffer.numel()
+        return sum(b.numel() for b in self.buffers)
 
     def acquire(self, nbytes: int, rows: int = 0) -> int | None:
-        """A free slot for ``nbytes`` of a message of ``rows`` rows (the ring is allocated on the
-        first call), or None."""
+        """A free slot for ``nbytes`` of a message of ``rows`` rows (the slots are sized on the
+        first call; a slot's buffer is allocated the first time it is needed), or None."""
         with self.lock:
             if self.closed:
                 return None
-            if self.buffer is None:
+            if not self.sized:
                 largest = nbytes * self.max_rows / rows if rows and self.max_rows > rows else nbytes
                 self.count = max(1, self._slots_for(int(largest)))
                 self.slot_bytes = _align(max(ALIGN, int(largest * _HEADROOM)))
-                self.buffer = self._allocate(self.count * self.slot_bytes)
-                if self.buffer.dtype != torch.uint8 or self.buffer.dim() != 1:
-                    shape, dtype, self.buffer = tuple(self.buffer.shape), self.buffer.dtype, None
-                    raise TypeError(f"the ring's host buffer is {dtype} {shape}; it must be 1-d uint8")
-                self._free = list(range(self.count - 1, -1, -1))
+                self._buffers = [None] * self.count
+                self._unborn = list(range(self.count - 1, -1, -1))
             if nbytes > self.slot_bytes:
                 return None
             self._reap_locked()
             if self._free:
                 return self._free.pop()
-            if not self._in_flight:
+            fence: Fence | None = None
+            if self._unborn:
+                slot = self._unborn.pop()
+            elif self._in_flight:
+                slot, fence = self._in_flight.pop(0)  # the oldest copy finishes first
+                self.fence_waits += 1
+            else:
                 return None  # every slot holds a message that waits in the reorder buffer
-            slot, fence = self._in_flight.pop(0)  # the oldest copy finishes first
-            self.fence_waits += 1
+        if self._buffers[slot] is None:  # outside the lock: the other lanes go on meanwhile
+            try:
+                buf = self._allocate(self.slot_bytes)
+                if buf.dtype != torch.uint8 or buf.dim() != 1 or buf.numel() < self.slot_bytes:
+                    raise TypeError(
+                        f"the ring's host buffer is {buf.dtype} {tuple(buf.shape)}; "
+                        f"it must be 1-d uint8 of {self.slot_bytes} bytes"
+                    )
+            except BaseException:
+                with self.lock:
+                    self._unborn.append(slot)
+                raise
+            with self.lock:
+                if self.closed:
+                    return None
+                self._buffers[slot] = buf
+            return slot
+        assert fence is not None
         fence.synchronize()  # outside the lock: the copy of one message, never a wait on the consumer
         return slot
 
     def view(self, slot: int, nbytes: int) -> torch.Tensor:
-        assert self.buffer is not None
-        start = slot * self.slot_bytes
-        return self.buffer[start : start + nbytes]
+        buf = self._buffers[slot]
+        assert buf is not None
+        return buf[:nbytes]
 
     def retire(self, slot: int, fence: Fence) -> None:
         """The slot's copy to the device was issued; the slot is free once ``fence`` completes."""
@@ -175,15 +211,16 @@ class PinnedRing:
         """Drain, then free every slot (the iteration that staged into them is over)."""
         self.drain()
         with self.lock:
-            self._free = list(range(self.count - 1, -1, -1)) if self.buffer is not None else []
+            self._free = [i for i in range(self.count - 1, -1, -1) if self._buffers[i] is not None]
+            self._unborn = [i for i in range(self.count - 1, -1, -1) if self._buffers[i] is None]
 
     def close(self) -> None:
         """Drain, then let the buffer go (no later :meth:`acquire` succeeds)."""
         self.drain()
         with self.lock:
             self.closed = True
-            self.buffer = None
-            self._free = []
+            self._buffers = [None] * self.count
+            self._free, self._unborn = [], []
 
 
 Convert = Callable[[pa.RecordBatch], dict[str, Any]]

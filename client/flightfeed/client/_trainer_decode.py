@@ -1,22 +1,21 @@
 """Decode on the trainer (opt-in, ``decode_on="trainer"``): the data node sends each sample's JPEG
 bytes plus its crop box and flip, drawn exactly as on the node's own decode path (the server's
-``defer_decode`` step), and the trainer decodes the batch with nvJPEG
-(``torchvision.io.decode_jpeg(..., device="cuda")``), then crops, resizes (bilinear, antialiased,
-as torchvision's ``resized_crop``) and flips on the GPU.
+``defer_decode`` step), and the trainer decodes the batch with one batched call (nvImageCodec where
+it is installed -- the GPU's hardware JPEG decoder where the GPU has one --, else
+``torchvision.io.decode_jpeg(..., device="cuda")``: ``_jpeg_decoders``), then crops, resizes
+(bilinear, antialiased, as torchvision's ``resized_crop``) and flips on the GPU.
 
 The node's CPU then only gathers bytes; the trainer's GPU does the decode. The batch's image
 column arrives as uint8 ``(B, H, W, C)`` like the node's decode path (a view of the decoder's
 CHW layout, so ``normalize`` or ``.permute(0, 3, 1, 2)`` costs nothing), on the dataset's device.
-torchvision is imported on first use only: where it is missing or does not load beside this
-torch, the first batch raises :class:`ConfigError` saying so.
+The decoder is imported on first use only: where neither loads beside this torch, the first batch
+raises :class:`ConfigError` saying so.
 """
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,31 +24,13 @@ import torch
 import torch.utils.dlpack
 from torch.nn import functional as tnf
 
+from flightfeed.client._jpeg_decoders import Decoder, default_decoder, nvimgcodec_decoder, torchvision_decoder
 from flightfeed.wire.errors import ConfigError
 
-__all__ = ["TrainerDecode", "batched_resized_crop", "byte_views", "resized_crop", "torchvision_decoder"]
-
-Decoder = Callable[[list[torch.Tensor], torch.device, str], Sequence[torch.Tensor]]
-
-
-def torchvision_decoder() -> Decoder:
-    """``torchvision.io.decode_jpeg`` on a list (batched nvJPEG on CUDA), or a clear error."""
-    try:
-        tvio: Any = importlib.import_module("torchvision.io")
-    except Exception as exc:  # not installed, or a build that does not load beside this torch
-        raise ConfigError(
-            f"decode_on='trainer' needs torchvision (its decode_jpeg) importable beside torch {torch.__version__}; "
-            f"importing it failed: {type(exc).__name__}: {exc}. Install the torchvision build that matches "
-            "this torch, or let the data node decode (decode_on='server')"
-        ) from None
-
-    def decode(data: list[torch.Tensor], device: torch.device, mode: str) -> Sequence[torch.Tensor]:
-        read_mode = tvio.ImageReadMode.GRAY if mode == "L" else tvio.ImageReadMode.RGB
-        out: Sequence[torch.Tensor] = tvio.decode_jpeg(data, mode=read_mode, device=device)
-        return out
-
-    return decode
-
+__all__ = [
+    "Decoder", "TrainerDecode", "batched_resized_crop", "byte_views", "nvimgcodec_decoder", "resized_crop",
+    "torchvision_decoder",
+]
 
 def byte_views(column: Any) -> list[torch.Tensor]:
     """1-d uint8 tensors viewing each row's bytes of a binary Arrow column (no copy)."""
@@ -85,7 +66,7 @@ class TrainerDecode:
         height, width = json.loads(meta.get(b"flightfeed.size", b"[0, 0]"))
         mode = meta.get(b"flightfeed.mode", b"RGB").decode()
         if self._decoder is None:
-            self._decoder = torchvision_decoder()
+            self._decoder = default_decoder(self.device)
         images = self._decoder(byte_views(rb.column(self.column)), self.device, mode)  # one batched call
         crops: Any = rb.column(crop_name)
         boxes = torch.from_numpy(getattr(crops, "storage", crops).flatten().to_numpy().reshape(-1, 4).astype(np.int64))

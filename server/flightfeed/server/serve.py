@@ -2,7 +2,7 @@
 until SIGINT/SIGTERM, then shut down gracefully (in-flight streams get ``--grace`` seconds).
 
 With no tuning flags the node uses every core it is given (``cores.available_cores``): one
-serving process per 4 cores (``cluster.workers.default_workers``: one process on 2-4 cores), each
+serving process per 2 cores (``cluster.workers.default_workers``: one process on 1-2 cores), each
 stream on its own gRPC thread with the hot stages (stored send, shuffled gather, HDF5 inflate,
 image decode, block verification) in native code without the GIL, and each process's decode pool
 sized to its share of the cores.
@@ -76,7 +76,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     side.add_argument("--no-sidecar", action="store_true", help="do not start the metrics sidecar")
     p.add_argument(
         "--workers", type=int, default=None,
-        help="processes serving streams (default: one per 4 cores given, rounded up: 1 on 2-4 cores, 4 on 16)",
+        help="processes serving streams (default: one per 2 cores given, rounded up: 1 on 1-2 cores, 8 on 16)",
     )
     p.add_argument("--config", metavar="FILE", help="TOML or JSON file with the same settings (flags win)")
     p.add_argument("--tls-cert", metavar="PEM", help="TLS certificate chain (serve grpc+tls)")

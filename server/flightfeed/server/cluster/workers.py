@@ -34,15 +34,17 @@ READY_PREFIX = "flight: "
 #: cores one serving process is given by default (``flightfeed serve`` without ``--workers``).
 #: Within a process the hot stages run without the GIL, but not all of their time: measured on
 #: one thread (``bench/bench_scaling.py``, thread CPU inside the GIL-free calls) the shuffled
-#: gather is ~63% GIL-free and JPEG decode + augment ~89%, so by Amdahl one process gets ~1.5x /
-#: ~1.8x from 2 cores and ~1.9x / ~3.0x from 4, and no more than 2.7x / 9x from any number.
+#: gather is ~60% GIL-free and JPEG decode + augment ~89%, so by Amdahl one process gets ~1.4x /
+#: ~1.8x from 2 cores but only ~1.8x / ~3.0x from 4. On the 16-core machine one process per 4
+#: cores kept 12.4 of 16 cores busy decoding JPEGs (the Amdahl figure: 4 x 3.0), and 8 processes
+#: x 2 threads decoded 1.5x the images of 4 x 4 (``bench/RESULTS.md``): one process per 2 cores.
 #: More cores are put to work by more processes (each with its own GIL and h5py lock).
-CORES_PER_PROCESS = 4
+CORES_PER_PROCESS = 2
 
 
 def default_workers(cores: int) -> int:
     """Serving processes for ``cores`` cores: one per ``CORES_PER_PROCESS`` (rounded up), so a
-    2-4 core machine runs one process and a 16-core node four."""
+    1-2 core machine runs one process, a 4-core one two and a 16-core node eight."""
     return max(1, -(-max(1, cores) // CORES_PER_PROCESS))
 
 

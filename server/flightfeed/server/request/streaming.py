@@ -22,6 +22,7 @@ from flightfeed.server.data.shuffle_sizing import message_rows_cap, shuffle_defa
 from flightfeed.server.request.gather import contiguous, gather
 from flightfeed.server.request.identity import request_identity, stream_group
 from flightfeed.server.request.packed import pack_tickets, packed_batches
+from flightfeed.server.request.read_ahead import read_ahead
 from flightfeed.server.request.shared_messages import ShareWindow
 from flightfeed.wire.errors import InvalidRequest, StaleState
 from flightfeed.wire.messages import INDEX_COLUMN, WIRE_VERSION, ReadCommand, StreamTicket, span_of, tickets_of
@@ -239,7 +240,7 @@ def ticket_batches(
     reading = shared.reading(ds.name, stream_group(identity, ticket))
     plan = transform_plan(ds, read, transformer)
     if plan is not None and transformer is not None:
-        from flightfeed.server.transforms import DrawKey, read_ahead
+        from flightfeed.server.transforms import DrawKey
 
         key = DrawKey(ds.fingerprint, int(read.seed), int(read.epoch))
 
@@ -262,24 +263,35 @@ def ticket_batches(
         return
     messages = list(span.messages())
     ahead = ds.readahead.stream(order, part, messages) if ds.readahead is not None else NO_READAHEAD
-    with reading, contextlib.closing(ahead):
-        for k, (lo, hi) in enumerate(messages):
-            ds.check_unchanged()
-            ahead.before(k)  # read upcoming blocks ahead of need
-            if not order.shuffle:  # zero-copy slices of the stored chunks: nothing to share
-                rows = int(read.batch_rows)
-                batches = [b for pos, n in part.runs(lo, hi) for b in contiguous(ds, pos, pos + n, rows, columns)]
-            else:  # a gathered copy: made once for identical requests (shared jobs)
 
-                def make(lo: int = lo, hi: int = hi) -> list[pa.RecordBatch]:
-                    return [gather(ds, order.rows(part.positions(lo, hi)), columns)]
+    def made() -> Iterator[pa.RecordBatch]:
+        with contextlib.closing(ahead):
+            for k, (lo, hi) in enumerate(messages):
+                ds.check_unchanged()
+                ahead.before(k)  # read upcoming blocks ahead of need
+                if not order.shuffle:  # zero-copy slices of the stored chunks: nothing to share
+                    rows = int(read.batch_rows)
+                    batches = [b for pos, n in part.runs(lo, hi) for b in contiguous(ds, pos, pos + n, rows, columns)]
+                else:  # a gathered copy: made once for identical requests (shared jobs)
 
-                batches = shared.get(ds.name, (identity, lo, hi), make)
-            if read.with_index:  # traceability: each row's stored index, appended after the gather
-                positions = part.positions(lo, hi)
-                batches = _indexed(batches, order.rows(positions) if order.shuffle else positions)
-            ahead.after()
-            yield from batches
+                    def make(lo: int = lo, hi: int = hi) -> list[pa.RecordBatch]:
+                        return [gather(ds, order.rows(part.positions(lo, hi)), columns)]
+
+                    batches = shared.get(ds.name, (identity, lo, hi), make)
+                if read.with_index:  # traceability: each row's stored index, appended after the gather
+                    positions = part.positions(lo, hi)
+                    batches = _indexed(batches, order.rows(positions) if order.shuffle else positions)
+                ahead.after()
+                yield from batches
+
+    with reading:
+        if order.shuffle:
+            # the next message is gathered on a helper thread while this one is sent: a stream's
+            # rate is then the slower of its gather and its send, not their sum (one gathered
+            # message more per stream in memory)
+            yield from read_ahead(made())
+        else:
+            yield from made()
 
 
 def _epoch_seen(ds: Dataset, epoch: int) -> None:

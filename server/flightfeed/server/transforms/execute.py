@@ -15,7 +15,6 @@ sent as one RecordBatch per client batch, and each batch that lost rows carries 
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections import deque
@@ -29,6 +28,7 @@ import pyarrow as pa
 
 from flightfeed.server.data.catalog import Dataset
 from flightfeed.server.request.gather import gather
+from flightfeed.server.request.read_ahead import read_ahead
 from flightfeed.server.transforms import native
 from flightfeed.server.transforms.defaults import default_registry
 from flightfeed.server.transforms.deferred import crop_name, flip_name, frame_params, params_arrays
@@ -78,47 +78,6 @@ def fill_row(x: Any, steps: Sequence[Step], key: DrawKey, row: int, slot: npt.ND
     if x.shape != slot.shape:
         raise ValueError(f"a step made shape {x.shape}, the plan says {slot.shape}")
     slot[...] = x
-
-
-def read_ahead(items: Iterator[pa.RecordBatch], depth: int = 1) -> Iterator[pa.RecordBatch]:
-    """``items``, produced by a helper thread up to ``depth`` messages ahead of the consumer (the
-    next message decodes while this one is sent). Bounded: a slow client holds back at most
-    ``depth`` finished messages per stream. Closing the generator stops the helper."""
-    q: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth))
-    stop = threading.Event()
-    done = object()
-
-    def put(item: Any) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for item in items:
-                if not put(item):
-                    return
-            put(done)
-        except BaseException as exc:  # delivered to the consumer, in order
-            put(exc)
-
-    worker = threading.Thread(target=produce, name="flightfeed-read-ahead", daemon=True)
-    worker.start()
-    try:
-        while True:
-            item = q.get()
-            if item is done:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        worker.join(timeout=30)
 
 
 class _Busy:
