@@ -96,7 +96,8 @@ class NativeClock:
         import importlib
 
         names = [
-            ("pyarrow.compute", "cast"), ("deflate", "zlib_decompress"), ("xxhash", "xxh3_128_hexdigest"),
+            ("pyarrow.compute", "cast"), ("flightfeed.server.request.fixed_rows", "copy_runs"),
+            ("deflate", "zlib_decompress"), ("xxhash", "xxh3_128_hexdigest"),
             ("flightfeed.server.transforms.native", "_decode"), ("cv2", "resize"), ("cv2", "warpAffine"),
         ]
         targets: list[tuple[Any, str]] = [(Sink, "write")]

@@ -14,7 +14,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -29,6 +29,11 @@ from flightfeed.wire.plan import Partition
 __all__ = ["Dataset", "Catalog", "ChunkCache", "DEFAULT_CHUNK_CACHE", "DatasetReadAhead", "StreamReadAhead"]
 
 log = logging.getLogger("flightfeed.server")
+
+#: memoised values derived from chunks (``Dataset.derived``) per dataset
+VIEW_ENTRIES = 8192
+_MISS = object()
+_T = TypeVar("_T")
 
 
 
@@ -117,6 +122,23 @@ class Dataset:
             on_close = getattr(shard, "on_close", None)  # its open file was closed (readers/open_files)
             if on_close is not None:
                 on_close(self._drop_views)
+
+    def derived(self, key: tuple[int, str], derive: Callable[[], _T]) -> _T:
+        """``derive()``, a value derived from chunk ``key[0]`` (e.g. a numpy view of one of its
+        columns), memoised under ``key`` for zero-copy (memory-mapped) chunks: at most
+        ``VIEW_ENTRIES`` per dataset, least recent out, a shard's entries dropped when its file
+        is closed (``keep_view``). Other chunks (decoded into the chunk cache) derive it each time."""
+        cid = key[0]
+        if not self.chunk_zero_copy(cid):
+            return derive()
+        with self.views_lock:
+            hit = self.views.get(key, _MISS)
+        if hit is not _MISS:
+            return hit  # type: ignore[return-value]
+        closes = self.view_closes(cid)  # before the read: a close after it drops the value
+        value = derive()
+        self.keep_view(key, value, VIEW_ENTRIES, closes)
+        return value
 
     def view_closes(self, cid: int) -> int:
         """How often the file of chunk ``cid``'s shard was closed so far: read it before reading

@@ -29,11 +29,12 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["EpochOrder", "default_shuffle", "DEFAULT_BLOCK_ROWS", "BLOCK_BYTES", "MIN_BLOCKS_PER_WINDOW"]
+__all__ = ["EpochOrder", "Rows", "default_shuffle", "DEFAULT_BLOCK_ROWS", "BLOCK_BYTES", "MIN_BLOCKS_PER_WINDOW"]
 
 #: the block size of the first release (64 rows whatever their width); checkpoints made then carry it
 DEFAULT_BLOCK_ROWS = 64
@@ -126,6 +127,15 @@ def _window_perm(words: tuple[int, ...], window: int, length: int) -> _I64:
     return perm
 
 
+class Rows(Protocol):
+    """What an order needs of a dataset (``catalog.Dataset``)."""
+
+    @property
+    def num_rows(self) -> int: ...
+    @property
+    def fingerprint(self) -> str: ...
+
+
 @dataclass(frozen=True)
 class EpochOrder:
     """Position -> stored row for one epoch. ``shuffle=False`` is the identity (stored order)."""
@@ -141,6 +151,20 @@ class EpochOrder:
     def __post_init__(self) -> None:
         if self.block_rows < 1 or self.buffer_rows < 1:
             raise ValueError("block_rows and buffer_rows must be >= 1")
+
+    @classmethod
+    def of(cls, ds: Rows, read: Any) -> EpochOrder:
+        """The order of a request's epoch over dataset ``ds``: ``read`` is a resolved
+        ReadCommand (a ticket's ``read``; block and buffer rows 0 mean 1)."""
+        return cls(
+            ds.num_rows,
+            ds.fingerprint,
+            int(read.seed),
+            int(read.epoch),
+            bool(read.shuffle.enabled),
+            int(read.shuffle.block_rows) or 1,
+            int(read.shuffle.buffer_rows) or 1,
+        )
 
     @property
     def _words(self) -> tuple[int, ...]:

@@ -30,8 +30,6 @@ from flightfeed.wire.errors import DatasetError, InvalidRequest
 __all__ = ["TokenIndex", "token_index", "check_token_column", "chunk_tokens_view"]
 
 _I64 = npt.NDArray[np.int64]
-_VIEW_ENTRIES = 8192
-_MISS = object()
 
 
 def check_token_column(ds: Dataset, column: str) -> pa.DataType:
@@ -141,26 +139,21 @@ def chunk_tokens_view(ds: Dataset, cid: int, column: str) -> npt.NDArray[np.inte
     """Chunk ``cid``'s token values as a flat numpy array (the chunk's stored tokens in order; a
     view for memory-mapped shards, memoised per dataset like ``gather``'s views)."""
     key = (cid, column)  # a list column: gather never keeps a view under this key
-    cacheable = ds.chunk_zero_copy(cid)
-    if cacheable:
-        with ds.views_lock:
-            hit = ds.views.get(key, _MISS)
-        if hit is not _MISS:
-            return hit  # type: ignore[return-value]
-    closes = ds.view_closes(cid) if cacheable else 0  # before the read: a close after it drops the view
-    arr: Any = ds.chunk(cid).column(column)
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    offsets = _list_offsets(arr)
-    values = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
-    if values.null_count:
-        raise DatasetError(
-            f"dataset {ds.name!r}: column {column!r} has null token ids in chunk {cid} ({ds.chunk_shard(cid).uri}); "
-            "token ids cannot be null"
-        )
-    view: npt.NDArray[np.integer] = np.frombuffer(values.buffers()[1], dtype=np.dtype(str(values.type)))[
-        values.offset : values.offset + len(values)
-    ]
-    if cacheable:
-        ds.keep_view(key, view, _VIEW_ENTRIES, closes)
-    return view
+
+    def derive() -> npt.NDArray[np.integer]:
+        arr: Any = ds.chunk(cid).column(column)
+        if isinstance(arr, pa.ChunkedArray):
+            arr = arr.combine_chunks()
+        offsets = _list_offsets(arr)
+        values = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+        if values.null_count:
+            raise DatasetError(
+                f"dataset {ds.name!r}: column {column!r} has null token ids in chunk {cid} "
+                f"({ds.chunk_shard(cid).uri}); token ids cannot be null"
+            )
+        view: npt.NDArray[np.integer] = np.frombuffer(values.buffers()[1], dtype=np.dtype(str(values.type)))[
+            values.offset : values.offset + len(values)
+        ]
+        return view
+
+    return ds.derived(key, derive)

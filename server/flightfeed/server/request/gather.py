@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -23,13 +24,12 @@ from flightfeed.server.data.catalog import Dataset
 from flightfeed.server.readers.open_files import shared_open_files
 from flightfeed.server.request.fixed_rows import FixedOut, fixed_layout, flat_values, gather_fixed
 
-__all__ = ["contiguous", "gather", "project"]
+__all__ = ["MessageRows", "contiguous", "gather", "project"]
 
 _I64 = npt.NDArray[np.int64]
 _Arr = Any  # pyarrow arrays (the stubs type them per scalar type)
 _concat_batches: Callable[[list[pa.RecordBatch]], pa.RecordBatch] = pa.concat_batches  # type: ignore[attr-defined]
 _COALESCE_BYTES = 1 << 20  # contiguous pieces smaller than this are copied together
-_VIEW_ENTRIES = 8192  # memoised (chunk, column) views per dataset
 _MISS = object()
 #: a message may hold the chunks of at most this share of the open-shard bound at once
 _PIN_SHARE = 4
@@ -103,67 +103,74 @@ def _pieces(
 
 def _flat_view(ds: Dataset, cid: int, name: str, width: int) -> npt.NDArray[np.generic] | None:
     """Chunk ``cid``'s column ``name`` as a 2-d numpy view (rows, width); None when it has nulls.
-    Memoised per dataset for zero-copy (memory-mapped) chunks: deriving it costs more than
-    copying a small column's rows."""
-    key = (cid, name)
-    cacheable = ds.chunk_zero_copy(cid)
-    if cacheable:
-        with ds.views_lock:
-            hit = ds.views.get(key, _MISS)
-        if hit is not _MISS:
-            return hit  # type: ignore[return-value]
-    closes = ds.view_closes(cid) if cacheable else 0  # before the read: a close after it drops the view
-    arr = ds.chunk(cid).column(name)
-    view = None if arr.null_count else flat_values(arr).reshape(len(arr), width)
-    if cacheable:
-        ds.keep_view(key, view, _VIEW_ENTRIES, closes)
-    return view
+    Memoised per dataset for zero-copy (memory-mapped) chunks (``Dataset.derived``): deriving it
+    costs more than copying a small column's rows."""
+
+    def derive() -> npt.NDArray[np.generic] | None:
+        arr = ds.chunk(cid).column(name)
+        return None if arr.null_count else flat_values(arr).reshape(len(arr), width)
+
+    return ds.derived((cid, name), derive)
 
 
 def _flat_views(
-    ds: Dataset, groups: list[tuple[int, _I64, _I64]], cacheable: list[bool], name: str, width: int
+    ds: Dataset, chunks: list[int], cacheable: list[bool], name: str, width: int
 ) -> list[npt.NDArray[np.generic] | None]:
-    """:func:`_flat_view` of every group's chunk, the memo read under one lock (the Python per
-    chunk is what a gather's GIL-held time is made of)."""
+    """:func:`_flat_view` of every chunk of ``chunks``, the memo read under one lock (the Python
+    per chunk is what a gather's GIL-held time is made of)."""
     with ds.views_lock:
         views = ds.views
-        hits = [views.get((c, name), _MISS) if z else _MISS for (c, _, _), z in zip(groups, cacheable, strict=True)]
+        hits = [views.get((c, name), _MISS) if z else _MISS for c, z in zip(chunks, cacheable, strict=True)]
     out: list[npt.NDArray[np.generic] | None] = []
-    for (c, _, _), hit in zip(groups, hits, strict=True):
+    for c, hit in zip(chunks, hits, strict=True):
         out.append(_flat_view(ds, c, name, width) if hit is _MISS else hit)  # type: ignore[arg-type]
     return out
+
+
+class MessageRows:
+    """Where the rows of one message are (``fixed_rows.MessageRows``): per message position its
+    chunk id and row in the chunk, the distinct chunks, and (made when a column needs them) the
+    positions grouped by chunk. A few numpy calls per message, Python per chunk only for groups."""
+
+    def __init__(self, ds: Dataset, rows: _I64) -> None:
+        self.n = len(rows)
+        self.cid, self.local = ds.locate(rows)
+        self.order = np.argsort(self.cid, kind="stable")
+        sorted_cid = self.cid[self.order]
+        cuts = np.flatnonzero(sorted_cid[1:] != sorted_cid[:-1]) + 1
+        self._bounds = np.concatenate(([0], cuts, [self.n])).tolist() if self.n else [0]
+        self.chunks: list[int] = sorted_cid[self._bounds[:-1]].tolist() if self.n else []
+
+    @functools.cached_property
+    def groups(self) -> list[tuple[int, _I64, _I64]]:
+        """Per chunk ``(chunk, dst, src)``: the message positions of its rows and the rows."""
+        src = self.local[self.order]
+        b = self._bounds
+        return [(c, self.order[x:y], src[x:y]) for c, x, y in zip(self.chunks, b[:-1], b[1:], strict=True)]
 
 
 def gather(ds: Dataset, rows: _I64, columns: Sequence[str] | None) -> pa.RecordBatch:
     """Stored ``rows`` (in this order) as one RecordBatch, one native copy per byte.
 
     Column by column: a fixed-width column's rows are copied once, straight into message order,
-    by one Arrow call over every chunk the message touches (``fixed_rows``: GIL released, so the
-    streams of a process gather in parallel); any other column (strings, lists, structs, nulls)
-    is taken per chunk with Arrow ``take`` and put in message order by one more Arrow ``take``.
-    No Python runs per row. The chunks a message touches are held until its columns are copied
-    (a shard evicted meanwhile keeps its mapping until then), unless they are of more shards than
-    a quarter of the open-shard bound, or their cached copies take more than a quarter of the
-    shard cache (``_may_hold_all``): then columns are copied a chunk at a time."""
-    n = len(rows)
-    cid, local = ds.locate(rows)
-    order = np.argsort(cid, kind="stable")
-    sorted_cid = cid[order]
-    bounds = np.flatnonzero(np.diff(sorted_cid)) + 1
-    groups = [
-        (int(sorted_cid[a]), order[a:b], local[order[a:b]])
-        for a, b in zip(np.r_[0, bounds], np.r_[bounds, n], strict=True)
-        if a < b
-    ]
+    in native code without the GIL (``fixed_rows``: wide rows run by run into a reused block,
+    others by one Arrow call over every chunk the message touches), so the streams of a process
+    gather in parallel; any other column (strings, lists, structs, nulls) is taken per chunk
+    with Arrow ``take`` and put in message order by one more Arrow ``take``. No Python runs per
+    row. The chunks a message touches are held until its columns are copied (a shard evicted
+    meanwhile keeps its mapping until then), unless they are of more shards than a quarter of
+    the open-shard bound, or their cached copies take more than a quarter of the shard cache
+    (``_may_hold_all``): then columns are copied a chunk at a time."""
     schema = ds.project_schema(columns or ())
-    if not groups:
+    msg = MessageRows(ds, np.asarray(rows, dtype=np.int64))
+    if not msg.chunks:
         return pa.RecordBatch.from_arrays([pa.array([], type=f.type) for f in schema], schema=schema)
-    shards = [ds.chunk_shard(c) for c, _, _ in groups]
+    shards = [ds.chunk_shard(c) for c in msg.chunks]
     if _may_hold_all(shards):
         cacheable = [s.zero_copy for s in shards]
-        arrays = [_column(ds, fld, groups, n, cacheable) for fld in schema]
+        arrays = [_column(ds, fld, msg, cacheable) for fld in schema]
     else:
-        arrays = _chunkwise(ds, schema, groups, n)
+        arrays = _chunkwise(ds, schema, msg.groups, msg.n)
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
@@ -188,20 +195,18 @@ def _may_hold_all(shards: list[Any]) -> bool:
     return all(held <= size // _PIN_SHARE for size, held in cached.values())
 
 
-def _column(
-    ds: Dataset, fld: pa.Field[Any], groups: list[tuple[int, _I64, _I64]], n: int, cacheable: list[bool]
-) -> _Arr:
+def _column(ds: Dataset, fld: pa.Field[Any], msg: MessageRows, cacheable: list[bool]) -> _Arr:
     """One column of the message, holding all of its chunks at once."""
     name, layout = fld.name, fixed_layout(fld.type)
     if layout is not None:
-        views = _flat_views(ds, groups, cacheable, name, layout.width)
+        views = _flat_views(ds, msg.chunks, cacheable, name, layout.width)
         if all(v is not None for v in views):  # else nulls in a chunk: the column is taken generically
-            parts = [(v, dst, src) for v, (_, dst, src) in zip(views, groups, strict=True)]
-            return gather_fixed(layout, parts, n)  # type: ignore[arg-type]
+            return gather_fixed(layout, views, msg)  # type: ignore[arg-type]
+    groups = msg.groups
     if len(groups) == 1:  # one chunk: its take is already in message order
         c, _, src = groups[0]
         return ds.chunk(c).column(name).take(src)
-    return _gather_generic([(ds.chunk(c).column(name).take(src), dst) for c, dst, src in groups], n)
+    return _gather_generic([(ds.chunk(c).column(name).take(src), dst) for c, dst, src in groups], msg.n)
 
 
 def _chunkwise(ds: Dataset, schema: pa.Schema, groups: list[tuple[int, _I64, _I64]], n: int) -> list[_Arr]:

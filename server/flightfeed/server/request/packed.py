@@ -61,22 +61,10 @@ def _wire_row_bytes(ds: Dataset, spec: PackSpec) -> int:
     return (spec.seq_len + 1) * (tokens.bit_width + positions.bit_width) // 8
 
 
-def _order(ds: Dataset, read: Any) -> EpochOrder:
-    return EpochOrder(
-        ds.num_rows,
-        ds.fingerprint,
-        int(read.seed),
-        int(read.epoch),
-        bool(read.shuffle.enabled),
-        int(read.shuffle.block_rows) or 1,
-        int(read.shuffle.buffer_rows) or 1,
-    )
-
-
 def packed_windows(ds: Dataset, read: Any) -> tuple[PackSpec, EpochPlan, int]:
     """``(spec, plan, windows)`` of a resolved packed request (a ticket's ``read``)."""
     spec = check_pack(ds, read)
-    plan = epoch_plan(ds, spec, _order(ds, read))
+    plan = epoch_plan(ds, spec, EpochOrder.of(ds, read))
     return spec, plan, spec.num_windows(plan.num_tokens)
 
 

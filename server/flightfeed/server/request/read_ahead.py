@@ -2,8 +2,8 @@
 
 Decoding transforms (``transforms.execute``) and shuffled gathers (``request.streaming``) both
 make a message, then hand it to gRPC, which sends it; done in turn, a stream's rate is
-1 / (make + send). :func:`read_ahead` overlaps the two, at the cost of ``depth`` finished messages
-per stream in memory.
+1 / (make + send). :func:`read_ahead` overlaps the two, at the cost of up to ``depth + 1`` finished
+messages per stream in memory (``depth`` queued, one in the helper's hands waiting for room).
 """
 
 from __future__ import annotations

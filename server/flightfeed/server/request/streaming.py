@@ -234,15 +234,7 @@ def ticket_batches(
     part = _partition(ds, read)
     if span.end_row != part.rows:
         raise InvalidRequest("ticket.end_row does not match the rank's rows; ask get_flight_info again", field="ticket")
-    order = EpochOrder(
-        ds.num_rows,
-        ds.fingerprint,
-        int(read.seed),
-        int(read.epoch),
-        bool(read.shuffle.enabled),
-        int(read.shuffle.block_rows) or 1,
-        int(read.shuffle.buffer_rows) or 1,
-    )
+    order = EpochOrder.of(ds, read)
     identity = request_identity(ds, read)
     shared = window if window is not None else ShareWindow(0)
     reading = shared.reading(ds.name, stream_group(identity, ticket))
