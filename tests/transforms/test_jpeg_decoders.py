@@ -8,7 +8,6 @@ nvImageCodec with torchvision's nvJPEG on the same bytes where both are installe
 
 from __future__ import annotations
 
-import importlib.util
 import io
 from types import SimpleNamespace
 from typing import Any, ClassVar
@@ -96,10 +95,10 @@ def test_an_image_it_cannot_decode_is_an_error_naming_it() -> None:
         decode(_views([BLOBS[0], b"notjpeg", BLOBS[2]]), torch.device("cpu"), "RGB")
 
 
-def test_without_nvimgcodec_the_default_is_torchvision_or_a_clear_error() -> None:
-    if nvimgcodec_decoder() is not None:
-        pytest.skip("nvImageCodec is installed here")
-    if importlib.util.find_spec("torchvision") is None:
+def test_the_default_is_torchvision_or_a_clear_error() -> None:
+    try:
+        torchvision_decoder()
+    except ConfigError:  # missing here, or a build that does not load beside this torch
         with pytest.raises(ConfigError, match="torchvision"):
             default_decoder(torch.device("cpu"))
     else:
@@ -113,7 +112,7 @@ def test_nvimgcodec_matches_torchvision_on_the_gpu() -> None:
     if decode is None:
         pytest.skip("nvidia-nvimgcodec is not installed")
     device = torch.device("cuda")
-    assert backend_of(default_decoder(device)) == "nvimgcodec"
+    assert backend_of(default_decoder(device)) == "torchvision"  # measured faster: torchvision first
     blobs = [encode(picture(i, 224 + 16 * i, 160 + 8 * i)) for i in range(8)]
     views = _views(blobs)
     for mode in ("RGB", "L"):

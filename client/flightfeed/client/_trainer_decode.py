@@ -1,9 +1,9 @@
 """Decode on the trainer (opt-in, ``decode_on="trainer"``): the data node sends each sample's JPEG
 bytes plus its crop box and flip, drawn exactly as on the node's own decode path (the server's
-``defer_decode`` step), and the trainer decodes the batch with one batched call (nvImageCodec where
-it is installed -- the GPU's hardware JPEG decoder where the GPU has one --, else
-``torchvision.io.decode_jpeg(..., device="cuda")``: ``_jpeg_decoders``), then crops, resizes
-(bilinear, antialiased, as torchvision's ``resized_crop``) and flips on the GPU.
+``defer_decode`` step), and the trainer decodes the batch with one batched call
+(``torchvision.io.decode_jpeg(..., device="cuda")``, or nvImageCodec where torchvision does not
+load: ``_jpeg_decoders``), then crops, resizes (bilinear, antialiased, as torchvision's
+``resized_crop``) and flips on the GPU.
 
 The node's CPU then only gathers bytes; the trainer's GPU does the decode. The batch's image
 column arrives as uint8 ``(B, H, W, C)`` like the node's decode path (a view of the decoder's
