@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -22,6 +22,7 @@ import pytest
 from flightfeed.server.data.order import EpochOrder
 from flightfeed.server.request import gather as gather_module
 from flightfeed.server.request import streaming
+from flightfeed.server.request.read_ahead import read_ahead
 from flightfeed.server.storage.resolve import open_dataset
 from flightfeed.server.testing import RunningServer
 from flightfeed.wire.messages import WIRE_VERSION, ReadCommand, Shuffle, StreamTicket, span_of
@@ -114,13 +115,29 @@ def test_stored_order_sends_zero_copy_slices_on_the_stream_thread(
     assert sum(b.num_rows for b in batches) == ds.num_rows and not _of(counted, ds) and not _helpers() - others
 
 
+def test_closing_the_stream_closes_its_message_source_at_once() -> None:
+    """The source's ``finally`` (a shuffled stream's read-ahead of upcoming blocks, its share-window
+    reading) runs when the stream is closed, not whenever the suspended generator is collected."""
+    closed = threading.Event()
+
+    def source() -> Iterator[pa.RecordBatch]:
+        try:
+            for i in range(100):
+                yield pa.record_batch({"i": [i]})
+        finally:
+            closed.set()
+
+    made = source()
+    stream = cast(Generator[pa.RecordBatch, None, None], read_ahead(made))
+    assert next(stream).column("i").to_pylist() == [0]
+    stream.close()
+    assert closed.is_set()  # at once: ``made`` is still referenced here, so no collector ran it
+
+
 def _plain(ds: Any, ticket: Any) -> Any:
     """The same messages made in turn on this thread (the order before read-ahead)."""
     part = streaming._partition(ds, ticket.read)
     read = ticket.read
-    order = EpochOrder(
-        ds.num_rows, ds.fingerprint, int(read.seed), int(read.epoch), True,
-        int(read.shuffle.block_rows) or 1, int(read.shuffle.buffer_rows) or 1,
-    )
+    order = EpochOrder.of(ds, read)
     for lo, hi in span_of(ticket).messages():
         yield gather_module.gather(ds, order.rows(part.positions(lo, hi)), list(read.columns))

@@ -21,7 +21,8 @@ __all__ = ["read_ahead"]
 def read_ahead(items: Iterator[pa.RecordBatch], depth: int = 1) -> Iterator[pa.RecordBatch]:
     """``items``, produced by a helper thread up to ``depth`` messages ahead of the consumer (the
     next message decodes while this one is sent). Bounded: a slow client holds back at most
-    ``depth`` finished messages per stream. Closing the generator stops the helper."""
+    ``depth`` finished messages per stream. Closing the generator stops the helper, then closes
+    ``items`` (a generator's ``finally``/``with`` blocks run then, on the closing thread)."""
     q: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth))
     stop = threading.Event()
     done = object()
@@ -57,3 +58,6 @@ def read_ahead(items: Iterator[pa.RecordBatch], depth: int = 1) -> Iterator[pa.R
     finally:
         stop.set()
         worker.join(timeout=30)
+        close = getattr(items, "close", None)
+        if close is not None and not worker.is_alive():  # a generator: its own cleanup runs now, not at GC
+            close()
