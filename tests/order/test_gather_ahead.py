@@ -116,8 +116,8 @@ def test_stored_order_sends_zero_copy_slices_on_the_stream_thread(
 
 
 def test_closing_the_stream_closes_its_message_source_at_once() -> None:
-    """The source's ``finally`` (a shuffled stream's read-ahead of upcoming blocks, its share-window
-    reading) runs when the stream is closed, not whenever the suspended generator is collected."""
+    """The source's ``finally`` (a shuffled stream's read-ahead of upcoming blocks is closed there)
+    runs when the stream is closed, not whenever the suspended generator is collected."""
     closed = threading.Event()
 
     def source() -> Iterator[pa.RecordBatch]:
