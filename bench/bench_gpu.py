@@ -31,12 +31,13 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.flight as flight
 import torch
 import torch.nn as nn
 import torch.nn.functional as F  # noqa: N812
 
-from bench.common import flightfeed_server, image_dataset, machine, median, raw_flight_server, write_json
+from bench.common import drain, flightfeed_server, image_dataset, machine, median, raw_flight_server, write_json
 from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.client._bench import measure_epoch
 from flightfeed.client._convert import batch_to_torch
@@ -73,20 +74,12 @@ def raw_to_device(location: str, streams: int, device: torch.device, clients: li
     got = [0] * streams
 
     def read(k: int) -> None:
-        reader = clients[k].do_get(flight.Ticket(f"{k}/{streams}".encode()))
-        n = 0
-        while True:
-            try:
-                chunk = reader.read_chunk()
-            except StopIteration:
-                break
-            if chunk.data is None:
-                continue
-            for t in batch_to_torch(chunk.data).values():
+        def to_device(rb: pa.RecordBatch) -> None:
+            for t in batch_to_torch(rb).values():
                 if isinstance(t, torch.Tensor):
                     t.to(device)
-            n += chunk.data.nbytes
-        got[k] = n
+
+        got[k] = drain(clients[k].do_get(flight.Ticket(f"{k}/{streams}".encode())), to_device)
 
     t0 = time.perf_counter()
     threads = [threading.Thread(target=read, args=(k,)) for k in range(streams)]

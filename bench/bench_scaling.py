@@ -55,6 +55,7 @@ import pyarrow.flight as flight
 import pyarrow.ipc as ipc
 
 from bench.common import (
+    drain,
     flightfeed_server,
     image_dataset,
     load_average,
@@ -364,16 +365,7 @@ def read_all(location: str, tickets: list[Any]) -> int:
 
     def read(k: int) -> None:
         client = flight.FlightClient(location)
-        reader = client.do_get(tickets[k])
-        n = 0
-        while True:
-            try:
-                chunk = reader.read_chunk()
-            except StopIteration:
-                break
-            if chunk.data is not None:
-                n += chunk.data.nbytes
-        got[k] = n
+        got[k] = drain(client.do_get(tickets[k]))
         client.close()
 
     threads = [threading.Thread(target=read, args=(k,)) for k in range(len(tickets))]

@@ -47,6 +47,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from bench.common import (
+    drain,
     flightfeed_server,
     image_dataset,
     machine,
@@ -87,20 +88,12 @@ class RawReader:
         handed: queue.Queue[pa.RecordBatch | None] = queue.Queue(maxsize=3 * self.streams)
 
         def read(k: int) -> None:
-            reader = self.clients[k].do_get(flight.Ticket(f"{k}/{self.streams}".encode()))
-            n = 0
             try:
-                while True:
-                    try:
-                        chunk = reader.read_chunk()
-                    except StopIteration:
-                        break
-                    if chunk.data is not None:
-                        n += chunk.data.nbytes
-                        if handoff:
-                            handed.put(chunk.data)
+                got[k] = drain(
+                    self.clients[k].do_get(flight.Ticket(f"{k}/{self.streams}".encode())),
+                    handed.put if handoff else None,
+                )
             finally:
-                got[k] = n
                 if handoff:
                     handed.put(None)
 

@@ -228,6 +228,21 @@ def load_average() -> float:
 
 
 # -- results --------------------------------------------------------------------------------------
+def drain(reader: Any, each: Callable[[pa.RecordBatch], None] | None = None) -> int:
+    """Read a Flight stream (``do_get``'s reader) to its end, handing each RecordBatch to ``each``:
+    the bytes received."""
+    n = 0
+    while True:
+        try:
+            chunk = reader.read_chunk()
+        except StopIteration:
+            return n
+        if chunk.data is not None:
+            n += chunk.data.nbytes
+            if each is not None:
+                each(chunk.data)
+
+
 def median(values: Sequence[float]) -> float:
     return float(statistics.median(values)) if values else 0.0
 
