@@ -103,3 +103,19 @@ def test_close_stops_a_long_interval_at_once(server: RunningServer) -> None:
     reporter.close()  # idempotent
     reporter.start()  # a closed reporter stays closed
     assert reporter.sent == 1
+
+
+def test_the_final_report_to_a_silent_node_waits_final_timeout_not_timeout() -> None:
+    """A node that stopped answering without refusing (SIGKILLed behind a live address, or
+    frozen) holds a call until its deadline; the trainer's loop waits for the final report at the
+    end of every iteration, so that one is bounded by ``final_timeout``, not the 60 s here."""
+    with socket.socket() as silent:  # accepts connections in the kernel, never answers them
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        location = f"grpc://127.0.0.1:{silent.getsockname()[1]}"
+        reporter = Reporter(location, _figures, start=False, timeout=60.0, final_timeout=0.2)
+        done = threading.Event()
+        closer = threading.Thread(target=lambda: (reporter.close(final=True), done.set()), daemon=True)
+        closer.start()
+        assert done.wait(30.0), "the final report waited for the whole call timeout"
+        assert (reporter.sent, reporter.errors) == (0, 1)

@@ -63,6 +63,9 @@ class Reporter:
     ``static``: fields that do not change (dataset, rank, world_size, device); ``client_id``
     defaults to ``host:pid:random``. ``token``/``tls_root_certs`` as for the server's other
     calls. ``sent`` and ``errors`` count the reports that went out and those that failed.
+    ``final_timeout`` bounds the last report (``close(final=True)``), which the trainer's loop
+    waits for at the end of an iteration: a node that died mid-epoch without anybody noticing
+    yet must not hold the loop for the whole ``timeout``.
     """
 
     def __init__(
@@ -76,6 +79,7 @@ class Reporter:
         token: str | None = None,
         tls_root_certs: bytes | None = None,
         timeout: float = 2.0,
+        final_timeout: float = 0.5,
         start: bool = True,
     ) -> None:
         if not interval > 0:
@@ -89,6 +93,8 @@ class Reporter:
         connect = ConnectOptions(token=token, tls_root_certs=tls_root_certs, timeout=timeout)
         self._pool = ConnectionPool(location, connect)
         self._options = self._pool.options.call_options()
+        last = ConnectOptions(token=token, tls_root_certs=tls_root_certs, timeout=min(timeout, final_timeout))
+        self._final_options = last.call_options()
         self._stop = threading.Event()
         self._send_lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -107,13 +113,15 @@ class Reporter:
         while not self._stop.wait(self.interval):
             self.report_now()
 
-    def report_now(self) -> bool:
-        """Send one report now; True when the server took it. Never raises."""
+    def report_now(self, *, final: bool = False) -> bool:
+        """Send one report now; True when the server took it. Never raises. ``final``: within
+        ``final_timeout``."""
+        options = self._final_options if final else self._options
         with self._send_lock:
             try:
                 fields = {**self._static, **dict(self._figures()), "client_id": self.client_id}
                 body = report_message(fields).SerializeToString()
-                for _ in self._pool.client(0).do_action(flight.Action("report", body), self._options):
+                for _ in self._pool.client(0).do_action(flight.Action("report", body), options):
                     pass
             except Exception as exc:  # a trainer must never die because reporting failed
                 self.errors += 1
@@ -124,14 +132,15 @@ class Reporter:
             return True
 
     def close(self, *, final: bool = False) -> None:
-        """Stop reporting promptly; ``final``: send one last report first (at most ``timeout`` s)."""
+        """Stop reporting promptly; ``final``: send one last report first (at most
+        ``final_timeout`` s)."""
         if self._stop.is_set():
             return
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
         if final:
-            self.report_now()
+            self.report_now(final=True)
         with self._send_lock:
             self._pool.close()
 
