@@ -115,7 +115,11 @@ def test_the_final_report_to_a_silent_node_waits_final_timeout_not_timeout() -> 
         location = f"grpc://127.0.0.1:{silent.getsockname()[1]}"
         reporter = Reporter(location, _figures, start=False, timeout=60.0, final_timeout=0.2)
         done = threading.Event()
-        closer = threading.Thread(target=lambda: (reporter.close(final=True), done.set()), daemon=True)
-        closer.start()
+
+        def close() -> None:
+            reporter.close(final=True)
+            done.set()
+
+        threading.Thread(target=close, daemon=True).start()
         assert done.wait(30.0), "the final report waited for the whole call timeout"
         assert (reporter.sent, reporter.errors) == (0, 1)

@@ -12,6 +12,7 @@ import pyarrow.flight as flight
 import pytest
 
 from flightfeed.server import serve as _serve
+from flightfeed.server.serve.args import worker_argv
 from flightfeed.server.storage import open_catalog
 from flightfeed.server.storage.cli_options import apply_config, parse_hdf5_groups, storage_options_from_args
 from flightfeed.server.testing import running_server
@@ -54,7 +55,7 @@ def test_one_server_serves_arrow_and_two_groups_of_one_file(tmp_path: Path, smal
         assert _column(server.location, "train", "y") == list(range(10))
         assert _column(server.location, "test", "y") == [100, 101, 102, 103]
         assert _column(server.location, "small", "index") == list(range(422))
-    argv = _serve._worker_argv(args, _serve.parse_datasets(args.datasets), "127.0.0.1")
+    argv = worker_argv(args, _serve.parse_datasets(args.datasets), "127.0.0.1")
     assert argv.count("--hdf5-group") == 2 and "train=/train" in argv  # --workers get them too
 
 
