@@ -16,6 +16,7 @@ import pytest
 from flightfeed.client._report import Reporter
 from flightfeed.server.sidecar import LocalSource, SidecarHandle, StatsSource
 from flightfeed.server.sidecar.app import dashboard_html
+from flightfeed.server.storage.cache import ShardCache
 from flightfeed.server.testing import RunningServer
 
 Counted = tuple[int, int]
@@ -135,6 +136,13 @@ def test_dashboard_shows_live_throughput_in_chromium(
 ) -> None:
     server.metrics.cache_hits.labels("demo").inc(9)  # so the cache chart has something to show
     server.metrics.cache_misses.labels("demo").inc(1)
+    cache = ShardCache(str(tmp_path / "shard-cache"), max_bytes=1 << 20)  # one remote shard, pinned
+
+    def fetch(path: str) -> None:
+        Path(path).write_bytes(b"x" * 300_000)
+
+    lease = cache.acquire("s3://bucket/demo/part-000.arrow", fetch, size=300_000, dataset="demo")
+    server.metrics.sections["shard_cache"] = lambda: [cache.describe()]
     handle = sidecar(LocalSource(server.metrics, server.catalog, server.location))
     screenshot = tmp_path / "dashboard.png"
     with _streaming(server, stream_all):
@@ -152,6 +160,10 @@ def test_dashboard_shows_live_throughput_in_chromium(
     assert "trainer-0" in page.by_id["clients"]["text"]
     assert server.location in page.by_id["cluster"]["text"]  # this node, in the data-nodes table
     assert page.by_id["nodes-wanted"]["data-value"] == "1"  # one node; no stall figures over time: holding
+    shard_cache = page.by_id["shard-cache"]["text"]  # the node's cache disk, from /stats shard_cache
+    assert str(tmp_path / "shard-cache") in shard_cache and "300" in shard_cache and "1.0M" in shard_cache, shard_cache
+    lease.release()
+    cache.close()
 
     assert shot.returncode == 0, shot.stderr[-2000:]
     png = screenshot.read_bytes()
