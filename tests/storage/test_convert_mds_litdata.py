@@ -101,6 +101,15 @@ def eval_json(text: str) -> Any:
     return json.loads(text)
 
 
+@pytest.mark.parametrize("kind", ["mds", "litdata"])
+@pytest.mark.parametrize(("text", "says"), [("{not json", "not a readable"), ("[1, 2]", r"not a \w+ index.json \(a JSON object is expected\)")])
+def test_an_unreadable_index_json_is_named(tmp_path: Path, kind: str, text: str, says: str) -> None:
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "index.json").write_text(text)
+    with pytest.raises(ConfigError, match=rf"{tmp_path / 'src' / 'index.json'}: {says}"):
+        convert_to(tmp_path / "src", tmp_path / "out", kind)
+
+
 def test_mds_pickle_columns_are_refused(tmp_path: Path) -> None:
     writer = mds_writer()
     with writer(out=str(tmp_path / "mds"), columns={"x": "pkl"}) as out:

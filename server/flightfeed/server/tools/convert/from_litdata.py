@@ -121,16 +121,12 @@ class LitDataSource(RecordSource):
     def __init__(self, src: str, files: SourceFiles, on_bad_record: str) -> None:
         super().__init__(on_bad_record)
         self._files = files
-        root = src.rstrip("/")
-        index_uri = root if root.endswith("index.json") else files.join(root, "index.json")
-        self._root = index_uri[: -len("index.json")].rstrip("/")
+        self._root, index_uri, index = files.index_json(src, "LitData")
         try:
-            with files.local(index_uri) as path, open(path, encoding="utf-8") as fh:
-                index = json.load(fh)
             config = index["config"]
             self._chunks: list[dict[str, Any]] = index["chunks"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ConfigError(f"{index_uri}: not a LitData index.json: {exc}") from None
+        except KeyError as exc:
+            raise ConfigError(f"{index_uri}: not a LitData index.json: no {exc}") from None
         if not self._chunks or config is None:
             raise DatasetError(f"{index_uri}: lists no chunks")
         for key in ("compression", "encryption"):

@@ -20,7 +20,6 @@ from __future__ import annotations
 import bz2
 import gzip
 import io
-import json
 import os
 import struct
 from collections.abc import Callable, Iterator, Sequence
@@ -158,14 +157,7 @@ class MdsSource(RecordSource):
     def __init__(self, src: str, files: SourceFiles, on_bad_record: str) -> None:
         super().__init__(on_bad_record)
         self._files = files
-        root = src.rstrip("/")
-        index_uri = root if root.endswith("index.json") else files.join(root, "index.json")
-        self._root = index_uri[: -len("index.json")].rstrip("/")
-        try:
-            with files.local(index_uri) as path, open(path, encoding="utf-8") as fh:
-                index = json.load(fh)
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"{index_uri}: not a readable MDS index.json: {exc}") from None
+        self._root, index_uri, index = files.index_json(src, "MDS")
         self._shards: list[dict[str, Any]] = list(index.get("shards", []))
         if not self._shards:
             raise DatasetError(f"{index_uri}: lists no shards")

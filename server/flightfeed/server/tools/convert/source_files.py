@@ -9,12 +9,14 @@ when it is closed, so every reader works on plain local files.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from flightfeed.server.storage.options import StorageOptions
 from flightfeed.server.tools.convert.sources import find_files
@@ -103,6 +105,21 @@ class SourceFiles:
             for i in listing
             if i.type == pafs.FileType.File and not any(part.startswith(".") for part in i.path[len(key) :].split("/"))
         ]
+
+    def index_json(self, src: str, kind: str) -> tuple[str, str, dict[str, Any]]:
+        """``(root, index_uri, index)``: the ``index.json`` of the dataset ``src`` (the folder or
+        the file itself) parsed; refused, naming it, when it cannot be read as JSON (``kind``:
+        "MosaicML Streaming", "LitData")."""
+        root = src.rstrip("/")
+        index_uri = root if root.endswith("index.json") else self.join(root, "index.json")
+        try:
+            with self.local(index_uri) as path, open(path, encoding="utf-8") as fh:
+                index = json.load(fh)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{index_uri}: not a readable {kind} index.json: {exc}") from None
+        if not isinstance(index, dict):
+            raise ConfigError(f"{index_uri}: not a {kind} index.json (a JSON object is expected)")
+        return index_uri[: -len("index.json")].rstrip("/"), index_uri, index
 
     @contextmanager
     def local(self, path: str) -> Iterator[str]:
