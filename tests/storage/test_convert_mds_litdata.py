@@ -102,7 +102,9 @@ def eval_json(text: str) -> Any:
 
 
 @pytest.mark.parametrize("kind", ["mds", "litdata"])
-@pytest.mark.parametrize(("text", "says"), [("{not json", "not a readable"), ("[1, 2]", r"not a \w+ index.json \(a JSON object is expected\)")])
+@pytest.mark.parametrize(
+    ("text", "says"), [("{not json", "not a readable"), ("[1, 2]", r"not a \w+ index.json \(a JSON object is expected\)")]
+)
 def test_an_unreadable_index_json_is_named(tmp_path: Path, kind: str, text: str, says: str) -> None:
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "index.json").write_text(text)
