@@ -103,7 +103,8 @@ def eval_json(text: str) -> Any:
 
 @pytest.mark.parametrize("kind", ["mds", "litdata"])
 @pytest.mark.parametrize(
-    ("text", "says"), [("{not json", "not a readable"), ("[1, 2]", r"not a \w+ index.json \(a JSON object is expected\)")]
+    ("text", "says"),
+    [("{not json", "not a readable"), ("[1, 2]", r"not a \w+ index.json \(a JSON object is expected\)")],
 )
 def test_an_unreadable_index_json_is_named(tmp_path: Path, kind: str, text: str, says: str) -> None:
     (tmp_path / "src").mkdir()
