@@ -1,0 +1,141 @@
+"""The client's CPU around the trainer decode (``ReadOptions(decode_on="trainer")``), measured on
+a CPU machine through the same path a GPU trainer runs (issue 30).
+
+The decode itself needs CUDA (nvJPEG), so a stand-in decoder with the decoder interface of
+``_jpeg_decoders`` (bytes views -> CHW uint8 tensors) decodes with Pillow at 1/8 scale
+(``Image.draft``) and counts its own thread CPU; every figure below EXCLUDES that call. The batch
+is cropped to a small output (``random_resized_crop`` 32, ``--size``) so that the CPU engine's
+crop matmuls -- device work on a GPU -- stay small beside the per-image host work.
+
+Modes, each in the same process against one ``flightfeed serve`` child (its CPU is not counted):
+* ``host``: ``device=None`` -- the consumer converts and decodes;
+* ``device``: ``device="cpu"`` with the CPU ``CopyEngine`` -- the lanes stage into the ring, the
+  mover copies, the consumer cuts and decodes (the CUDA path's threads and steps).
+
+Per mode: client CPU per image (all threads) minus the decode call, and the consumer thread's CPU
+per image minus the decode call (the training loop's thread). ``--rounds`` epochs per mode after a
+warm-up epoch, modes in alternation, medians.
+
+    python bench/bench_trainer_decode_cpu.py --images 1024 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.bench_imagenet import convert, make_jpegs  # noqa: E402
+from bench.common import flightfeed_server, load_average, machine, write_json  # noqa: E402
+from flightfeed.client import FlightDataset, ReadOptions  # noqa: E402
+from flightfeed.client._device import CpuEngine  # noqa: E402
+
+DATA = Path("/tmp/flightfeed-bench")
+
+
+class StandIn:
+    """Pillow at 1/8 scale; counts its own CPU (the decode call, which the figures exclude)."""
+
+    def __init__(self) -> None:
+        self.cpu_s = 0.0
+        self.images = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, data: list[torch.Tensor], device: torch.device, mode: str) -> list[torch.Tensor]:
+        c0 = time.thread_time()
+        out = []
+        for d in data:
+            img = Image.open(io.BytesIO(memoryview(d.numpy())))
+            img.draft(mode, (max(1, img.width // 8), max(1, img.height // 8)))
+            arr = np.asarray(img.convert(mode))
+            out.append(torch.from_numpy(arr).reshape(arr.shape[0], arr.shape[1], -1).permute(2, 0, 1))
+        with self.lock:
+            self.cpu_s += time.thread_time() - c0
+            self.images += len(data)
+        return out
+
+
+def one_epoch(ds: FlightDataset, decoder: StandIn, epoch: int) -> dict[str, float]:
+    ds.set_epoch(epoch)
+    d0, n0 = decoder.cpu_s, decoder.images
+    p0, t0, w0 = time.process_time(), time.thread_time(), time.perf_counter()
+    n = 0
+    for b in ds:
+        n += int(b["image"].shape[0])
+    wall = time.perf_counter() - w0
+    proc, thread = time.process_time() - p0, time.thread_time() - t0
+    dec = decoder.cpu_s - d0
+    assert decoder.images - n0 == n
+    return {
+        "images": n,
+        "img_per_s": n / wall,
+        "client_ms_per_image_excl_decode": (proc - dec) / n * 1e3,
+        "consumer_ms_per_image_excl_decode": (thread - dec) / n * 1e3,
+        "decode_call_ms_per_image": dec / n * 1e3,
+        "client_ms_per_image_total": proc / n * 1e3,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--images", type=int, default=1024)
+    ap.add_argument("--batch-size", type=int, default=128)
+    ap.add_argument("--streams", type=int, default=4)
+    ap.add_argument("--size", type=int, default=32, help="random_resized_crop output side")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--modes", nargs="+", default=["host", "device"])
+    ap.add_argument("--label", default="", help="a name for this run in the JSON (e.g. 'before')")
+    args = ap.parse_args()
+
+    src = make_jpegs(DATA / f"jpegs-{args.images}", args.images)
+    shards = convert(src, DATA / f"jpegs-{args.images}-shards")
+    steps = [{"name": "decode"}, {"name": "random_resized_crop", "size": args.size}, {"name": "hflip"}]
+    load0 = load_average()
+    per_mode: dict[str, list[dict[str, float]]] = {m: [] for m in args.modes}
+    with flightfeed_server({"imgs": shards}) as server:
+        readers: dict[str, tuple[FlightDataset, StandIn]] = {}
+        for mode in args.modes:
+            ds = FlightDataset(
+                server.location, "imgs", batch_size=args.batch_size, seed=1, rank=0, world_size=1,
+                transform=steps, device="cpu" if mode == "device" else None,
+                options=ReadOptions(streams=args.streams, decode_on="trainer", report_interval=None),
+            )
+            dec = StandIn()
+            ds._image_decoder = dec
+            if mode == "device":
+                ds._copy_engine = CpuEngine
+            one_epoch(ds, dec, 0)  # warm-up: connections, the ring, the allocator
+            readers[mode] = (ds, dec)
+        for r in range(args.rounds):
+            for mode in args.modes:
+                ds, dec = readers[mode]
+                per_mode[mode].append(one_epoch(ds, dec, r + 1))
+            print(f"round {r} done", flush=True)
+        for ds, _ in readers.values():
+            ds.close()
+    load1 = load_average()
+    result: dict[str, Any] = {"machine": machine(), "args": vars(args), "load": [load0, load1], "modes": {}}
+    for mode, runs in per_mode.items():
+        med = {k: statistics.median(run[k] for run in runs) for k in runs[0]}
+        result["modes"][mode] = {"median": med, "rounds": runs}
+        print(f"{mode:7s} " + "  ".join(f"{k}={v:.4f}" for k, v in med.items()))
+    print(f"load {load0:.1f} -> {load1:.1f}")
+    name = "trainer_decode_cpu" + (f"_{args.label}" if args.label else "")
+    print(f"wrote {write_json(name, result)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
