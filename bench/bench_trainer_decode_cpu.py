@@ -12,9 +12,15 @@ Modes, each in the same process against one ``flightfeed serve`` child (its CPU 
 * ``device``: ``device="cpu"`` with the CPU ``CopyEngine`` -- the lanes stage into the ring, the
   mover copies, the consumer cuts and decodes (the CUDA path's threads and steps).
 
-Per mode: client CPU per image (all threads) minus the decode call, and the consumer thread's CPU
-per image minus the decode call (the training loop's thread). ``--rounds`` epochs per mode after a
-warm-up epoch, modes in alternation, medians.
+Per mode: client CPU per image (all threads) minus the decode call; the consumer thread's CPU per
+image minus the decode call (the training loop's thread); the batched crop's CPU (on a GPU its
+arithmetic is device time, here it is host time: reported apart); and what is left around the
+decode on the consumer thread (``around_ms_per_image``: conversion, cut/join, byte views, the crop
+columns; neither the decode nor the crop). ``--rounds`` epochs per mode after a warm-up epoch,
+modes in alternation, medians. torch runs one intra-op thread (a GPU trainer does not do these
+matmuls on the CPU; OpenMP's spinning threads made the process CPU swing 0.3-2.8 ms per image).
+``--dump FILE``: the sha256 of every decoded image of epoch 1 per mode and row (to compare two
+versions of the client byte for byte).
 
     python bench/bench_trainer_decode_cpu.py --images 1024 --rounds 3
 """
@@ -22,7 +28,9 @@ warm-up epoch, modes in alternation, medians.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
+import json
 import statistics
 import sys
 import threading
@@ -39,8 +47,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench_imagenet import convert, make_jpegs  # noqa: E402
 from bench.common import flightfeed_server, load_average, machine, write_json  # noqa: E402
-from flightfeed.client import FlightDataset, ReadOptions  # noqa: E402
+from flightfeed.client import FlightDataset, ReadOptions, _trainer_decode  # noqa: E402
 from flightfeed.client._device import CpuEngine  # noqa: E402
+from flightfeed.wire.messages import INDEX_COLUMN  # noqa: E402
 
 DATA = Path("/tmp/flightfeed-bench")
 
@@ -57,7 +66,7 @@ class StandIn:
         c0 = time.thread_time()
         out = []
         for d in data:
-            img = Image.open(io.BytesIO(memoryview(d.numpy())))
+            img = Image.open(io.BytesIO(d.numpy().data))
             img.draft(mode, (max(1, img.width // 8), max(1, img.height // 8)))
             arr = np.asarray(img.convert(mode))
             out.append(torch.from_numpy(arr).reshape(arr.shape[0], arr.shape[1], -1).permute(2, 0, 1))
@@ -67,22 +76,38 @@ class StandIn:
         return out
 
 
-def one_epoch(ds: FlightDataset, decoder: StandIn, epoch: int) -> dict[str, float]:
+CROP_CPU = [0.0]
+_crop = _trainer_decode.batched_resized_crop
+
+
+def timed_crop(*args: Any) -> torch.Tensor:
+    c0 = time.thread_time()
+    out = _crop(*args)
+    CROP_CPU[0] += time.thread_time() - c0
+    return out
+
+
+def one_epoch(ds: FlightDataset, decoder: StandIn, epoch: int, dump: dict[str, str] | None = None) -> dict[str, float]:
     ds.set_epoch(epoch)
-    d0, n0 = decoder.cpu_s, decoder.images
+    d0, n0, k0 = decoder.cpu_s, decoder.images, CROP_CPU[0]
     p0, t0, w0 = time.process_time(), time.thread_time(), time.perf_counter()
     n = 0
     for b in ds:
         n += int(b["image"].shape[0])
+        if dump is not None:
+            for i, img in zip(b[INDEX_COLUMN].tolist(), b["image"], strict=True):
+                dump[str(i)] = hashlib.sha256(img.contiguous().numpy().tobytes()).hexdigest()
     wall = time.perf_counter() - w0
     proc, thread = time.process_time() - p0, time.thread_time() - t0
-    dec = decoder.cpu_s - d0
+    dec, crop = decoder.cpu_s - d0, CROP_CPU[0] - k0
     assert decoder.images - n0 == n
     return {
         "images": n,
         "img_per_s": n / wall,
         "client_ms_per_image_excl_decode": (proc - dec) / n * 1e3,
         "consumer_ms_per_image_excl_decode": (thread - dec) / n * 1e3,
+        "crop_ms_per_image": crop / n * 1e3,
+        "around_ms_per_image": (thread - dec - crop) / n * 1e3,
         "decode_call_ms_per_image": dec / n * 1e3,
         "client_ms_per_image_total": proc / n * 1e3,
     }
@@ -97,7 +122,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--modes", nargs="+", default=["host", "device"])
     ap.add_argument("--label", default="", help="a name for this run in the JSON (e.g. 'before')")
+    ap.add_argument("--dump", type=Path, help="write the sha256 of each decoded image (epoch 1) here")
     args = ap.parse_args()
+    torch.set_num_threads(1)
+    _trainer_decode.batched_resized_crop = timed_crop  # type: ignore[assignment]
+    dumps: dict[str, dict[str, str]] = {m: {} for m in args.modes}
 
     src = make_jpegs(DATA / f"jpegs-{args.images}", args.images)
     shards = convert(src, DATA / f"jpegs-{args.images}-shards")
@@ -110,7 +139,9 @@ def main() -> int:
             ds = FlightDataset(
                 server.location, "imgs", batch_size=args.batch_size, seed=1, rank=0, world_size=1,
                 transform=steps, device="cpu" if mode == "device" else None,
-                options=ReadOptions(streams=args.streams, decode_on="trainer", report_interval=None),
+                options=ReadOptions(
+                    streams=args.streams, decode_on="trainer", report_interval=None, with_index=True
+                ),
             )
             dec = StandIn()
             ds._image_decoder = dec
@@ -121,7 +152,8 @@ def main() -> int:
         for r in range(args.rounds):
             for mode in args.modes:
                 ds, dec = readers[mode]
-                per_mode[mode].append(one_epoch(ds, dec, r + 1))
+                dump = dumps[mode] if args.dump is not None and r == 0 else None
+                per_mode[mode].append(one_epoch(ds, dec, r + 1, dump))
             print(f"round {r} done", flush=True)
         for ds, _ in readers.values():
             ds.close()
@@ -132,6 +164,9 @@ def main() -> int:
         result["modes"][mode] = {"median": med, "rounds": runs}
         print(f"{mode:7s} " + "  ".join(f"{k}={v:.4f}" for k, v in med.items()))
     print(f"load {load0:.1f} -> {load1:.1f}")
+    if args.dump is not None:
+        args.dump.write_text(json.dumps(dumps, sort_keys=True))
+        result["args"]["dump"] = str(args.dump)
     name = "trainer_decode_cpu" + (f"_{args.label}" if args.label else "")
     print(f"wrote {write_json(name, result)}")
     return 0

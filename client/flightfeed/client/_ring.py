@@ -5,9 +5,10 @@ that has a whole message copies its columns straight into a free slot (:func:`st
 tensor columns are the Arrow buffers (DLPack views, ``_convert``) copied with ``numpy.copyto``,
 which releases the GIL, so the lanes copy in parallel; a jagged ``torch.nested`` column is staged
 as two flat buffers (its ``values()`` and ``offsets()``); columns with no tensor form (lists of
-bytes or strings, or a binary column kept as one Arrow array for the trainer decode) stay on the host. The slot then waits in the board's reorder buffer until the
-mover thread copies it to the device in canonical order; the slot is free again once that copy's
-fence says the device has read it (:meth:`PinnedRing.retire`, :meth:`PinnedRing.reap`).
+bytes or strings, or a binary column kept as one Arrow array for the trainer decode) stay on the
+host. The slot then waits in the board's reorder buffer until the mover thread copies it to the
+device in canonical order; the slot is free again once that copy's fence says the device has read
+it (:meth:`PinnedRing.retire`, :meth:`PinnedRing.reap`).
 
 The ring is sized from the first message: ``slots(nbytes)`` slots of 1.25x its staged bytes, each
 allocated only when no allocated slot is free (pinning is slow; the bound is rarely all used). A

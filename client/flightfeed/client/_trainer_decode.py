@@ -46,7 +46,7 @@ def byte_views(column: Any) -> list[torch.Tensor]:
         return list(torch.empty((n, 0), dtype=torch.uint8).unbind())
     values: Any = pa.Array.from_buffers(pa.uint8(), hi - lo, [None, bufs[2]], offset=lo)
     data = torch.utils.dlpack.from_dlpack(values.__dlpack__(max_version=(1, 0)))  # read-only by contract
-    return list(data.split(np.diff(offsets).tolist()))
+    return list(data.split_with_sizes(np.diff(offsets).tolist()))
 
 
 class TrainerDecode:
