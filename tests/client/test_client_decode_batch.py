@@ -113,3 +113,17 @@ def test_the_named_binary_column_stays_one_arrow_array() -> None:
     assert isinstance(pieces[0][0][2], pa.Array)
     joined = _join(pieces)["image"]
     assert isinstance(joined, pa.Array) and joined.to_pylist() == rb.column(0).to_pylist()[1:5]
+
+
+@pytest.mark.parametrize("dtype", [None, torch.half])  # half: the CUDA default, checked here on the CPU
+def test_padded_batch_zero_pads_every_image_to_the_largest(dtype: torch.dtype | None) -> None:
+    g = torch.Generator().manual_seed(3)
+    sizes = [(5, 7), (9, 4), (1, 1), (9, 7), (6, 6)]
+    images = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g) for h, w in sizes]
+    images[1] = torch.randint(0, 256, (4, 9, 3), dtype=torch.uint8, generator=g).permute(2, 0, 1)  # HWC viewed as CHW
+    padded = td.padded_batch(images, dtype)
+    assert padded.shape == (5, 3, 9, 9)  # the widest is the permuted one: 4 x 9
+    for k, img in enumerate(images):
+        h, w = img.shape[1:]
+        assert torch.equal(padded[k, :, :h, :w].float(), img.float())
+        assert not padded[k, :, h:].any() and not padded[k, :, :, w:].any()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -28,8 +29,8 @@ from flightfeed.client._jpeg_decoders import Decoder, default_decoder, nvimgcode
 from flightfeed.wire.errors import ConfigError
 
 __all__ = [
-    "Decoder", "TrainerDecode", "batched_resized_crop", "byte_views", "nvimgcodec_decoder", "resized_crop",
-    "torchvision_decoder",
+    "Decoder", "TrainerDecode", "batched_resized_crop", "byte_views", "nvimgcodec_decoder", "padded_batch",
+    "resized_crop", "torchvision_decoder",
 ]
 
 def byte_views(column: Any) -> list[torch.Tensor]:
@@ -110,13 +111,8 @@ def batched_resized_crop(
     boxes = boxes.to(device=device, dtype=torch.float64)
     flips = flips.to(device=device, dtype=torch.bool)
     for lo in range(0, n, CHUNK):
-        part = images[lo : lo + CHUNK]
-        shapes = [img.shape for img in part]
-        height = max(s[1] for s in shapes)
-        width = max(s[2] for s in shapes)
-        padded = torch.zeros((len(part), channels, height, width), dtype=torch.uint8, device=device)
-        for k, img in enumerate(part):  # one copy each: the images differ in size
-            padded[k, :, : shapes[k][1], : shapes[k][2]] = img
+        padded = padded_batch(images[lo : lo + CHUNK])
+        height, width = int(padded.shape[2]), int(padded.shape[3])
         b = boxes[lo : lo + CHUNK]
         # taps per output: twice the widest downscale factor, and two (known here: no device sync)
         tallest, widest = host[lo : lo + CHUNK, 2:].amax(0).tolist()
@@ -125,10 +121,23 @@ def batched_resized_crop(
         rows = _resample_matrix(b[:, 0], b[:, 2], out_h, height, span_h)  # (b, out_h, height)
         cols = _resample_matrix(b[:, 1], b[:, 3], out_w, width, span_w)  # (b, out_w, width)
         cols = torch.where(flips[lo : lo + CHUNK, None, None], cols.flip(1), cols)
-        x = padded.float()
+        x = padded.float()  # exact: uint8 and half hold 0..255 exactly
         y = rows[:, None] @ x @ cols.transpose(1, 2)[:, None]
         out[lo : lo + CHUNK] = y.round_().clamp_(0, 255).to(torch.uint8)
     return out
+
+
+def padded_batch(images: list[torch.Tensor], dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``(B, C, H, W)``: CHW images of different sizes zero-padded to the largest, with no Python
+    step per image: one nested tensor (one copy of all images), then one ``to_padded_tensor``.
+    ``dtype``: of the nested copy; on CUDA half by default (``to_padded_tensor`` has one padding
+    kernel for floating types; uint8 falls back to a pad per image), else uint8."""
+    if dtype is None:
+        dtype = torch.half if images[0].device.type == "cuda" else torch.uint8
+    with warnings.catch_warnings():  # torch warns once that strided nested tensors are a prototype
+        warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors is in prototype stage")
+        nested = torch.nested.as_nested_tensor(images, dtype=dtype)
+    return torch.nested.to_padded_tensor(nested, 0.0)
 
 
 def _resample_matrix(start: torch.Tensor, size: torch.Tensor, out: int, full: int, span: int) -> torch.Tensor:
