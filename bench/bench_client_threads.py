@@ -95,7 +95,7 @@ def _wrap_requests() -> None:
 def _wrap_copies() -> None:
     """The device path's two copies, apart: the lanes' staging (``stage_message``: the message's
     conversion and its copy into a ring slot) and the mover's ``copy_slot`` (slot -> "device")."""
-    stage: Callable[..., Any] = _mover.stage_message
+    stage: Callable[..., Any] = _mover.__dict__["stage_message"]  # what the lanes' stage hook calls
     copy_slot: Callable[..., Any] = CpuEngine.copy_slot
 
     def counted_stage(*args: Any, **kwargs: Any) -> Any:
@@ -112,7 +112,7 @@ def _wrap_copies() -> None:
         finally:
             COUNTERS.add("copy_slot_cpu", time.thread_time() - c0)
 
-    _mover.stage_message = counted_stage  # type: ignore[assignment]
+    _mover.__dict__["stage_message"] = counted_stage
     CpuEngine.copy_slot = counted_copy  # type: ignore[method-assign]
 
 

@@ -137,7 +137,8 @@ def padded_batch(images: list[torch.Tensor], dtype: torch.dtype | None = None) -
     with warnings.catch_warnings():  # torch warns once that strided nested tensors are a prototype
         warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors is in prototype stage")
         nested = torch.nested.as_nested_tensor(images, dtype=dtype)
-    return torch.nested.to_padded_tensor(nested, 0.0)
+    padded: torch.Tensor = torch.nested.to_padded_tensor(nested, 0.0)
+    return padded
 
 
 def _resample_matrix(start: torch.Tensor, size: torch.Tensor, out: int, full: int, span: int) -> torch.Tensor:
