@@ -19,6 +19,10 @@ decode on the consumer thread (``around_ms_per_image``: conversion, cut/join, by
 columns; neither the decode nor the crop). ``--rounds`` epochs per mode after a warm-up epoch,
 modes in alternation, medians. torch runs one intra-op thread (a GPU trainer does not do these
 matmuls on the CPU; OpenMP's spinning threads made the process CPU swing 0.3-2.8 ms per image).
+``stage``: the conversion + the image stage alone on one in-memory batch of the real JPEGs
+(``batch_to_torch`` then ``TrainerDecode``) with a decoder that returns 8x8 images it made
+beforehand, so neither a decode nor crop arithmetic weighs in: the host-side CPU per image
+around the decode call, with no network and no other thread.
 ``--dump FILE``: the sha256 of every decoded image of epoch 1 per mode and row (to compare two
 versions of the client byte for byte).
 
@@ -113,6 +117,45 @@ def one_epoch(ds: FlightDataset, decoder: StandIn, epoch: int, dump: dict[str, s
     }
 
 
+def stage_only(shards: Path, batch: int, size: int, repeats: int = 200) -> dict[str, float]:
+    """CPU per image of ``batch_to_torch`` + ``TrainerDecode`` on one batch (null decoder)."""
+    import inspect
+    import json as _json
+
+    import pyarrow as pa
+
+    from flightfeed.client._convert import batch_to_torch
+
+    table = pa.ipc.open_file(pa.memory_map(str(sorted(shards.glob("*.arrow"))[0]))).read_all()
+    images = table.column("image").combine_chunks().slice(0, batch)
+    n = len(images)
+    rng = np.random.default_rng(0)
+    boxes = pa.FixedSizeListArray.from_arrays(pa.array(rng.integers(0, 300, n * 4).astype(np.int32)), 4)
+    meta = {b"flightfeed.size": _json.dumps([size, size]).encode(), b"flightfeed.mode": b"RGB"}
+    schema = pa.schema([pa.field("image", pa.binary()), pa.field("image_crop", boxes.type, metadata=meta),
+                        pa.field("image_flip", pa.bool_()), pa.field("label", pa.int64())])
+    rb = pa.record_batch([images, boxes, pa.array(rng.integers(0, 2, n).astype(bool)), pa.array(range(n))],
+                         schema=schema)
+    small = [torch.full((3, 8, 8), k % 256, dtype=torch.uint8) for k in range(n)]
+
+    def null(data: list[torch.Tensor], device: torch.device, mode: str) -> list[torch.Tensor]:
+        return small[: len(data)]
+
+    decode = _trainer_decode.TrainerDecode(None, decoder=null)
+    kw: dict[str, Any] = {"arrow": ("image",)} if "arrow" in inspect.signature(batch_to_torch).parameters else {}
+    crop_cpu = CROP_CPU[0]
+    for _ in range(5):
+        decode(batch_to_torch(rb, **kw), rb)
+    c0, k0 = time.thread_time(), CROP_CPU[0]
+    for _ in range(repeats):
+        decode(batch_to_torch(rb, **kw), rb)
+    total, crop = time.thread_time() - c0, CROP_CPU[0] - k0
+    CROP_CPU[0] = crop_cpu
+    return {"stage_ms_per_image": total / (repeats * n) * 1e3,
+            "stage_without_crop_ms_per_image": (total - crop) / (repeats * n) * 1e3,
+            "crop_setup_ms_per_image": crop / (repeats * n) * 1e3}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--images", type=int, default=1024)
@@ -159,6 +202,8 @@ def main() -> int:
             ds.close()
     load1 = load_average()
     result: dict[str, Any] = {"machine": machine(), "args": vars(args), "load": [load0, load1], "modes": {}}
+    result["stage"] = stage_only(shards, args.batch_size, args.size)
+    print("stage   " + "  ".join(f"{k}={v:.4f}" for k, v in result["stage"].items()))
     for mode, runs in per_mode.items():
         med = {k: statistics.median(run[k] for run in runs) for k in runs[0]}
         result["modes"][mode] = {"median": med, "rounds": runs}
