@@ -5,8 +5,10 @@ The same 150 KB-row data as ``bench_throughput.py``, read in alternating rounds 
 torch and drops (``raw_handoff``: a trainer's loop), flightfeed stored order, fixed streams
 (``move=False, hedge=False``) and the device path on the CPU engine. Per mode and GB (medians):
 client CPU seconds split into the lanes (stream threads), the mover, the consumer (main) thread and
-gRPC's event-engine threads; minor page faults; and flightfeed's ``do_get`` requests and cancelled
-runs per epoch (a healthy one-node read should need one request per stream).
+gRPC's event-engine threads (for the device path also the lanes' staging, ``stage``, and the
+mover's ``copy_slot`` apart, so what the path costs beyond its two copies shows); minor page
+faults; and flightfeed's ``do_get`` requests and cancelled runs per epoch (a healthy one-node read
+should need one request per stream).
 
     python bench/bench_client_threads.py --rounds 4
 """
@@ -90,6 +92,30 @@ def _wrap_requests() -> None:
     _lanes.Lane._drop = counted_drop  # type: ignore[method-assign]
 
 
+def _wrap_copies() -> None:
+    """The device path's two copies, apart: the lanes' staging (``stage_message``: the message's
+    conversion and its copy into a ring slot) and the mover's ``copy_slot`` (slot -> "device")."""
+    stage: Callable[..., Any] = _mover.__dict__["stage_message"]  # what the lanes' stage hook calls
+    copy_slot: Callable[..., Any] = CpuEngine.copy_slot
+
+    def counted_stage(*args: Any, **kwargs: Any) -> Any:
+        c0 = time.thread_time()
+        try:
+            return stage(*args, **kwargs)
+        finally:
+            COUNTERS.add("stage_cpu", time.thread_time() - c0)
+
+    def counted_copy(self: Any, host: Any) -> Any:
+        c0 = time.thread_time()
+        try:
+            return copy_slot(self, host)
+        finally:
+            COUNTERS.add("copy_slot_cpu", time.thread_time() - c0)
+
+    _mover.__dict__["stage_message"] = counted_stage
+    CpuEngine.copy_slot = counted_copy  # type: ignore[method-assign]
+
+
 def _native_threads() -> dict[str, tuple[str, float, int]]:
     """tid -> (name, CPU seconds, minor faults) of this process's live threads."""
     out = {}
@@ -117,6 +143,7 @@ def main() -> int:
     _wrap_thread_run(_lanes.Lane, "lanes")
     _wrap_thread_run(_mover.Mover, "mover")
     _wrap_requests()
+    _wrap_copies()
     main_tid = str(threading.main_thread().native_id)
     figures: dict[str, dict[str, list[float]]] = collections.defaultdict(lambda: collections.defaultdict(list))
     load_before = os.getloadavg()
@@ -161,6 +188,9 @@ def main() -> int:
                     for key in ("lanes", "mover"):
                         row[f"{key}_cpu_s_per_gb"].append(ended.get(f"{key}_cpu", 0.0) / gb)
                         row[f"{key}_faults_k_per_gb"].append(ended.get(f"{key}_faults", 0.0) / gb / 1e3)
+                    if mode == "device":
+                        for key in ("stage", "copy_slot"):
+                            row[f"{key}_cpu_s_per_gb"].append(ended.get(f"{key}_cpu", 0.0) / gb)
                     if mode in readers:
                         row["requests_per_epoch"].append(ended.get("requests", 0.0))
                         row["cancelled_runs_per_epoch"].append(ended.get("cancelled_runs", 0.0))

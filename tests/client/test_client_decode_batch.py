@@ -76,3 +76,54 @@ def test_one_decoder_call_per_batch_and_no_per_image_crop(monkeypatch: pytest.Mo
     image = batch["image"]
     assert image.shape == (rows, 5, 7, 3) and set(batch) == {"image"}
     assert [int(image[k].float().mean()) for k in range(rows)] == [10 * k for k in range(rows)]
+
+
+def address(arr: Any, k: int) -> int:
+    buf = arr.buffers()[k]
+    assert buf is not None
+    return int(buf.address)
+
+
+def test_byte_views_are_one_split_of_the_values_buffer() -> None:
+    values = [b"abc", b"", None, b"defgh", bytes(range(200))]
+    for typ in (pa.binary(), pa.large_binary()):
+        whole = pa.array(values, type=typ)
+        for arr in (whole, whole.slice(1), whole.slice(3, 2), whole.slice(0, 0), pa.array([b"", None], type=typ)):
+            views = td.byte_views(arr)
+            assert [bytes(v.numpy()) for v in views] == [v or b"" for v in arr.to_pylist()]
+            assert all(v.dtype == torch.uint8 and v.dim() == 1 for v in views)
+        views = td.byte_views(whole.slice(3))  # views of the received buffer, not copies
+        base = address(whole, 2)
+        assert [v.data_ptr() - base for v in views] == [3, 8]
+
+
+def test_the_named_binary_column_stays_one_arrow_array() -> None:
+    from flightfeed.client._convert import batch_to_torch
+    from flightfeed.client._mover import DeviceMessage, _cut, _join
+
+    rb = pa.record_batch({"image": pa.array([bytes([k]) * (k + 1) for k in range(6)]),
+                          "text": pa.array([b"t"] * 6), "label": pa.array(range(6))})
+    out = batch_to_torch(rb, arrow=("image",))
+    assert isinstance(out["image"], pa.Array) and address(out["image"], 2) == address(rb.column(0), 2)
+    assert out["text"] == [b"t"] * 6  # other binary columns: lists, as before
+    assert batch_to_torch(rb)["image"] == rb.column(0).to_pylist()
+    # the device path's cut and join: slices, and one concatenated array for a batch over two messages
+    msgs = [DeviceMessage([rb.slice(lo, 3)], [("image", "host", out["image"].slice(lo, 3))], [0]) for lo in (0, 3)]
+    pieces = [_cut(msgs[0], 1, 2), _cut(msgs[1], 0, 2)]
+    assert isinstance(pieces[0][0][2], pa.Array)
+    joined = _join(pieces)["image"]
+    assert isinstance(joined, pa.Array) and joined.to_pylist() == rb.column(0).to_pylist()[1:5]
+
+
+@pytest.mark.parametrize("dtype", [None, torch.half])  # half: the CUDA default, checked here on the CPU
+def test_padded_batch_zero_pads_every_image_to_the_largest(dtype: torch.dtype | None) -> None:
+    g = torch.Generator().manual_seed(3)
+    sizes = [(5, 7), (9, 4), (1, 1), (9, 7), (6, 6)]
+    images = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g) for h, w in sizes]
+    images[1] = torch.randint(0, 256, (4, 9, 3), dtype=torch.uint8, generator=g).permute(2, 0, 1)  # HWC viewed as CHW
+    padded = td.padded_batch(images, dtype)
+    assert padded.shape == (5, 3, 9, 9)  # the widest is the permuted one: 4 x 9
+    for k, img in enumerate(images):
+        h, w = img.shape[1:]
+        assert torch.equal(padded[k, :, :h, :w].float(), img.float())
+        assert not padded[k, :, h:].any() and not padded[k, :, :, w:].any()

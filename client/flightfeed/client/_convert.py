@@ -4,7 +4,9 @@
 * ``arrow.fixed_shape_tensor`` / FixedSizeList (optionally with ``shape`` field metadata) ->
   tensors of shape ``(rows, *shape)`` (views of the flattened values)
 * booleans -> bool tensors (Arrow packs bits: this one copies)
-* binary/string columns -> Python lists (no tensor form; nothing is dropped)
+* binary/string columns -> Python lists (no tensor form; nothing is dropped), except those named in
+  ``arrow``, which stay the Arrow array itself (the trainer decode's image column: no per-image
+  ``bytes`` object, one zero-copy slice per batch; ``_trainer_decode`` views its buffers)
 * ``list`` / ``large_list`` columns -> jagged nested tensors or padded tensors + ``NAME_lengths``
   (``_ragged``, chosen by ``ReadOptions(ragged=..., pad_value=...)``)
 
@@ -14,6 +16,7 @@ The tensors alias Arrow memory: treat them as read-only.
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from typing import Any
 
 import pyarrow as pa
@@ -67,6 +70,10 @@ def _primitive(arr: _Arr) -> torch.Tensor:
     return torch.utils.dlpack.from_dlpack(arr.__dlpack__(max_version=(1, 0)))
 
 
+def _is_binary(t: Any) -> bool:
+    return bool(pa.types.is_binary(t) or pa.types.is_large_binary(t))
+
+
 def column_to_torch(field: _Arr, arr: _Arr) -> Any:
     shape = tensor_shape(field)
     if shape is not None:
@@ -82,11 +89,16 @@ def column_to_torch(field: _Arr, arr: _Arr) -> Any:
     )
 
 
-def batch_to_torch(batch: pa.RecordBatch, ragged: RaggedSpec = "nested", pad_value: float = 0) -> dict[str, Any]:
+def batch_to_torch(
+    batch: pa.RecordBatch, ragged: RaggedSpec = "nested", pad_value: float = 0, arrow: Collection[str] = ()
+) -> dict[str, Any]:
     if not isinstance(ragged, str):
         check_mapping(ragged, batch.schema)
     out: dict[str, Any] = {}
     for i, f in enumerate(batch.schema):
+        if f.name in arrow and _is_binary(f.type):
+            out[f.name] = batch.column(i)
+            continue
         if not is_ragged(f.type):
             out[f.name] = column_to_torch(f, batch.column(i))
             continue

@@ -22,7 +22,7 @@ from flightfeed.client._assemble import split_batches
 from flightfeed.client._convert import batch_to_torch
 from flightfeed.client._datapipe import FlightDataPipe
 from flightfeed.client._device import CopyEngine, DeviceStage
-from flightfeed.client._images import check_decode_on, image_stage
+from flightfeed.client._images import check_decode_on, image_stage, trainer_columns
 from flightfeed.client._info import dataset_info
 from flightfeed.client._info_helper import helper_needed, info_via_helper
 from flightfeed.client._lanes import Lane, Lanes, LaneSettings, join_lanes
@@ -352,7 +352,11 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         skip = skip_delivered(readers, start.worker_rows) if topo.num_workers > 1 else 0
         path = self._device_path() if topo.num_workers == 1 else None
         keep_arrow = self.options.decode_on == "trainer"  # the trainer decode reads the Arrow batch
-        convert = functools.partial(batch_to_torch, ragged=self.options.ragged, pad_value=self.options.pad_value)
+        # the trainer decode's JPEG column stays one Arrow array through ring, cut and join (no list of bytes)
+        arrow = trainer_columns(self.options.decode_on)
+        convert = functools.partial(
+            batch_to_torch, ragged=self.options.ragged, pad_value=self.options.pad_value, arrow=arrow
+        )
         pack = self.options.pack
         # packed windows on the CPU: each lane widens its whole message once (``_packed``)
         packed_cpu = pack is not None and path is None and (self.device is None or self.device.type == "cpu")
@@ -409,7 +413,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
                         self._state = self._state.advanced(positions)
                         continue
                 if staged is None:
-                    tensors = batch_to_torch(rb, ragged, pad_value)
+                    tensors = batch_to_torch(rb, ragged, pad_value, arrow)
                     self.meter.spent("convert", time.perf_counter() - t1)
                     out = stage(tensors)  # the device stage reports its own time
                 else:  # on the device already (``_mover``), or packed windows widened by the lanes (``_packed``)

@@ -14,7 +14,7 @@ from flightfeed.client._options import DECODE_ON
 from flightfeed.client._trainer_decode import TrainerDecode
 from flightfeed.wire.errors import ConfigError
 
-__all__ = ["check_decode_on", "image_stage"]
+__all__ = ["check_decode_on", "image_stage", "trainer_columns"]
 ImageStage = Callable[[dict[str, Any], pa.RecordBatch], dict[str, Any]]
 
 
@@ -26,6 +26,11 @@ def check_decode_on(decode_on: str, transform: Any) -> None:
             "decode_on='trainer' needs a transform that decodes on the node's path (e.g. "
             "transform='imagenet_train'); the node then sends the bytes plus that path's crop boxes and flips"
         )
+
+
+def trainer_columns(decode_on: str) -> tuple[str, ...]:
+    """The binary columns the trainer decode reads: kept as Arrow arrays (``_convert``'s ``arrow``)."""
+    return (TrainerDecode.COLUMN,) if decode_on == "trainer" else ()
 
 
 def image_stage(

@@ -33,7 +33,7 @@ import torch
 from flightfeed.client._convert import batch_to_torch
 from flightfeed.client._device import CopyEngine, CudaEngine, open_engine
 from flightfeed.client._lanes import WINDOW_MESSAGE_BYTES, Lanes, LaneSettings
-from flightfeed.client._ring import Column, Convert, PinnedRing, StagedMessage, stage_message
+from flightfeed.client._ring import Column, Convert, PinnedRing, StagedMessage, concat_host, stage_message
 from flightfeed.client._skips import positions_of
 from flightfeed.wire.errors import StreamError
 
@@ -269,7 +269,7 @@ def _cut(msg: DeviceMessage, start: int, rows: int) -> list[tuple[str, str, Any]
             width = max(sub, default=0)
             cut = tensor[start : start + rows]
             out.append((name, kind, (cut[:, :width].contiguous() if width < cut.shape[1] else cut, sub, pad)))
-        else:
+        else:  # a list, or an Arrow array (a zero-copy slice)
             out.append((name, kind, value[start : start + rows]))
     return out
 
@@ -301,7 +301,7 @@ def _join(pieces: list[list[tuple[str, str, Any]]]) -> dict[str, Any]:
         elif kind == "padded":
             out[name] = parts[0][0] if len(parts) == 1 else _pad_join(parts)
         else:
-            out[name] = parts[0] if len(parts) == 1 else [x for p in parts for x in p]
+            out[name] = parts[0] if len(parts) == 1 else concat_host(parts)
     return out
 
 

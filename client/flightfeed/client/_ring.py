@@ -5,9 +5,10 @@ that has a whole message copies its columns straight into a free slot (:func:`st
 tensor columns are the Arrow buffers (DLPack views, ``_convert``) copied with ``numpy.copyto``,
 which releases the GIL, so the lanes copy in parallel; a jagged ``torch.nested`` column is staged
 as two flat buffers (its ``values()`` and ``offsets()``); columns with no tensor form (lists of
-bytes or strings) stay on the host. The slot then waits in the board's reorder buffer until the
-mover thread copies it to the device in canonical order; the slot is free again once that copy's
-fence says the device has read it (:meth:`PinnedRing.retire`, :meth:`PinnedRing.reap`).
+bytes or strings, or a binary column kept as one Arrow array for the trainer decode) stay on the
+host. The slot then waits in the board's reorder buffer until the mover thread copies it to the
+device in canonical order; the slot is free again once that copy's fence says the device has read
+it (:meth:`PinnedRing.retire`, :meth:`PinnedRing.reap`).
 
 The ring is sized from the first message: ``slots(nbytes)`` slots of 1.25x its staged bytes, each
 allocated only when no allocated slot is free (pinning is slow; the bound is rarely all used). A
@@ -29,7 +30,7 @@ import torch
 
 from flightfeed.client._convert import batch_to_torch
 
-__all__ = ["ALIGN", "Column", "Convert", "Fence", "PinnedRing", "StagedMessage", "stage_message"]
+__all__ = ["ALIGN", "Column", "Convert", "Fence", "PinnedRing", "StagedMessage", "concat_host", "stage_message"]
 
 ALIGN = 64  # bytes: every staged buffer starts on a 64-byte boundary of its slot
 _HEADROOM = 1.25  # a slot holds this much more than the first message (later ones vary a little)
@@ -251,9 +252,16 @@ def _columns(parts: Sequence[pa.RecordBatch], convert: Convert, pad_value: float
         elif isinstance(first, torch.Tensor):
             out.append(Column(name, "tensor", [first if len(values) == 1 else torch.cat(values)]))
         else:
-            merged = first if len(values) == 1 else [x for v in values for x in v]
-            out.append(Column(name, "host", value=merged))
+            out.append(Column(name, "host", value=first if len(values) == 1 else concat_host(values)))
     return out
+
+
+def concat_host(parts: Sequence[Any]) -> Any:
+    """Host column pieces as one: lists joined, Arrow arrays (a binary column kept as Arrow,
+    ``_convert``'s ``arrow``) concatenated into one array -- no per-row Python object either way."""
+    if isinstance(parts[0], pa.Array):
+        return pa.concat_arrays(list(parts))
+    return [x for p in parts for x in p]
 
 
 def _padded(name: str, values: list[torch.Tensor], lengths: list[torch.Tensor], pad: float) -> Column:

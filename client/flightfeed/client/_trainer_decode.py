@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from typing import Any
 
 import numpy as np
@@ -28,29 +29,36 @@ from flightfeed.client._jpeg_decoders import Decoder, default_decoder, nvimgcode
 from flightfeed.wire.errors import ConfigError
 
 __all__ = [
-    "Decoder", "TrainerDecode", "batched_resized_crop", "byte_views", "nvimgcodec_decoder", "resized_crop",
-    "torchvision_decoder",
+    "Decoder", "TrainerDecode", "batched_resized_crop", "byte_views", "nvimgcodec_decoder", "padded_batch",
+    "resized_crop", "torchvision_decoder",
 ]
 
 def byte_views(column: Any) -> list[torch.Tensor]:
-    """1-d uint8 tensors viewing each row's bytes of a binary Arrow column (no copy)."""
-    large = pa.types.is_large_binary(column.type)
-    bufs = column.buffers()
+    """1-d uint8 tensors viewing each row's bytes of a binary Arrow column (no copy): one tensor
+    over the values buffer, cut by the offsets with one ``split`` (no Python step per row)."""
     n = len(column)
-    if bufs[2] is None or n == 0:
-        return [torch.empty(0, dtype=torch.uint8) for _ in range(n)]
-    offsets = np.frombuffer(bufs[1], dtype=np.int64 if large else np.int32)
-    bounds = offsets[column.offset : column.offset + n + 1].tolist()
-    values: Any = pa.Array.from_buffers(pa.uint8(), bufs[2].size, [None, bufs[2]])
+    if n == 0:
+        return []
+    bufs = column.buffers()
+    large = pa.types.is_large_binary(column.type)
+    offsets = np.frombuffer(bufs[1], dtype=np.int64 if large else np.int32)[column.offset : column.offset + n + 1]
+    lo, hi = int(offsets[0]), int(offsets[-1])
+    if bufs[2] is None or hi == lo:
+        return list(torch.empty((n, 0), dtype=torch.uint8).unbind())
+    values: Any = pa.Array.from_buffers(pa.uint8(), hi - lo, [None, bufs[2]], offset=lo)
     data = torch.utils.dlpack.from_dlpack(values.__dlpack__(max_version=(1, 0)))  # read-only by contract
-    return [data[bounds[i] : bounds[i + 1]] for i in range(n)]
+    return list(data.split_with_sizes(np.diff(offsets).tolist()))
 
 
 class TrainerDecode:
     """``(batch, record_batch)`` -> the batch with ``column`` decoded, cropped, resized and flipped
-    on ``device``; the crop/flip columns are consumed. ``decoder`` defaults to torchvision's."""
+    on ``device``; the crop/flip columns are consumed. ``decoder`` defaults to torchvision's. The
+    JPEG bytes are the batch's own ``column`` where it is the Arrow array (``_convert``'s ``arrow``:
+    no list of bytes was made), else the record batch's column."""
 
-    def __init__(self, device: torch.device | None, column: str = "image", decoder: Decoder | None = None) -> None:
+    COLUMN = "image"  # the column the data node's defer_decode step fills
+
+    def __init__(self, device: torch.device | None, column: str = COLUMN, decoder: Decoder | None = None) -> None:
         self.device = device or torch.device("cpu")
         self.column = column
         self._decoder = decoder
@@ -67,7 +75,10 @@ class TrainerDecode:
         mode = meta.get(b"flightfeed.mode", b"RGB").decode()
         if self._decoder is None:
             self._decoder = default_decoder(self.device)
-        images = self._decoder(byte_views(rb.column(self.column)), self.device, mode)  # one batched call
+        encoded = batch.get(self.column)
+        if not isinstance(encoded, pa.Array):
+            encoded = rb.column(self.column)
+        images = self._decoder(byte_views(encoded), self.device, mode)  # one batched call
         crops: Any = rb.column(crop_name)
         boxes = torch.from_numpy(getattr(crops, "storage", crops).flatten().to_numpy().reshape(-1, 4).astype(np.int64))
         flips = torch.from_numpy(rb.column(flip_name).to_numpy(zero_copy_only=False).astype(bool))
@@ -96,27 +107,38 @@ def batched_resized_crop(
     out = torch.empty((n, channels, out_h, out_w), dtype=torch.uint8, device=device)
     if not n:
         return out
-    host = boxes.tolist()
+    host = boxes.to(torch.int64)  # on the host: the spans below need no device sync
     boxes = boxes.to(device=device, dtype=torch.float64)
     flips = flips.to(device=device, dtype=torch.bool)
     for lo in range(0, n, CHUNK):
-        part = images[lo : lo + CHUNK]
-        height = max(int(img.shape[1]) for img in part)
-        width = max(int(img.shape[2]) for img in part)
-        padded = torch.zeros((len(part), channels, height, width), dtype=torch.uint8, device=device)
-        for k, img in enumerate(part):  # one copy each: the images differ in size
-            padded[k, :, : img.shape[1], : img.shape[2]] = img
+        padded = padded_batch(images[lo : lo + CHUNK])
+        height, width = int(padded.shape[2]), int(padded.shape[3])
         b = boxes[lo : lo + CHUNK]
         # taps per output: twice the widest downscale factor, and two (known here: no device sync)
-        span_h = 2 * math.ceil(max(1.0, *(bx[2] / out_h for bx in host[lo : lo + CHUNK]))) + 2
-        span_w = 2 * math.ceil(max(1.0, *(bx[3] / out_w for bx in host[lo : lo + CHUNK]))) + 2
+        tallest, widest = host[lo : lo + CHUNK, 2:].amax(0).tolist()
+        span_h = 2 * math.ceil(max(1.0, tallest / out_h)) + 2
+        span_w = 2 * math.ceil(max(1.0, widest / out_w)) + 2
         rows = _resample_matrix(b[:, 0], b[:, 2], out_h, height, span_h)  # (b, out_h, height)
         cols = _resample_matrix(b[:, 1], b[:, 3], out_w, width, span_w)  # (b, out_w, width)
         cols = torch.where(flips[lo : lo + CHUNK, None, None], cols.flip(1), cols)
-        x = padded.float()
+        x = padded.float()  # exact: uint8 and half hold 0..255 exactly
         y = rows[:, None] @ x @ cols.transpose(1, 2)[:, None]
         out[lo : lo + CHUNK] = y.round_().clamp_(0, 255).to(torch.uint8)
     return out
+
+
+def padded_batch(images: list[torch.Tensor], dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``(B, C, H, W)``: CHW images of different sizes zero-padded to the largest, with no Python
+    step per image: one nested tensor (one copy of all images), then one ``to_padded_tensor``.
+    ``dtype``: of the nested copy; on CUDA half by default (``to_padded_tensor`` has one padding
+    kernel for floating types; uint8 falls back to a pad per image), else uint8."""
+    if dtype is None:
+        dtype = torch.half if images[0].device.type == "cuda" else torch.uint8
+    with warnings.catch_warnings():  # torch warns once that strided nested tensors are a prototype
+        warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors is in prototype stage")
+        nested = torch.nested.as_nested_tensor(images, dtype=dtype)
+    padded: torch.Tensor = torch.nested.to_padded_tensor(nested, 0.0)
+    return padded
 
 
 def _resample_matrix(start: torch.Tensor, size: torch.Tensor, out: int, full: int, span: int) -> torch.Tensor:
