@@ -79,19 +79,30 @@ def _pieces(plan: EpochPlan, a: int, b: int) -> tuple[_I64, _I64, _I64]:
     return first + (lo - doc_begin), hi - lo, begins
 
 
-def _gather(ds: Dataset, plan: EpochPlan, column: str, src: _I64, count: _I64, dtype: np.dtype[Any]) -> bytes:
-    """The pieces' tokens, in order, as the bytes of one flat array of ``dtype`` (the column's)."""
-    size = dtype.itemsize
+def _gather(ds: Dataset, plan: EpochPlan, column: str, src: _I64, count: _I64, flat: npt.NDArray[Any]) -> None:
+    """The pieces' tokens, in order, into ``flat`` (the column's dtype, ``count.sum()`` long): one
+    ``memoryview`` slice assignment per piece. (Measured against the alternatives: numpy slice
+    assignment and ``np.concatenate`` of views cost 2-4x more per piece; ``bytes.join`` of
+    memoryviews holds thousands of GC-tracked objects at once, which made the cyclic GC scan the
+    server's heap again and again, and its fresh result was faulted in anew for every message;
+    ``np.repeat`` + fancy indexing costs 3-4x more per token; Arrow's list-view flatten 2x.)"""
+    size = flat.itemsize
     chunk_tokens = plan.index.chunk_tokens
     cid = np.searchsorted(chunk_tokens, src, side="right") - 1
     begin = (src - chunk_tokens[cid]) * size
-    s, e = begin.tolist(), (begin + count * size).tolist()
-    if cid[0] == cid[-1] and (cid == cid[0]).all():  # the common case: one chunk
-        raw = memoryview(chunk_tokens_view(ds, int(cid[0]), column)).cast("B")
-        return b"".join([raw[s0:e0] for s0, e0 in zip(s, e, strict=True)])
-    chunks, which = np.unique(cid, return_inverse=True)
-    raws = [memoryview(chunk_tokens_view(ds, int(c), column)).cast("B") for c in chunks.tolist()]
-    return b"".join([raws[i][s0:e0] for i, s0, e0 in zip(which.tolist(), s, e, strict=True)])
+    ends = begin + count * size
+    at = np.cumsum(count) * size
+    s, e, d, f = begin.tolist(), ends.tolist(), (at - count * size).tolist(), at.tolist()
+    with memoryview(flat) as whole, whole.cast("B") as out:
+        if cid[0] == cid[-1] and (cid == cid[0]).all():  # one chunk
+            with memoryview(chunk_tokens_view(ds, int(cid[0]), column)) as v, v.cast("B") as raw:
+                for s0, e0, d0, f0 in zip(s, e, d, f, strict=True):
+                    out[d0:f0] = raw[s0:e0]
+            return
+        chunks, which = np.unique(cid, return_inverse=True)
+        raws = [memoryview(chunk_tokens_view(ds, c, column)).cast("B") for c in chunks.tolist()]
+        for i, s0, e0, d0, f0 in zip(which.tolist(), s, e, d, f, strict=True):
+            out[d0:f0] = raws[i][s0:e0]
 
 
 def _positions(out: npt.NDArray[np.integer], begins: _I64, step: int) -> None:
@@ -131,11 +142,11 @@ def pack_windows(
         a = w0 * step
         span = n * step + 1
         b = min(a + span, total)
-        flat: npt.NDArray[Any] = np.empty(0, stored)
+        flat: npt.NDArray[Any] = np.empty(max(0, b - a), stored)
         begins: _I64 = np.zeros(0, np.int64)
         if b > a:
             src, count, begins = _pieces(plan, a, b)
-            flat = np.frombuffer(_gather(ds, plan, spec.column, src, count, stored), dtype=stored)
+            _gather(ds, plan, spec.column, src, count, flat)
         if b - a < span:  # the epoch's last window, padded with pad_id
             padded = np.full(span, spec.pad_id, dtype=tok_dtype)
             padded[: len(flat)] = flat
