@@ -94,15 +94,18 @@ def _gather(ds: Dataset, plan: EpochPlan, column: str, src: _I64, count: _I64, f
     at = np.cumsum(count) * size
     s, e, d, f = begin.tolist(), ends.tolist(), (at - count * size).tolist(), at.tolist()
     with memoryview(flat) as whole, whole.cast("B") as out:
-        if cid[0] == cid[-1] and (cid == cid[0]).all():  # one chunk
-            with memoryview(chunk_tokens_view(ds, int(cid[0]), column)) as v, v.cast("B") as raw:
+        low, high = int(cid.min()), int(cid.max())
+        if low == high:  # one chunk
+            with memoryview(chunk_tokens_view(ds, low, column)) as v, v.cast("B") as raw:
                 for s0, e0, d0, f0 in zip(s, e, d, f, strict=True):
                     out[d0:f0] = raw[s0:e0]
             return
-        chunks, which = np.unique(cid, return_inverse=True)
-        raws = [memoryview(chunk_tokens_view(ds, c, column)).cast("B") for c in chunks.tolist()]
-        for i, s0, e0, d0, f0 in zip(which.tolist(), s, e, d, f, strict=True):
-            out[d0:f0] = raws[i][s0:e0]
+        present = np.zeros(high - low + 1, dtype=bool)
+        present[cid - low] = True
+        raws = [memoryview(chunk_tokens_view(ds, low + i, column)).cast("B") if p else None
+                for i, p in enumerate(present.tolist())]
+        for i, s0, e0, d0, f0 in zip((cid - low).tolist(), s, e, d, f, strict=True):
+            out[d0:f0] = raws[i][s0:e0]  # type: ignore[index]
 
 
 def _positions(out: npt.NDArray[np.integer], begins: _I64, step: int) -> None:
@@ -152,7 +155,8 @@ def pack_windows(
             padded[: len(flat)] = flat
             flat = padded
         out = positions[row : row + n]
-        np.copyto(tokens[row : row + n], np.lib.stride_tricks.sliding_window_view(flat, width)[::step], casting="unsafe")
+        tokens[row : row + n, :step] = flat[: n * step].reshape(n, step)  # window r: flat[r * L : r * L + L + 1]
+        tokens[row : row + n, step] = flat[step::step]
         _positions(out, begins, step)
         if b - a < span:  # padding: position -1
             pad_from = np.arange(n, dtype=np.int64)[:, None] * step + np.arange(width, dtype=np.int64) >= b - a
