@@ -93,19 +93,24 @@ def _gather(ds: Dataset, plan: EpochPlan, column: str, src: _I64, count: _I64, f
     ends = begin + count * size
     at = np.cumsum(count) * size
     s, e, d, f = begin.tolist(), ends.tolist(), (at - count * size).tolist(), at.tolist()
-    with memoryview(flat) as whole, whole.cast("B") as out:
-        low, high = int(cid.min()), int(cid.max())
-        if low == high:  # one chunk
-            with memoryview(chunk_tokens_view(ds, low, column)) as v, v.cast("B") as raw:
-                for s0, e0, d0, f0 in zip(s, e, d, f, strict=True):
-                    out[d0:f0] = raw[s0:e0]
-            return
-        present = np.zeros(high - low + 1, dtype=bool)
-        present[cid - low] = True
-        raws = [memoryview(chunk_tokens_view(ds, low + i, column)).cast("B") if p else None
-                for i, p in enumerate(present.tolist())]
-        for i, s0, e0, d0, f0 in zip((cid - low).tolist(), s, e, d, f, strict=True):
-            out[d0:f0] = raws[i][s0:e0]  # type: ignore[index]
+    out = _raw(flat)
+    low, high = int(cid.min()), int(cid.max())
+    if low == high:  # one chunk
+        raw = _raw(chunk_tokens_view(ds, low, column))
+        for s0, e0, d0, f0 in zip(s, e, d, f, strict=True):
+            out[d0:f0] = raw[s0:e0]
+        return
+    # a shuffled message draws documents from chunks anywhere in the dataset: a dict, not a range
+    raws = {c: _raw(chunk_tokens_view(ds, c, column)) for c in np.unique(cid).tolist()}
+    for c, s0, e0, d0, f0 in zip(cid.tolist(), s, e, d, f, strict=True):
+        out[d0:f0] = raws[c][s0:e0]
+
+
+def _raw(array: npt.NDArray[Any]) -> memoryview:
+    """The bytes of a contiguous numpy array, as a memoryview (slices of it copy without numpy's
+    per-call overhead; memoryviews made and dropped one at a time never pile up for the GC)."""
+    buf: Any = array
+    return memoryview(buf).cast("B")
 
 
 def _positions(out: npt.NDArray[np.integer], begins: _I64, step: int) -> None:
