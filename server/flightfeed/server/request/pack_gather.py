@@ -17,11 +17,13 @@ A document boundary at index ``i > 0`` of a window is where ``position_ids[i] ==
 of a message are ramps ``0, 1, 2, ...``, one per *segment* (a window's start or a document's start
 up to the next of either).
 
-Cost: one byte-range copy per piece and one per segment, through ``memoryview`` slices (measured
-0.3 us each, against 1.3 us for a numpy slice assignment, 3-4x the cost of per-token numpy index
-arrays (``np.repeat`` + fancy indexing), and 25x a sequential scan (``np.maximum.accumulate``) over
-the positions): with documents of a few hundred tokens about 1.5 ms of CPU per 10**6 tokens packed,
-no Python per token, none per window beyond its segment.
+Cost: one ``memoryview`` slice assignment per piece (``_gather``: no GC-tracked object kept, no
+fresh pages per message) and, for the positions, one ``np.repeat`` of each segment's start plus one
+subtraction from a ramp (a sequential scan such as ``np.maximum.accumulate`` cost 5x more). No
+Python per token or per window; Python per piece only. On the 2-core VM (shared, load 3-7), with
+documents of ~500 tokens (2,000 pieces per 10**6 tokens), packing costs 2.3-2.5 ms of CPU per 10**6
+tokens, against 7-10.5 ms for the previous numpy-slice/``np.repeat`` version (same process,
+alternating; ``bench/RESULTS.md``, seventh session).
 """
 
 from __future__ import annotations
