@@ -68,14 +68,15 @@ class Buffers:
         self._lock = threading.Lock()
         self._arrays: list[npt.NDArray[Any]] = []
         self._limit = limit
+        self._alone = _list_only_refcount()
 
     def empty(self, shape: tuple[int, int], dtype: type[np.generic]) -> npt.NDArray[Any]:
         want = np.dtype(dtype)
         with self._lock:
             arrays = self._arrays
             for i in range(len(arrays)):
-                # 2: the list's reference and getrefcount's argument -- no tensor, view or batch of it lives
-                if sys.getrefcount(arrays[i]) == 2 and arrays[i].shape == shape and arrays[i].dtype == want:
+                # referenced by the list alone: no message, tensor, view or batch of it lives
+                if _refcount(arrays, i) == self._alone and arrays[i].shape == shape and arrays[i].dtype == want:
                     return arrays[i]
             out: npt.NDArray[Any] = np.empty(shape, want)
             if len(arrays) < self._limit:
@@ -84,6 +85,17 @@ class Buffers:
 
     def __len__(self) -> int:
         return len(self._arrays)
+
+
+def _refcount(arrays: list[npt.NDArray[Any]], i: int) -> int:
+    return sys.getrefcount(arrays[i])
+
+
+def _list_only_refcount() -> int:
+    """What :func:`_refcount` reports for an array that only its list refers to (measured, not
+    assumed: how many references the call itself adds differs between Python versions)."""
+    probe: list[npt.NDArray[Any]] = [np.empty(0)]
+    return _refcount(probe, 0)
 
 
 def _fixed_rows(arr: Any) -> npt.NDArray[Any]:
