@@ -14,8 +14,8 @@ bound holds for what is actually kept.
 The wide arrays are reused (:class:`Buffers`, one per iteration): an array goes back into use only
 when nothing but the pool refers to it -- no message, batch, view or ``.numpy()`` of it is alive
 (``torch.from_numpy`` storages hold the array itself). Fresh arrays of a few MB each were faulted in
-and zeroed by the kernel for every message: ~1.2 ms of CPU per 10**6 tokens, a fifth of the
-client's (measured with ``perf``: ``clear_page_erms``, page faults).
+and zeroed by the kernel for every message: ``perf`` on a packed read found the kernel's
+``clear_page_erms`` at 12% of the client's samples, 2.4% with the reuse.
 """
 
 from __future__ import annotations
