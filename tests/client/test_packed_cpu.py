@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from flightfeed.client import FlightDataset, Pack, ReadOptions
-from flightfeed.client._packed import packed_batches, widen_message
+from flightfeed.client._packed import Buffers, packed_batches, widen_message
 from flightfeed.server.testing import running_server
 from flightfeed.wire.errors import StreamError
 from tests.token_corpus import write_token_corpus
@@ -94,3 +94,47 @@ def test_reading_packed_windows_on_the_cpu(tmp_path: Path) -> None:
         finally:
             plain.close()
             odd.close()
+
+
+def test_wide_arrays_are_reused_only_once_nothing_refers_to_them() -> None:
+    """A message's arrays go back into use when its message, batches, views and ``.numpy()`` arrays
+    are gone, never while one of them lives."""
+    pool = Buffers()
+    first = widen_message([_message(0, 4)], "tokens", pool)
+    ptr = first.tokens.data_ptr()
+    view = first.tokens[1:3]  # a batch-like view outlives its message
+    as_numpy = first.positions.numpy()
+    del first
+    second = widen_message([_message(4, 4)], "tokens", pool)
+    assert second.tokens.data_ptr() != ptr and len(pool) == 4  # the view keeps the first's arrays
+    np.testing.assert_array_equal(view.numpy(), np.arange(1 * WIDTH, 3 * WIDTH).reshape(2, WIDTH))
+    pos_ptr = as_numpy.ctypes.data
+    del view
+    third = widen_message([_message(8, 4)], "tokens", pool)
+    assert third.tokens.data_ptr() == ptr  # the tokens array is free again ...
+    assert third.positions.data_ptr() != pos_ptr  # ... the positions one is still seen through .numpy()
+    np.testing.assert_array_equal(third.tokens.numpy(), np.arange(8 * WIDTH, 12 * WIDTH).reshape(4, WIDTH))
+    assert widen_message([_message(0, 3)], "tokens", pool).rows == 3  # another shape: a new array
+
+
+def test_batches_kept_across_an_epoch_are_not_overwritten(tmp_path: Path) -> None:
+    """Reused arrays never hold a batch that the trainer still has: an epoch's batches kept as they
+    came (no clone) equal a cloned read at the end, with small messages so arrays turn over."""
+    write_token_corpus(tmp_path, [[40, 25], [7], [60, 1, 30]], seed=3, max_len=45)
+    pack = Pack(column="tokens", seq_len=16, pad_id=-7)
+    with running_server({"tok": str(tmp_path)}) as srv:
+        ds = FlightDataset(srv.location, "tok", batch_size=3, options=ReadOptions(
+            pack=pack, report_interval=None, streams=2, message_rows=3))
+        try:
+            kept = list(ds)  # views of the messages' arrays
+            half = [b for i, b in enumerate(ds) if i % 2 == 0]  # drop every other batch: arrays turn over
+            cloned = [{k: v.clone() for k, v in b.items()} for b in ds]
+            assert len(kept) == len(cloned) > 10
+            for a, b in zip(kept, cloned, strict=True):
+                for k in a:
+                    assert torch.equal(a[k], b[k]), k
+            for a, b in zip(half, cloned[::2], strict=True):
+                for k in a:
+                    assert torch.equal(a[k], b[k]), k
+        finally:
+            ds.close()

@@ -33,7 +33,7 @@ from flightfeed.client._node import FlightNode
 from flightfeed.client._normalize import normalize_option
 from flightfeed.client._options import ConnectOptions, ReadOptions, checked_settings, refuse_moved
 from flightfeed.client._pack import set_pack, widen
-from flightfeed.client._packed import packed_batches, widen_message
+from flightfeed.client._packed import Buffers, packed_batches, widen_message
 from flightfeed.client._pool import ConnectionPool
 from flightfeed.client._ragged import tuple_of
 from flightfeed.client._report import _default_client_id, start_reporter
@@ -366,7 +366,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         )
         if packed_cpu:
             assert pack is not None
-            hooks["stage"] = functools.partial(widen_message, column=pack.column)
+            hooks["stage"] = functools.partial(widen_message, column=pack.column, buffers=Buffers())
         lanes = Lanes(
             readers, prefetch=self.options.prefetch, settings=self._lane_settings, count=self.meter.count, **hooks
         )
