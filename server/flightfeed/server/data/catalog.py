@@ -238,6 +238,11 @@ class Dataset:
     def chunk_zero_copy(self, cid: int) -> bool:
         return self.shards[int(self._chunk_shard[cid])].zero_copy
 
+    def shard_ids(self, chunks: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """The index in ``shards`` of the shard holding each of ``chunks`` (ascending chunks give
+        ascending shards: a shard's chunks are consecutive)."""
+        return self._chunk_shard[chunks]
+
     def chunk_shard(self, cid: int) -> ShardReader:
         """The shard holding chunk ``cid`` (for error messages)."""
         return self.shards[int(self._chunk_shard[cid])]

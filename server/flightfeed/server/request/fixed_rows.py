@@ -209,9 +209,9 @@ def _copy_by_numpy(layout: FixedLayout, views: Sequence[npt.NDArray[np.generic]]
     """Small rows: each chunk's rows taken by numpy (a few bytes each), put in message order by
     one scatter. Python runs per chunk only in C loops (``map``)."""
     out = FixedOut(layout, msg.n)
-    srcs = [src for _, _, src in msg.groups]
+    srcs = map(operator.itemgetter(2), msg.groups)
     take: Any = operator.getitem  # ndarray[int64 array] (the stubs type it for sequences)
-    taken = np.concatenate(list(map(take, views, srcs)))
+    taken = np.concatenate(list(map(take, views, srcs)))  # C loops: no Python line per chunk
     out.out[msg.order] = taken
     return out.buf
 
