@@ -189,6 +189,57 @@ def test_wide_rows_are_gathered_by_native_code_not_per_row(tmp_path: Path) -> No
     ds.close()
 
 
+def test_no_python_line_runs_per_chunk_a_message_touches(tmp_path: Path) -> None:
+    """Once a dataset's chunk views are memoised, the Python lines a gather runs do not grow with
+    the chunks the message touches (wide rows, small rows, several shards): the per-chunk work is
+    in C loops and numpy calls (the old code ran a few Python lines per chunk and column: ~5 per
+    chunk here), the GIL-held part of a shuffled message."""
+    width = 16 << 10
+    tensor = pa.fixed_shape_tensor(pa.uint8(), [width])
+    schema = pa.schema([("image", tensor), ("label", pa.int64())])
+    for s in range(2):  # (the sink closed here: a file still open for writing is not memory-mapped)
+        with pa.OSFile(str(tmp_path / f"part-{s:05d}.arrow"), "wb") as sink, ipc.new_file(sink, schema) as writer:
+            for c in range(40):  # 40 chunks of 4 rows per shard
+                first = (s * 40 + c) * 4
+                flat = pa.array(np.full(4 * width, first // 4 % 256, dtype=np.uint8))
+                writer.write_batch(pa.record_batch([
+                    pa.ExtensionArray.from_storage(tensor, pa.FixedSizeListArray.from_arrays(flat, width)),
+                    pa.array(np.arange(first, first + 4, dtype=np.int64)),
+                ], schema=schema))
+    ds = open_dataset("chunky", str(tmp_path))
+    assert ds.num_chunks == 80 and all(shard.zero_copy for shard in ds.shards)
+    gather(ds, np.arange(ds.num_rows, dtype=np.int64), None)  # every chunk's views memoised
+    files = {fixed_rows.__file__, gather_module.__file__}
+
+    def lines_for(rows: np.ndarray[Any, np.dtype[np.int64]]) -> int:
+        lines = 0
+
+        def tracer(frame: FrameType, event: str, arg: Any) -> Any:
+            nonlocal lines
+            if frame.f_code.co_filename in files:
+                if event == "line":
+                    lines += 1
+                return tracer
+            return None
+
+        sys.settrace(tracer)
+        try:
+            batch = gather(ds, rows, None)
+        finally:
+            sys.settrace(None)
+        assert np.array_equal(batch.column("label").to_numpy(), rows)
+        pixels = np.asarray(batch.column("image").storage.flatten()).reshape(len(rows), width)
+        assert (pixels == (rows // 4 % 256).astype(np.uint8)[:, None]).all()
+        return lines
+
+    rng = np.random.default_rng(3)
+    # 64 rows each: from 4 chunks of one shard, then from 64 chunks of both shards
+    few = lines_for(rng.permutation(np.arange(16, 32, dtype=np.int64).repeat(4)))
+    many = lines_for(rng.permutation(np.arange(0, 320, 5, dtype=np.int64)))
+    assert many <= few + 10, (few, many)
+    ds.close()
+
+
 def test_a_message_over_more_shards_than_may_be_held_is_copied_a_chunk_at_a_time(
     typed: tuple[Dataset, pa.Table], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -113,6 +113,7 @@ class BlockCheck:
         self._lock = threading.Lock()
         #: notified (under ``_lock``) whenever hashing of some blocks ends, passed or not
         self._done = threading.Condition(self._lock)
+        self._waiting = 0  # threads waiting on ``_done`` (none: nobody to notify)
         self._ahead: set[int] = set()  # blocks queued for the background
         self._busy: set[int] = set()  # blocks being hashed now
         self._listeners: list[Callable[[str], None]] = []
@@ -159,7 +160,11 @@ class BlockCheck:
                         return
                     # blocks another thread is hashing: passed, failed (raised above next round)
                     # or not hashed after all (its file went away: hashed here next round)
-                    self._done.wait()
+                    self._waiting += 1
+                    try:
+                        self._done.wait()
+                    finally:
+                        self._waiting -= 1
                     continue
             try:
                 for b in mine:
@@ -167,7 +172,8 @@ class BlockCheck:
             finally:
                 with self._done:
                     self._busy.difference_update(mine)
-                    self._done.notify_all()
+                    if self._waiting:
+                        self._done.notify_all()
 
     def ensure_all(self) -> None:
         self.ensure(0, self.nbytes)
