@@ -228,7 +228,8 @@ def test_no_python_line_runs_per_chunk_a_message_touches(tmp_path: Path) -> None
         finally:
             sys.settrace(None)
         assert np.array_equal(batch.column("label").to_numpy(), rows)
-        pixels = np.asarray(batch.column("image").storage.flatten()).reshape(len(rows), width)
+        column: Any = batch.column("image")
+        pixels = np.asarray(column.storage.flatten()).reshape(len(rows), width)
         assert (pixels == (rows // 4 % 256).astype(np.uint8)[:, None]).all()
         return lines
 
