@@ -103,6 +103,18 @@ def test_gather_is_a_plain_take_for_every_type(typed: tuple[Dataset, pa.Table], 
     _same(gather(ds, rows, None), table.take(rows))
 
 
+@pytest.mark.parametrize("join_bytes", [0, 1 << 30])
+def test_small_rows_joined_or_taken_per_chunk_alike(
+    typed: tuple[Dataset, pa.Table], join_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Small fixed-width rows are taken from the touched chunks joined (one numpy take) or chunk by
+    chunk (a take per chunk and a scatter): the same rows, repeated rows included."""
+    ds, table = typed
+    monkeypatch.setattr(fixed_rows, "JOIN_BYTES_PER_CHUNK", join_bytes)
+    rows = np.random.default_rng(11).integers(0, table.num_rows, 300).astype(np.int64)
+    _same(gather(ds, rows, ["vec4", "index", "tiny"]), table.select(["vec4", "index", "tiny"]).take(rows))
+
+
 def test_gather_with_repeated_rows_and_a_column_subset(typed: tuple[Dataset, pa.Table]) -> None:
     ds, table = typed
     rows = np.array([3, 3, 200, 0, 319, 3, 120, 121, 122], dtype=np.int64)

@@ -143,6 +143,7 @@ class MessageRows:
 
     def __init__(self, ds: Dataset, rows: _I64) -> None:
         self.n = len(rows)
+        self._starts = ds.chunk_starts
         self.cid, self.local = ds.locate(rows)
         self.order = np.argsort(self.cid, kind="stable")
         sorted_cid = self.cid[self.order]
@@ -151,6 +152,15 @@ class MessageRows:
         #: the distinct chunks, ascending (a numpy array and a list)
         self.chunk_ids: _I64 = sorted_cid[self._bounds[:-1]]
         self.chunks: list[int] = self.chunk_ids.tolist()
+
+    @functools.cached_property
+    def joined(self) -> tuple[int, _I64]:
+        """The rows of all the message's chunks together, and per message position its row in
+        them (numpy only)."""
+        first = self._starts[self.chunk_ids]
+        sizes = self._starts[self.chunk_ids + 1] - first
+        offsets = np.cumsum(sizes) - sizes  # where each chunk's rows start when joined
+        return int(sizes.sum()), offsets[np.searchsorted(self.chunk_ids, self.cid)] + self.local
 
     @functools.cached_property
     def groups(self) -> list[tuple[int, _I64, _I64]]:
