@@ -23,8 +23,9 @@ run is made by C loops (``map``) and one ``numpy.concatenate(..., out=block)`` c
 each run without the GIL.
 
 Rows under ``VIEW_MIN_BYTES`` (labels, indices, small vectors) are copied with numpy (two copies
-of a few bytes cost less than a view each); a chunk whose rows span 2 GiB or more (a view's
-offset is an int32) is copied the same way. The one-copy path holds every chunk of the message
+of a few bytes cost less than a view each): from small chunks by one ``numpy.take`` over the
+touched chunks' rows joined, else a take per chunk and one scatter; a chunk whose rows span
+2 GiB or more (a view's offset is an int32) is copied the same way. The one-copy path holds every chunk of the message
 until the copy: a message over more shards than may be open at once is copied a chunk at a time
 instead (``FixedOut``, the caller decides).
 """
