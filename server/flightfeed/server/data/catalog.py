@@ -228,7 +228,7 @@ class Dataset:
 
     def locate(self, rows: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """``(chunk_id, row_in_chunk)`` for global rows."""
-        cid = np.searchsorted(self._chunk_starts, rows, side="right") - 1
+        cid = self._chunk_starts.searchsorted(rows, side="right") - 1
         return cid.astype(np.int64), (rows - self._chunk_starts[cid]).astype(np.int64)
 
     def chunk_ref(self, cid: int) -> tuple[ShardReader, int]:

@@ -161,7 +161,7 @@ def _copy_by_runs(
     loops (``map``), with the GIL held: about 1 us per run on the 2-core VM, against about
     15-20 us to copy one 150 KB row."""
     n = len(cid)
-    cut = np.flatnonzero((cid[1:] != cid[:-1]) | (local[1:] != local[:-1] + 1)) + 1
+    cut = ((cid[1:] != cid[:-1]) | (local[1:] != local[:-1] + 1)).nonzero()[0] + 1
     first = np.concatenate(([0], cut))
     stop = np.concatenate((cut, [n]))
     lo = local[first]
@@ -225,7 +225,7 @@ def _copy_by_numpy(layout: FixedLayout, views: Sequence[npt.NDArray[np.generic]]
     out = FixedOut(layout, msg.n)
     total, index = msg.joined
     if total * layout.row_bytes <= JOIN_BYTES_PER_CHUNK * len(views):
-        np.take(np.concatenate(views), index, axis=0, out=out.out)
+        np.concatenate(views).take(index, axis=0, out=out.out)
         return out.buf
     srcs = map(operator.itemgetter(2), msg.groups)
     take: Any = operator.getitem  # ndarray[int64 array] (the stubs type it for sequences)

@@ -145,9 +145,10 @@ class MessageRows:
         self.n = len(rows)
         self._starts = ds.chunk_starts
         self.cid, self.local = ds.locate(rows)
-        self.order = np.argsort(self.cid, kind="stable")
+        # (array methods, not numpy's Python-level function wrappers: this runs for every message)
+        self.order = self.cid.argsort(kind="stable")
         sorted_cid = self.cid[self.order]
-        cuts = np.flatnonzero(sorted_cid[1:] != sorted_cid[:-1]) + 1
+        cuts = (sorted_cid[1:] != sorted_cid[:-1]).nonzero()[0] + 1
         self._bounds = np.concatenate(([0], cuts, [self.n])) if self.n else np.zeros(1, np.int64)
         #: the distinct chunks, ascending (a numpy array and a list)
         self.chunk_ids: _I64 = sorted_cid[self._bounds[:-1]]
@@ -159,8 +160,8 @@ class MessageRows:
         them (numpy only)."""
         first = self._starts[self.chunk_ids]
         sizes = self._starts[self.chunk_ids + 1] - first
-        offsets = np.cumsum(sizes) - sizes  # where each chunk's rows start when joined
-        return int(sizes.sum()), offsets[np.searchsorted(self.chunk_ids, self.cid)] + self.local
+        offsets = sizes.cumsum() - sizes  # where each chunk's rows start when joined
+        return int(sizes.sum()), offsets[self.chunk_ids.searchsorted(self.cid)] + self.local
 
     @functools.cached_property
     def groups(self) -> list[tuple[int, _I64, _I64]]:
@@ -191,7 +192,7 @@ def gather(ds: Dataset, rows: _I64, columns: Sequence[str] | None) -> pa.RecordB
         return pa.RecordBatch.from_arrays([pa.array([], type=f.type) for f in schema], schema=schema)
     # the distinct shards: chunk ids ascend with their shards, so they are where the shard changes
     sid = ds.shard_ids(msg.chunk_ids)
-    first = np.flatnonzero(np.concatenate(([True], sid[1:] != sid[:-1])))
+    first = np.concatenate(([True], sid[1:] != sid[:-1])).nonzero()[0]
     shards = list(map(ds.shards.__getitem__, sid[first].tolist()))
     if _may_hold_all(shards):
         zero_copy = [s.zero_copy for s in shards]  # Python per distinct shard, not per chunk
