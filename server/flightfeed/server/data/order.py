@@ -176,7 +176,7 @@ class EpochOrder:
         pos = np.asarray(positions, dtype=np.int64)
         if not pos.size:
             return pos.copy()
-        lo, hi = int(pos.min()), int(pos.max())
+        lo, hi = int(np.minimum.reduce(pos)), int(np.maximum.reduce(pos))  # (ndarray.min/max wrap these in Python)
         if lo < 0 or hi >= self.num_rows:
             raise ValueError(f"positions outside [0, {self.num_rows})")
         if not self.shuffle:
@@ -236,7 +236,7 @@ class EpochOrder:
         if short == b:
             return _first_row(perm, s // b, b) + s % b
         s_start = k_short * b  # where the short block landed in S
-        if s.size and int(s.max()) < s_start:  # all before the short block (most messages)
+        if s.size and int(np.maximum.reduce(s)) < s_start:  # all before the short block (most messages)
             return _first_row(perm, s // b, b) + s % b
         out = np.empty_like(s)
         before = s < s_start

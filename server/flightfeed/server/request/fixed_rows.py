@@ -71,6 +71,11 @@ class FixedLayout:
     def row_bytes(self) -> int:
         return self.width * self.dtype.itemsize
 
+    @functools.cached_property
+    def leaf_type(self) -> pa.DataType:
+        """The Arrow type of the leaf values."""
+        return pa.from_numpy_dtype(self.dtype)
+
 
 @functools.lru_cache(maxsize=256)
 def fixed_layout(t: pa.DataType) -> FixedLayout | None:
@@ -148,7 +153,7 @@ def gather_fixed(layout: FixedLayout, views: Sequence[npt.NDArray[np.generic]], 
         data = _copy_by_views(parts, n, row_bytes)
     if data is None:
         data = _copy_by_numpy(layout, views, msg)
-    leaf = pa.Array.from_buffers(pa.from_numpy_dtype(layout.dtype), n * layout.width, [None, data])
+    leaf = pa.Array.from_buffers(layout.leaf_type, n * layout.width, [None, data])
     return layout.rebuild(leaf)
 
 
@@ -251,5 +256,5 @@ class FixedOut:
         self.out[dst] = vals[src]
 
     def array(self) -> _Arr:
-        leaf = pa.Array.from_buffers(pa.from_numpy_dtype(self.layout.dtype), self.out.size, [None, self.buf])
+        leaf = pa.Array.from_buffers(self.layout.leaf_type, self.out.size, [None, self.buf])
         return self.layout.rebuild(leaf)
