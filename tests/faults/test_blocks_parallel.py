@@ -111,3 +111,42 @@ def test_whole_shard_hashes_run_in_parallel(tmp_path: Any, monkeypatch: pytest.M
     verifier.verify_now()
     assert verifier.verified == {0, 1}
     ds.close()
+
+
+def test_a_waiter_hashes_the_block_itself_when_the_other_hash_fails() -> None:
+    """A thread that needs a block another thread is hashing waits for it (on the check's one
+    condition); when that hash fails (the file went away under it), the waiter wakes and hashes
+    the block itself."""
+    data = b"z" * (2 * SIZE)
+    started, fail, waiting = threading.Event(), threading.Event(), threading.Event()
+    reads: list[int] = []
+
+    def read(lo: int, hi: int) -> bytes:
+        reads.append(lo)
+        if len(reads) == 1:
+            started.set()
+            assert fail.wait(20)
+            raise OSError("the file was closed")
+        return data[lo:hi]
+
+    check = _check(data, read)
+    wait = check._done.wait
+
+    def announced_wait(timeout: float | None = None) -> bool:
+        waiting.set()
+        return wait(timeout)
+
+    check._done.wait = announced_wait  # type: ignore[method-assign]
+    first_errors: list[BaseException] = []
+    first = threading.Thread(target=lambda: first_errors.extend(_run(lambda: check.ensure(0, 10))))
+    first.start()
+    assert started.wait(20)
+    waiter_errors: list[BaseException] = []
+    waiter = threading.Thread(target=lambda: waiter_errors.extend(_run(lambda: check.ensure(5, 20))))
+    waiter.start()
+    assert waiting.wait(20)  # the waiter is blocked on the block the first thread is hashing
+    fail.set()
+    first.join()
+    waiter.join()
+    assert [type(e) for e in first_errors] == [OSError] and not waiter_errors
+    assert reads == [0, 0] and check.verified == 1

@@ -27,6 +27,11 @@ def test_order_is_a_permutation_and_pure(n: int, block: int, buffer: int, seed: 
     # random access: any subset maps consistently
     pick = np.random.default_rng(seed).permutation(n)[: max(1, n // 3)]
     assert (order.rows(pick) == rows[pick]).all()
+    # message-sized slices (mostly inside one shuffle window: the one-window path) agree with
+    # the whole epoch's rows (many windows: the general path)
+    for lo in range(0, n, max(1, n // 7)):
+        hi = min(n, lo + 64)
+        assert (order.rows(np.arange(lo, hi)) == rows[lo:hi]).all()
     assert (EpochOrder(n, FP, seed, epoch, True, block, buffer).rows(np.arange(n)) == rows).all()
 
 

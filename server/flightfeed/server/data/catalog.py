@@ -228,7 +228,7 @@ class Dataset:
 
     def locate(self, rows: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
         """``(chunk_id, row_in_chunk)`` for global rows."""
-        cid = np.searchsorted(self._chunk_starts, rows, side="right") - 1
+        cid = self._chunk_starts.searchsorted(rows, side="right") - 1
         return cid.astype(np.int64), (rows - self._chunk_starts[cid]).astype(np.int64)
 
     def chunk_ref(self, cid: int) -> tuple[ShardReader, int]:
@@ -237,6 +237,11 @@ class Dataset:
 
     def chunk_zero_copy(self, cid: int) -> bool:
         return self.shards[int(self._chunk_shard[cid])].zero_copy
+
+    def shard_ids(self, chunks: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """The index in ``shards`` of the shard holding each of ``chunks`` (ascending chunks give
+        ascending shards: a shard's chunks are consecutive)."""
+        return self._chunk_shard[chunks]
 
     def chunk_shard(self, cid: int) -> ShardReader:
         """The shard holding chunk ``cid`` (for error messages)."""

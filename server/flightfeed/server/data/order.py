@@ -28,7 +28,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any, Protocol
 
 import numpy as np
@@ -166,18 +166,28 @@ class EpochOrder:
             int(read.shuffle.buffer_rows) or 1,
         )
 
-    @property
+    @cached_property
     def _words(self) -> tuple[int, ...]:
         return tuple(_seed_words(self.fingerprint, self.seed, self.epoch))
 
     def rows(self, positions: _I64) -> _I64:
-        """Stored rows at epoch ``positions`` (any order, any subset)."""
+        """Stored rows at epoch ``positions`` (any order, any subset). A message's positions
+        usually lie in one shuffle window: then a few numpy calls (asked for every message)."""
         pos = np.asarray(positions, dtype=np.int64)
-        if pos.size and (pos.min() < 0 or pos.max() >= self.num_rows):
+        if not pos.size:
+            return pos.copy()
+        lo, hi = int(np.minimum.reduce(pos)), int(np.maximum.reduce(pos))  # (ndarray.min/max wrap these in Python)
+        if lo < 0 or hi >= self.num_rows:
             raise ValueError(f"positions outside [0, {self.num_rows})")
         if not self.shuffle:
             return pos.copy()
-        return self._unblock(self._unwindow(pos))
+        buf = self.buffer_rows
+        w = lo // buf
+        if hi // buf != w:
+            return self._unblock(self._unwindow(pos))
+        start = w * buf
+        perm = _window_perm(self._words, w, min(buf, self.num_rows - start))
+        return self._unblock(start + perm[pos - start])
 
     def window_rows(self, w: int) -> _I64:
         """Stored rows at the positions of shuffle window ``w`` (``[w * buffer_rows, ...)``), in order:
@@ -226,6 +236,8 @@ class EpochOrder:
         if short == b:
             return _first_row(perm, s // b, b) + s % b
         s_start = k_short * b  # where the short block landed in S
+        if s.size and int(np.maximum.reduce(s)) < s_start:  # all before the short block (most messages)
+            return _first_row(perm, s // b, b) + s % b
         out = np.empty_like(s)
         before = s < s_start
         inside = (s >= s_start) & (s < s_start + short)

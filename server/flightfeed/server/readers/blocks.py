@@ -108,10 +108,14 @@ class BlockCheck:
         self.where = where
         self._read = read
         self._ok = bytearray(len(sums.hashes))  # 1: passed
+        self._passed = 0
         self._failed: dict[int, str] = {}
         self._lock = threading.Lock()
+        #: notified (under ``_lock``) whenever hashing of some blocks ends, passed or not
+        self._done = threading.Condition(self._lock)
+        self._waiting = 0  # threads waiting on ``_done`` (none: nobody to notify)
         self._ahead: set[int] = set()  # blocks queued for the background
-        self._busy: dict[int, threading.Event] = {}  # blocks being hashed now -> set when done
+        self._busy: set[int] = set()  # blocks being hashed now
         self._listeners: list[Callable[[str], None]] = []
         self.complete = False
         #: blocks hashed by this check (each at most once)
@@ -125,42 +129,51 @@ class BlockCheck:
 
         Blocks are hashed outside the check's lock (xxhash releases the GIL), each by the first
         thread that wants it: threads verifying different blocks of one shard run in parallel,
-        and a thread that needs a block another is hashing waits for that hash."""
+        and a thread that needs a block another is hashing waits for that hash. The GIL-held
+        part is a few lines per call and per block (no object made per block): on a 4 MiB block
+        it is under a tenth of the hash (``bench/bench_scaling.py``, ``block_verify``)."""
         if self.complete:
             return
         size = self.sums.size
-        first, last = max(0, lo) // size, max(lo + 1, min(hi, self.nbytes)) - 1
-        todo = [b for b in range(first, min(last // size, len(self._ok) - 1) + 1) if not self._ok[b]]
-        while todo:
-            mine: list[int] = []
-            theirs: list[threading.Event] = []
-            with self._lock:
-                for b in todo:
-                    if b in self._failed:
-                        raise ShardError(self._failed[b])
-                    if self._ok[b]:
+        ok = self._ok
+        first = max(0, lo) // size
+        stop = min((max(lo + 1, min(hi, self.nbytes)) - 1) // size, len(ok) - 1) + 1
+        if ok.find(0, first, stop) < 0:  # all passed already (a C search, no line per block)
+            return
+        while True:
+            with self._done:
+                mine: list[int] = []
+                waiting = False
+                for b in range(first, stop):
+                    if ok[b]:
                         continue
-                    busy = self._busy.get(b)
-                    if busy is None:
-                        self._busy[b] = threading.Event()
-                        mine.append(b)
+                    reason = self._failed.get(b)
+                    if reason is not None:
+                        raise ShardError(reason)
+                    if b in self._busy:
+                        waiting = True
                     else:
-                        theirs.append(busy)
+                        self._busy.add(b)
+                        mine.append(b)
+                if not mine:
+                    if not waiting:
+                        return
+                    # blocks another thread is hashing: passed, failed (raised above next round)
+                    # or not hashed after all (its file went away: hashed here next round)
+                    self._waiting += 1
+                    try:
+                        self._done.wait()
+                    finally:
+                        self._waiting -= 1
+                    continue
             try:
                 for b in mine:
                     self._verify(b)
             finally:
-                with self._lock:
-                    for b in mine:
-                        self._busy.pop(b).set()
-            for busy in theirs:
-                busy.wait()
-            # blocks another thread was hashing: passed, failed (raised above next round) or
-            # not hashed after all (its file went away): hashed here next round
-            todo = [b for b in todo if not self._ok[b]]
-        with self._lock:
-            if not self.complete and all(self._ok):
-                self.complete = True
+                with self._done:
+                    self._busy.difference_update(mine)
+                    if self._waiting:
+                        self._done.notify_all()
 
     def ensure_all(self) -> None:
         self.ensure(0, self.nbytes)
@@ -192,6 +205,9 @@ class BlockCheck:
             if got == want:
                 self._ok[b] = 1
                 self.verified += 1
+                self._passed += 1
+                if self._passed == len(self._ok):
+                    self.complete = True
                 return
             reason = (
                 f"shard {self.where}: block {b} (bytes {lo}-{hi}) does not match its manifest checksum "

@@ -23,8 +23,9 @@ run is made by C loops (``map``) and one ``numpy.concatenate(..., out=block)`` c
 each run without the GIL.
 
 Rows under ``VIEW_MIN_BYTES`` (labels, indices, small vectors) are copied with numpy (two copies
-of a few bytes cost less than a view each); a chunk whose rows span 2 GiB or more (a view's
-offset is an int32) is copied the same way. The one-copy path holds every chunk of the message
+of a few bytes cost less than a view each): from small chunks by one ``numpy.take`` over the
+touched chunks' rows joined, else a take per chunk and one scatter; a chunk whose rows span
+2 GiB or more (a view's offset is an int32) is copied the same way. The one-copy path holds every chunk of the message
 until the copy: a message over more shards than may be open at once is copied a chunk at a time
 instead (``FixedOut``, the caller decides).
 """
@@ -69,6 +70,11 @@ class FixedLayout:
     @property
     def row_bytes(self) -> int:
         return self.width * self.dtype.itemsize
+
+    @functools.cached_property
+    def leaf_type(self) -> pa.DataType:
+        """The Arrow type of the leaf values."""
+        return pa.from_numpy_dtype(self.dtype)
 
 
 @functools.lru_cache(maxsize=256)
@@ -128,6 +134,12 @@ class MessageRows(Protocol):
     @property
     def groups(self) -> list[tuple[int, _I64, _I64]]: ...
 
+    @property
+    def joined(self) -> tuple[int, _I64]:
+        """The rows of all ``chunks`` together, and per message position its row in them (the
+        chunks' rows one after another, ascending chunks)."""
+        ...
+
 
 def gather_fixed(layout: FixedLayout, views: Sequence[npt.NDArray[np.generic]], msg: MessageRows) -> _Arr:
     """The rows of ``msg`` as one array of ``layout``'s type, in message order; ``views[i]`` is
@@ -141,7 +153,7 @@ def gather_fixed(layout: FixedLayout, views: Sequence[npt.NDArray[np.generic]], 
         data = _copy_by_views(parts, n, row_bytes)
     if data is None:
         data = _copy_by_numpy(layout, views, msg)
-    leaf = pa.Array.from_buffers(pa.from_numpy_dtype(layout.dtype), n * layout.width, [None, data])
+    leaf = pa.Array.from_buffers(layout.leaf_type, n * layout.width, [None, data])
     return layout.rebuild(leaf)
 
 
@@ -154,7 +166,7 @@ def _copy_by_runs(
     loops (``map``), with the GIL held: about 1 us per run on the 2-core VM, against about
     15-20 us to copy one 150 KB row."""
     n = len(cid)
-    cut = np.flatnonzero((cid[1:] != cid[:-1]) | (local[1:] != local[:-1] + 1)) + 1
+    cut = ((cid[1:] != cid[:-1]) | (local[1:] != local[:-1] + 1)).nonzero()[0] + 1
     first = np.concatenate(([0], cut))
     stop = np.concatenate((cut, [n]))
     lo = local[first]
@@ -205,13 +217,24 @@ def _copy_by_views(parts: Sequence[Part], n: int, row_bytes: int) -> pa.Buffer |
     return data.slice(0, n * row_bytes)
 
 
+#: small rows: the touched chunks' rows are joined and taken by one call when they are at most
+#: this many bytes per chunk (a numpy call per chunk costs about as much as copying this)
+JOIN_BYTES_PER_CHUNK = 16 << 10
+
+
 def _copy_by_numpy(layout: FixedLayout, views: Sequence[npt.NDArray[np.generic]], msg: MessageRows) -> pa.Buffer:
-    """Small rows: each chunk's rows taken by numpy (a few bytes each), put in message order by
-    one scatter. Python runs per chunk only in C loops (``map``)."""
+    """Small rows: when the touched chunks are small, their rows joined and the message's taken
+    in message order by one ``numpy.take`` (two native calls per column, whatever the chunks);
+    else each chunk's rows taken by numpy, put in message order by one scatter. Python runs per
+    chunk only in C loops (``map``)."""
     out = FixedOut(layout, msg.n)
-    srcs = [src for _, _, src in msg.groups]
+    total, index = msg.joined
+    if total * layout.row_bytes <= JOIN_BYTES_PER_CHUNK * len(views):
+        np.concatenate(views).take(index, axis=0, out=out.out)
+        return out.buf
+    srcs = map(operator.itemgetter(2), msg.groups)
     take: Any = operator.getitem  # ndarray[int64 array] (the stubs type it for sequences)
-    taken = np.concatenate(list(map(take, views, srcs)))
+    taken = np.concatenate(list(map(take, views, srcs)))  # C loops: no Python line per chunk
     out.out[msg.order] = taken
     return out.buf
 
@@ -233,5 +256,5 @@ class FixedOut:
         self.out[dst] = vals[src]
 
     def array(self) -> _Arr:
-        leaf = pa.Array.from_buffers(pa.from_numpy_dtype(self.layout.dtype), self.out.size, [None, self.buf])
+        leaf = pa.Array.from_buffers(self.layout.leaf_type, self.out.size, [None, self.buf])
         return self.layout.rebuild(leaf)

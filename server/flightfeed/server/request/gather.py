@@ -13,7 +13,9 @@
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Callable, Iterator, Sequence
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -114,13 +116,20 @@ def _flat_view(ds: Dataset, cid: int, name: str, width: int) -> npt.NDArray[np.g
 
 
 def _flat_views(
-    ds: Dataset, chunks: list[int], cacheable: list[bool], name: str, width: int
+    ds: Dataset, chunks: list[int], cacheable: list[bool] | None, name: str, width: int
 ) -> list[npt.NDArray[np.generic] | None]:
-    """:func:`_flat_view` of every chunk of ``chunks``, the memo read under one lock (the Python
-    per chunk is what a gather's GIL-held time is made of)."""
+    """:func:`_flat_view` of every chunk of ``chunks``, the memo read under one lock.
+    ``cacheable=None``: every chunk is zero-copy; then, when every view is memoised already (the
+    steady state), no Python line runs per chunk (C loops: ``map``): the Python per chunk is what
+    a gather's GIL-held time was made of."""
     with ds.views_lock:
         views = ds.views
-        hits = [views.get((c, name), _MISS) if z else _MISS for c, z in zip(chunks, cacheable, strict=True)]
+        if cacheable is None:
+            hits: list[object] = list(map(views.get, zip(chunks, repeat(name)), repeat(_MISS)))
+        else:
+            hits = [views.get((c, name), _MISS) if z else _MISS for c, z in zip(chunks, cacheable, strict=True)]
+    if not any(map(operator.is_, hits, repeat(_MISS))):
+        return hits  # type: ignore[return-value]
     out: list[npt.NDArray[np.generic] | None] = []
     for c, hit in zip(chunks, hits, strict=True):
         out.append(_flat_view(ds, c, name, width) if hit is _MISS else hit)  # type: ignore[arg-type]
@@ -134,19 +143,35 @@ class MessageRows:
 
     def __init__(self, ds: Dataset, rows: _I64) -> None:
         self.n = len(rows)
+        self._starts = ds.chunk_starts
         self.cid, self.local = ds.locate(rows)
-        self.order = np.argsort(self.cid, kind="stable")
+        # (array methods, not numpy's Python-level function wrappers: this runs for every message)
+        self.order = self.cid.argsort(kind="stable")
         sorted_cid = self.cid[self.order]
-        cuts = np.flatnonzero(sorted_cid[1:] != sorted_cid[:-1]) + 1
-        self._bounds = np.concatenate(([0], cuts, [self.n])).tolist() if self.n else [0]
-        self.chunks: list[int] = sorted_cid[self._bounds[:-1]].tolist() if self.n else []
+        cuts = (sorted_cid[1:] != sorted_cid[:-1]).nonzero()[0] + 1
+        self._bounds = np.concatenate(([0], cuts, [self.n])) if self.n else np.zeros(1, np.int64)
+        #: the distinct chunks, ascending (a numpy array and a list)
+        self.chunk_ids: _I64 = sorted_cid[self._bounds[:-1]]
+        self.chunks: list[int] = self.chunk_ids.tolist()
+
+    @functools.cached_property
+    def joined(self) -> tuple[int, _I64]:
+        """The rows of all the message's chunks together, and per message position its row in
+        them (numpy only)."""
+        first = self._starts[self.chunk_ids]
+        sizes = self._starts[self.chunk_ids + 1] - first
+        offsets = sizes.cumsum() - sizes  # where each chunk's rows start when joined
+        return int(sizes.sum()), offsets[self.chunk_ids.searchsorted(self.cid)] + self.local
 
     @functools.cached_property
     def groups(self) -> list[tuple[int, _I64, _I64]]:
-        """Per chunk ``(chunk, dst, src)``: the message positions of its rows and the rows."""
+        """Per chunk ``(chunk, dst, src)``: the message positions of its rows and the rows (the
+        slices are made by C loops, no Python line per chunk)."""
         src = self.local[self.order]
-        b = self._bounds
-        return [(c, self.order[x:y], src[x:y]) for c, x, y in zip(self.chunks, b[:-1], b[1:], strict=True)]
+        spans = list(map(slice, self._bounds[:-1].tolist(), self._bounds[1:].tolist()))
+        getitem: Any = operator.getitem  # ndarray[slice] (the stubs type it for sequences)
+        dst = map(getitem, repeat(self.order), spans)
+        return list(zip(self.chunks, dst, map(getitem, repeat(src), spans), strict=True))
 
 
 def gather(ds: Dataset, rows: _I64, columns: Sequence[str] | None) -> pa.RecordBatch:
@@ -165,9 +190,13 @@ def gather(ds: Dataset, rows: _I64, columns: Sequence[str] | None) -> pa.RecordB
     msg = MessageRows(ds, np.asarray(rows, dtype=np.int64))
     if not msg.chunks:
         return pa.RecordBatch.from_arrays([pa.array([], type=f.type) for f in schema], schema=schema)
-    shards = [ds.chunk_shard(c) for c in msg.chunks]
+    # the distinct shards: chunk ids ascend with their shards, so they are where the shard changes
+    sid = ds.shard_ids(msg.chunk_ids)
+    first = np.concatenate(([True], sid[1:] != sid[:-1])).nonzero()[0]
+    shards = list(map(ds.shards.__getitem__, sid[first].tolist()))
     if _may_hold_all(shards):
-        cacheable = [s.zero_copy for s in shards]
+        zero_copy = [s.zero_copy for s in shards]  # Python per distinct shard, not per chunk
+        cacheable = None if all(zero_copy) else np.repeat(zero_copy, np.diff(first, append=len(sid))).tolist()
         arrays = [_column(ds, fld, msg, cacheable) for fld in schema]
     else:
         arrays = _chunkwise(ds, schema, msg.groups, msg.n)
@@ -175,19 +204,18 @@ def gather(ds: Dataset, rows: _I64, columns: Sequence[str] | None) -> pa.RecordB
 
 
 def _may_hold_all(shards: list[Any]) -> bool:
-    """Whether a message may hold the chunks of all of ``shards`` until its columns are copied:
+    """Whether a message may hold the chunks of all of ``shards`` (distinct) until its columns are copied:
     they are of at most a quarter of the open-shard bound, and the shards of them that live in a
     shard cache (S3 copies) take at most a quarter of its ``--cache-size``. Reading the chunks of
     a message may download shards, and a download may evict a shard whose chunk the message
     already holds: that file's disk space comes back only when the message lets go of it. Past
     that share, a message over a small cache would hold evicted files beyond ``--cache-size``
     (and a download wait for room only the message itself can give): it is copied a chunk at a
-    time instead. Python per distinct shard, never per row."""
-    distinct = list({id(s): s for s in shards}.values())
-    if len(distinct) > max(1, shared_open_files().limit // _PIN_SHARE):
+    time instead. Python per distinct shard, never per chunk or row."""
+    if len(shards) > max(1, shared_open_files().limit // _PIN_SHARE):
         return False
     cached: dict[int, list[int]] = {}  # cache -> [its size, bytes of the message's shards in it]
-    for shard in distinct:
+    for shard in shards:
         cache = getattr(shard, "cache", None)
         if cache is not None:
             entry = cached.setdefault(id(cache), [int(cache.max_bytes), 0])
@@ -195,12 +223,13 @@ def _may_hold_all(shards: list[Any]) -> bool:
     return all(held <= size // _PIN_SHARE for size, held in cached.values())
 
 
-def _column(ds: Dataset, fld: pa.Field[Any], msg: MessageRows, cacheable: list[bool]) -> _Arr:
-    """One column of the message, holding all of its chunks at once."""
+def _column(ds: Dataset, fld: pa.Field[Any], msg: MessageRows, cacheable: list[bool] | None) -> _Arr:
+    """One column of the message, holding all of its chunks at once (``cacheable``: per chunk,
+    whether it is zero-copy; None when all are)."""
     name, layout = fld.name, fixed_layout(fld.type)
     if layout is not None:
         views = _flat_views(ds, msg.chunks, cacheable, name, layout.width)
-        if all(v is not None for v in views):  # else nulls in a chunk: the column is taken generically
+        if not any(map(operator.is_, views, repeat(None))):  # else nulls in a chunk: taken generically
             return gather_fixed(layout, views, msg)  # type: ignore[arg-type]
     groups = msg.groups
     if len(groups) == 1:  # one chunk: its take is already in message order
