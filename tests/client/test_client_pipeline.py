@@ -10,7 +10,7 @@ from typing import Any, ClassVar, cast
 import pytest
 import torch
 
-import flightfeed.client._dataset as dataset_module
+import flightfeed.client._iteration as iteration_module
 from flightfeed.client import FlightDataset
 from flightfeed.client._device import DeviceStage
 from flightfeed.client._lanes import WINDOW_MESSAGE_BYTES, Lanes
@@ -57,7 +57,7 @@ class _Recorded(Lanes):
 def test_prefetch_is_bounded(make_ds: MakeDs, prefetch: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """However slowly the consumer reads, the streams have read at most ``streams x (prefetch + 1)``
     messages ahead of it (here with the byte budget off, so the bound is in messages)."""
-    monkeypatch.setattr(dataset_module, "Lanes", _Recorded)
+    monkeypatch.setattr(iteration_module, "Lanes", _Recorded)
     _Recorded.made.clear()
     ds = make_ds(shuffle=False, prefetch=prefetch, batch_size=8, message_rows=16, streams=2, window_bytes=0)
     most = 0
@@ -80,7 +80,7 @@ def test_prefetch_is_bounded(make_ds: MakeDs, prefetch: int, monkeypatch: pytest
 def test_the_default_window_is_a_byte_budget(make_ds: MakeDs, monkeypatch: pytest.MonkeyPatch) -> None:
     """By default the window holds ``streams x (prefetch + 1) x 16 MiB`` of messages (the memory the
     streams held before work moved between them): small messages make a wider window."""
-    monkeypatch.setattr(dataset_module, "Lanes", _Recorded)
+    monkeypatch.setattr(iteration_module, "Lanes", _Recorded)
     _Recorded.made.clear()
     ds = make_ds(shuffle=False, prefetch=1, batch_size=8, message_rows=16, streams=2)
     assert flat(indices(ds)) == list(range(ROWS))
@@ -130,7 +130,7 @@ def test_device_stage_runs_in_the_pipeline(make_ds: MakeDs, monkeypatch: pytest.
         return DeviceStage(torch.device("cpu"), slots=2, engine=engine, timer=meter.spent)
 
     expected = indices(make_ds(shuffle=True, seed=1))
-    monkeypatch.setattr(dataset_module, "_device_stage", stage)
+    monkeypatch.setattr(iteration_module, "_device_stage", stage)
     ds = make_ds(shuffle=True, seed=1)
     got = []
     for b in ds:

@@ -1,44 +1,38 @@
 """FlightDataset: a torch IterableDataset over a flightfeed server.
 
-One pipeline: get_flight_info -> one lane thread per endpoint (own connection each) pulling runs of
-messages (``_lanes``) -> messages in canonical order -> batches (zero-copy slices) -> torch tensors (DLPack views) ->
-optional device stage (pinned ring + CUDA side stream). The consumer's waiting time is measured
-(``stats()``), and ``state_dict()`` is a few hundred bytes that restore the exact remaining
-sequence, even against a restarted server.
+The reader's settings, its position (``set_epoch``, ``state_dict()`` -- a few hundred bytes that
+restore the exact remaining sequence, even against a restarted server --, ``position``,
+``len()``), what the server says of the dataset (``info()``), and its adapters (DataLoader
+workers, ``as_node()``, ``as_datapipe()``). Each iteration's pipeline -- lanes pulling runs of
+messages, batches in canonical order, zero-copy tensors, the device and image stages -- is
+``_iteration``.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
 import torch.utils.data
 
-from flightfeed.client._assemble import split_batches
-from flightfeed.client._convert import batch_to_torch
 from flightfeed.client._datapipe import FlightDataPipe
-from flightfeed.client._device import CopyEngine, DeviceStage
-from flightfeed.client._images import check_decode_on, image_stage, trainer_columns
+from flightfeed.client._device import CopyEngine
+from flightfeed.client._images import check_decode_on
 from flightfeed.client._info import dataset_info
 from flightfeed.client._info_helper import helper_needed, info_via_helper
-from flightfeed.client._lanes import Lane, Lanes, LaneSettings, join_lanes
+from flightfeed.client._iteration import iterate
+from flightfeed.client._lanes import Lane, LaneSettings, join_lanes
 from flightfeed.client._members import Members
 from flightfeed.client._mix_plan import Mixture
-from flightfeed.client._mover import DevicePath, device_batches
+from flightfeed.client._mover import DevicePath
 from flightfeed.client._node import FlightNode
-from flightfeed.client._normalize import normalize_option
 from flightfeed.client._options import ConnectOptions, ReadOptions, checked_settings, refuse_moved
-from flightfeed.client._pack import set_pack, widen
-from flightfeed.client._packed import Buffers, packed_batches, widen_message
+from flightfeed.client._pack import set_pack
 from flightfeed.client._pool import ConnectionPool
-from flightfeed.client._ragged import tuple_of
-from flightfeed.client._report import _default_client_id, start_reporter
+from flightfeed.client._report import _default_client_id
 from flightfeed.client._request import ReadJob, columns_arg, open_readers, read_command
-from flightfeed.client._skips import positions_of
 from flightfeed.client._state import ReadState
 from flightfeed.client._stats import StallMeter
 from flightfeed.client._streams import StreamReader
@@ -46,14 +40,10 @@ from flightfeed.client._topology import Topology, resolve_topology
 from flightfeed.client._workers import (
     STATEFUL_HINT,
     SharedSlots,
-    drop_rows,
-    hint_once,
     process_slots,
     refuse_worker_state_here,
-    skip_delivered,
-    worker_start,
 )
-from flightfeed.wire.errors import ConfigError, StreamError
+from flightfeed.wire.errors import ConfigError
 from flightfeed.wire.messages import INDEX_COLUMN, ReadCommand
 from flightfeed.wire.transforms import TransformSpec, set_transform
 
@@ -329,127 +319,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         return self._windows
 
     def __iter__(self) -> Iterator[Any]:
-        return self._iterate()
-
-    def _iterate(self) -> Iterator[Any]:
-        topo = resolve_topology(self.rank, self.world_size)
-        epoch = self.epoch  # read when the iteration starts: set_epoch reaches persistent workers
-        start = self._resume if self._resume is not None else ReadState.fresh(self._settings(), epoch=epoch)
-        self._resume = None
-        if start.epoch != epoch:
-            start = ReadState.fresh(self._settings(), epoch=epoch)
-        in_worker = torch.utils.data.get_worker_info() is not None
-        if topo.num_workers > 1:
-            start = worker_start(start, topo)
-        if in_worker:
-            self._shared.bump(SharedSlots.WORKER_ITERATIONS)
-            hint_once(self._shared, self._job_slots, topo, self.name, self._states_asked)
-        else:
-            self._worker_mark = self._shared.get(SharedSlots.WORKER_ITERATIONS)
-        stop = threading.Event()
-        readers = self.open_streams(topo, start, stop, epoch)
-        self._state = start.pinned(readers[0].ticket if readers else None, topo.rank, topo.world_size)
-        skip = skip_delivered(readers, start.worker_rows) if topo.num_workers > 1 else 0
-        path = self._device_path() if topo.num_workers == 1 else None
-        keep_arrow = self.options.decode_on == "trainer"  # the trainer decode reads the Arrow batch
-        # the trainer decode's JPEG column stays one Arrow array through ring, cut and join (no list of bytes)
-        arrow = trainer_columns(self.options.decode_on)
-        convert = functools.partial(
-            batch_to_torch, ragged=self.options.ragged, pad_value=self.options.pad_value, arrow=arrow
-        )
-        pack = self.options.pack
-        # packed windows on the CPU: each lane widens its whole message once (``_packed``)
-        packed_cpu = pack is not None and path is None and (self.device is None or self.device.type == "cpu")
-        hooks: dict[str, Any] = {} if path is None else path.hooks(
-            readers, self.options.prefetch, self._lane_settings, self.meter.spent, keep_arrow=keep_arrow,
-            convert=convert, pad_value=self.options.pad_value,
-        )
-        if packed_cpu:
-            assert pack is not None
-            hooks["stage"] = functools.partial(widen_message, column=pack.column, buffers=Buffers())
-        lanes = Lanes(
-            readers, prefetch=self.options.prefetch, settings=self._lane_settings, count=self.meter.count, **hooks
-        )
-        self.meter.set("nodes", lanes.nodes)
-        running = (stop, lanes.lanes)
-        self._running.append(running)
-        mover = path.start(lanes, self.meter.spent) if path is not None else None
-        lanes.start()
-        batches: Iterator[tuple[Any, Any, int]]
-        if mover is not None:
-            batches = device_batches(mover, self.batch_size)
-        elif packed_cpu:
-            assert pack is not None
-            batches = packed_batches(lanes.messages(), self.batch_size, pack.column, skip)
-        else:
-            batches = split_batches(drop_rows(lanes.messages(), skip), self.batch_size)
-        stage = _device_stage(self.device if path is None else None, self.meter)
-        as_tuple = self.options.as_tuple
-        ragged, pad_value = self.options.ragged, self.options.pad_value
-        post = image_stage(
-            self.device, normalize_option(self.options.normalize), self.options.decode_on, self._image_decoder
-        )
-        self.meter.start()
-        reporter = start_reporter(  # to the member that answered this iteration's get_flight_info
-            self._members.order()[0], self.meter.figures, interval=self.options.report_interval,
-            static={"dataset": self.name, "rank": topo.rank, "world_size": topo.world_size,
-                    "device": str(self.device or "cpu")},
-            client_id=self._client_id + (f"/worker{topo.worker}" if topo.num_workers > 1 else ""),
-            connect=self.connect,
-        )
-        try:
-            while True:
-                t0 = time.perf_counter()
-                item = next(batches, None)
-                if item is None:
-                    break
-                rb, staged, nbytes = item
-                t1 = time.perf_counter()
-                self.meter.spent("fetch", t1 - t0)
-                positions = positions_of(rb)
-                if positions != rb.num_rows:
-                    self.meter.skipped(positions - rb.num_rows)
-                    if not rb.num_rows:  # every row of this batch was skipped
-                        self._state = self._state.advanced(positions)
-                        continue
-                if staged is None:
-                    tensors = batch_to_torch(rb, ragged, pad_value, arrow)
-                    self.meter.spent("convert", time.perf_counter() - t1)
-                    out = stage(tensors)  # the device stage reports its own time
-                else:  # on the device already (``_mover``), or packed windows widened by the lanes (``_packed``)
-                    out = staged
-                if pack is not None and not packed_cpu:
-                    out = widen(out, pack.column)  # int64 tokens, int32 positions (``_pack``)
-                if post is not None:
-                    t2 = time.perf_counter()
-                    out = post(out, rb)
-                    self.meter.spent("images", time.perf_counter() - t2)
-                self.meter.waited(time.perf_counter() - t0, rb.num_rows, nbytes)
-                self._state = self._state.advanced(positions)
-                yield tuple_of(out, self._tuple_columns) if as_tuple else out
-        finally:
-            self.meter.stop()
-            if reporter is not None:  # no last report to a node that failed meanwhile (it would wait its timeout)
-                reporter.close(final=not self._members.suspect(reporter.location))
-            stop.set()
-            if mover is not None:
-                lanes.board.fail(StreamError("the iteration was closed"))  # wakes the mover
-                mover.close()
-            for lane in lanes.lanes:
-                lane.cancel()
-            join_lanes(lanes.lanes)  # a lane waiting on a frozen node is not waited for
-            stage.close()
-            if path is not None:
-                path.finish(lanes)
-            if running in self._running:
-                self._running.remove(running)
-
-    def _device_path(self) -> DevicePath | None:
-        """The device path (lanes stage into a pinned ring: ``_mover``), or None: batches stay on
-        Arrow memory (``device=None``/``"cpu"`` without a test engine)."""
-        if self.device is None or (self.device.type == "cpu" and self._copy_engine is None):
-            return None
-        return _unused_path(self._devices, self.device, self._copy_engine)
+        return iterate(self)
 
     # -- adapters -------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -488,16 +358,3 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
             if not path.busy:
                 path.close()
 
-
-def _unused_path(paths: list[DevicePath], device: torch.device, make: Any) -> DevicePath:
-    """An idle device path (its ring is reused), or a new one for a concurrent iteration."""
-    for p in paths:
-        if not p.busy:
-            return p
-    paths.append(DevicePath(device, make))
-    return paths[-1]
-
-
-def _device_stage(device: torch.device | None, meter: StallMeter) -> DeviceStage:
-    """CPU: batches stay on Arrow memory. CUDA: pinned ring + side-stream copies (``_device``)."""
-    return DeviceStage(device, timer=meter.spent)
