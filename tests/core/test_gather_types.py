@@ -159,6 +159,27 @@ def test_streams_gather_concurrently_and_alike(typed: tuple[Dataset, pa.Table]) 
     assert not errors, errors[0]
 
 
+def _traced_gather(ds: Dataset, rows: np.ndarray[Any, np.dtype[np.int64]]) -> tuple[pa.RecordBatch, int]:
+    """``gather(ds, rows)`` and the Python lines it ran in ``fixed_rows`` and ``gather``."""
+    lines = 0
+    files = {fixed_rows.__file__, gather_module.__file__}
+
+    def tracer(frame: FrameType, event: str, arg: Any) -> Any:
+        nonlocal lines
+        if frame.f_code.co_filename in files:
+            if event == "line":
+                lines += 1
+            return tracer
+        return None
+
+    sys.settrace(tracer)
+    try:
+        batch = gather(ds, rows, None)
+    finally:
+        sys.settrace(None)
+    return batch, lines
+
+
 def test_wide_rows_are_gathered_by_native_code_not_per_row(tmp_path: Path) -> None:
     """Python lines run by the gather do not grow with the rows of a message: 10x the rows of
     16 KiB+ images over the same chunks cost the same Python (the old code looped per row)."""
@@ -175,22 +196,7 @@ def test_wide_rows_are_gathered_by_native_code_not_per_row(tmp_path: Path) -> No
 
     def lines_for(count: int) -> int:
         rows = np.sort(rng.permutation(800)[:count]).astype(np.int64)[::-1].copy()
-        lines = 0
-        files = {fixed_rows.__file__, gather_module.__file__}
-
-        def tracer(frame: FrameType, event: str, arg: Any) -> Any:
-            nonlocal lines
-            if frame.f_code.co_filename in files:
-                if event == "line":
-                    lines += 1
-                return tracer
-            return None
-
-        sys.settrace(tracer)
-        try:
-            batch = gather(ds, rows, None)
-        finally:
-            sys.settrace(None)
+        batch, lines = _traced_gather(ds, rows)
         column: Any = batch.column(0)
         pixels = np.asarray(column.storage.flatten()).reshape(count, width)
         assert (pixels == (rows // 200).astype(np.uint8)[:, None]).all()
@@ -221,24 +227,9 @@ def test_no_python_line_runs_per_chunk_a_message_touches(tmp_path: Path) -> None
     ds = open_dataset("chunky", str(tmp_path))
     assert ds.num_chunks == 80 and all(shard.zero_copy for shard in ds.shards)
     gather(ds, np.arange(ds.num_rows, dtype=np.int64), None)  # every chunk's views memoised
-    files = {fixed_rows.__file__, gather_module.__file__}
 
     def lines_for(rows: np.ndarray[Any, np.dtype[np.int64]]) -> int:
-        lines = 0
-
-        def tracer(frame: FrameType, event: str, arg: Any) -> Any:
-            nonlocal lines
-            if frame.f_code.co_filename in files:
-                if event == "line":
-                    lines += 1
-                return tracer
-            return None
-
-        sys.settrace(tracer)
-        try:
-            batch = gather(ds, rows, None)
-        finally:
-            sys.settrace(None)
+        batch, lines = _traced_gather(ds, rows)
         assert np.array_equal(batch.column("label").to_numpy(), rows)
         column: Any = batch.column("image")
         pixels = np.asarray(column.storage.flatten()).reshape(len(rows), width)
