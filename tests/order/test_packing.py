@@ -5,6 +5,8 @@ stream, every token the input of exactly one window per epoch over 1, 3 and 8 ra
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -250,3 +252,28 @@ def test_dataloader_workers_resume_exactly(server: Any) -> None:
                                multiprocessing_context="spawn", timeout=120)
     again.load_state_dict(state)
     assert rows(again) == tail
+
+
+def test_len_of_a_packed_read_before_fork_workers_keeps_them_working(server: Any) -> None:
+    """``len(ds)`` of a packed read counts the epoch's windows, which the server's tickets carry; in
+    a process that never used Flight it is asked by the helper process (as an unpacked read's is),
+    so ``fork``-started DataLoader workers still work after it (asked directly, it left gRPC in the
+    parent and every worker refused to start)."""
+    root = Path(__file__).resolve().parents[2]
+    script = f"""
+import torch.utils.data
+from flightfeed.client import FlightDataset, Pack, ReadOptions
+from flightfeed.client._fork import grpc_used
+opts = ReadOptions(pack=Pack(column="tokens", seq_len={SEQ}), report_interval=None, streams=2)
+ds = FlightDataset({server.location!r}, "tok", batch_size={BATCH}, seed=2, options=opts)
+batches = len(ds)
+assert not grpc_used(), "len() used gRPC in the parent"
+loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=120)
+got = [b["tokens"].shape[0] for b in loader]
+assert len(got) == batches, (len(got), batches)
+print("ok", batches, sum(got))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=root)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+    direct = _reader(server.location, seed=2, pad=False)
+    assert done.stdout.split()[1:] == [str(len(direct)), str(sum(len(b["tokens"]) for b in direct))]

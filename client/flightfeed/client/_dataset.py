@@ -21,7 +21,7 @@ from flightfeed.client._datapipe import FlightDataPipe
 from flightfeed.client._device import CopyEngine
 from flightfeed.client._images import check_decode_on
 from flightfeed.client._info import dataset_info
-from flightfeed.client._info_helper import helper_needed, info_via_helper
+from flightfeed.client._info_helper import helper_needed, info_via_helper, windows_via_helper
 from flightfeed.client._iteration import iterate
 from flightfeed.client._lanes import Lane, LaneSettings, join_lanes
 from flightfeed.client._members import Members
@@ -314,8 +314,12 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         if self.options.pack is None:
             return int(self.info()["rows"])
         if self._windows is None:
-            readers = self.open_streams(topo, state, threading.Event(), state.epoch)
-            self._windows = int(readers[0].ticket.num_rows) if readers else 0
+            if helper_needed():  # keep this process gRPC-free: fork-started DataLoader workers may follow
+                cmd = read_command(self.job(), topo, state, state.epoch)
+                self._windows = windows_via_helper(self._members, self.connect, cmd)
+            else:
+                readers = self.open_streams(topo, state, threading.Event(), state.epoch)
+                self._windows = int(readers[0].ticket.num_rows) if readers else 0
         return self._windows
 
     def __iter__(self) -> Iterator[Any]:

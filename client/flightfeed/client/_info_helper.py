@@ -1,4 +1,5 @@
-"""``len(ds)`` / ``ds.info()`` in a process that must stay free of gRPC: ask from a helper process.
+"""``len(ds)`` / ``ds.info()`` in a process that must stay free of gRPC: ask from a helper process
+(for a packed read, ``len(ds)`` asks for the read's own tickets: they count the epoch's windows).
 
 gRPC is not fork-safe (:mod:`._fork`): once a process made a Flight client, the DataLoader
 workers it forks hang. A training script calls ``len(train_loader)`` (a progress bar, an LR
@@ -38,8 +39,9 @@ from flightfeed.client._info import describe
 from flightfeed.client._members import Members
 from flightfeed.client._options import ConnectOptions
 from flightfeed.wire.errors import StreamError, Unauthenticated
+from flightfeed.wire.messages import StreamTicket
 
-__all__ = ["info_via_helper", "helper_needed"]
+__all__ = ["info_via_helper", "helper_needed", "windows_via_helper"]
 
 _CHILD = Path(__file__).with_name("_info_child.py")
 _SLACK_S = 60.0  # beyond the connect budget: the child's start-up on a loaded machine
@@ -56,13 +58,30 @@ def info_via_helper(
     members: Members, connect: ConnectOptions, name: str, columns: Sequence[str]
 ) -> dict[str, Any]:
     """:func:`._info.dataset_info`'s answer, asked by a child process (this one stays gRPC-free)."""
-    what = f"get_flight_info for dataset {name!r}"
+    answer = _ask(members, connect, f"get_flight_info for dataset {name!r}", {"name": name})
+    schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(answer["schema"])))
+    return describe(schema, int(answer["rows"]), name, columns)
+
+
+def windows_via_helper(members: Members, connect: ConnectOptions, cmd: Any) -> int:
+    """The packed windows of an epoch of ``cmd`` (a ``ReadCommand`` with ``pack``: what its tickets
+    count, ``StreamTicket.num_rows``), asked by a child process (this one stays gRPC-free)."""
+    what = f"get_flight_info for dataset {cmd.dataset!r}"
+    answer = _ask(members, connect, what, {"name": cmd.dataset, "command": base64.b64encode(
+        cmd.SerializeToString()).decode()})
+    ticket = answer.get("ticket")
+    return int(StreamTicket.FromString(base64.b64decode(ticket)).num_rows) if ticket else 0
+
+
+def _ask(members: Members, connect: ConnectOptions, what: str, ask: dict[str, Any]) -> dict[str, Any]:
+    """The child's answer to ``ask`` (``name``, optionally ``command``) over ``members``' order;
+    its errors raised as the direct call's would be."""
     order = members.order()
     retry = any(members.ever_answered(m) for m in order)  # an outage, not a configuration error
     request = {
         "path": [p for p in sys.path if isinstance(p, str)],
         "locations": order,
-        "name": name,
+        **ask,
         "token": connect.token,
         "tls_root_certs": connect.tls_root_certs.decode("latin-1") if connect.tls_root_certs else None,
         "timeout": connect.timeout,
@@ -89,8 +108,7 @@ def info_via_helper(
     if "errors" in answer:
         raise _error(what, answer["errors"], members)
     members.answered(str(answer["location"]))
-    schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(answer["schema"])))
-    return describe(schema, int(answer["rows"]), name, columns)
+    return answer
 
 
 def _error(what: str, errors: list[dict[str, str]], members: Members) -> BaseException:
