@@ -104,9 +104,10 @@ def iterate(ds: Reader) -> Iterator[Any]:
     ds._state = start.pinned(readers[0].ticket if readers else None, topo.rank, topo.world_size)
     skip = skip_delivered(readers, start.worker_rows) if topo.num_workers > 1 else 0
     path = _device_path(ds) if topo.num_workers == 1 else None
-    keep_arrow = ds.options.decode_on == "trainer"  # the trainer decode reads the Arrow batch
-    # the trainer decode's JPEG column stays one Arrow array through ring, cut and join (no list of bytes)
+    # the trainer decode's JPEG column stays one Arrow array through ring, cut and join (no list of
+    # bytes), and it reads the message's Arrow batch (its crop and flip columns)
     arrow = trainer_columns(ds.options.decode_on)
+    keep_arrow = bool(arrow)
     convert = functools.partial(
         batch_to_torch, ragged=ds.options.ragged, pad_value=ds.options.pad_value, arrow=arrow
     )
@@ -138,7 +139,6 @@ def iterate(ds: Reader) -> Iterator[Any]:
         batches = split_batches(drop_rows(lanes.messages(), skip), ds.batch_size)
     stage = _device_stage(ds.device if path is None else None, ds.meter)
     as_tuple = ds.options.as_tuple
-    ragged, pad_value = ds.options.ragged, ds.options.pad_value
     post = image_stage(
         ds.device, normalize_option(ds.options.normalize), ds.options.decode_on, ds._image_decoder
     )
@@ -166,7 +166,7 @@ def iterate(ds: Reader) -> Iterator[Any]:
                     ds._state = ds._state.advanced(positions)
                     continue
             if staged is None:
-                tensors = batch_to_torch(rb, ragged, pad_value, arrow)
+                tensors = convert(rb)
                 ds.meter.spent("convert", time.perf_counter() - t1)
                 out = stage(tensors)  # the device stage reports its own time
             else:  # on the device already (``_mover``), or packed windows widened by the lanes (``_packed``)

@@ -258,7 +258,7 @@ def _columns(parts: Sequence[pa.RecordBatch], convert: Convert, pad_value: float
 
 def concat_host(parts: Sequence[Any]) -> Any:
     """Host column pieces as one: lists joined, Arrow arrays (a binary column kept as Arrow,
-    ``_convert``'s ``arrow``) concatenated into one array -- no per-row Python object either way."""
+    ``_convert``'s ``arrow``) concatenated into one array (no per-row Python object made)."""
     if isinstance(parts[0], pa.Array):
         return pa.concat_arrays(list(parts))
     return [x for p in parts for x in p]
