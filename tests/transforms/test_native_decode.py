@@ -308,3 +308,37 @@ def test_without_the_native_extras_everything_takes_the_pillow_path(
             assert np.array_equal(
                 run_row(view, steps_of(steps, "native"), KEY, row), run_row(view, steps_of(steps, "pillow"), KEY, row)
             )
+
+
+def test_the_decode_pool_hands_out_one_encoded_image_per_task(
+    image_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each task of the decode pool is one encoded image: with several per task, the message
+    waited for one thread finishing its last few images alone (the old code gave each task 4 of a
+    32-row message on 2 threads). The rows come out the same either way."""
+    cmd = ReadCommand(version=WIRE_VERSION, dataset="imgs", world_size=1, batch_rows=32, streams=1, num_workers=1)
+    steps: list[dict[str, Any]] = [{"name": "decode"}, {"name": "random_resized_crop", "size": 32}, {"name": "hflip"}]
+    set_transform(cmd, steps, on_decode_error="skip")
+    ds = open_dataset("imgs", str(image_dir))
+    single, pooled = Transformer(workers=1), Transformer(workers=2)
+    tasks: list[int] = []
+    pool: Any = pooled._pool
+    real_map = pool.map
+
+    def recording_map(fn: Any, slices: list[tuple[int, int]]) -> Any:
+        tasks.extend(hi - lo for lo, hi in slices)
+        return real_map(fn, slices)
+
+    monkeypatch.setattr(pool, "map", recording_map)
+    try:
+        plan = pooled.plan(ds.schema, cmd)
+        assert plan is not None
+        rows = np.arange(min(32, ds.num_rows), dtype=np.int64)
+        got = pa.Table.from_batches(list(pooled.message(ds, plan, rows, ["image", "label"], KEY, 32)))
+        want = pa.Table.from_batches(list(single.message(ds, plan, rows, ["image", "label"], KEY, 32)))
+    finally:
+        pooled.close()
+        single.close()
+        ds.close()
+    assert tasks and set(tasks) == {1} and len(tasks) == len(rows)
+    assert got.equals(want)

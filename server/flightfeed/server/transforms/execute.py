@@ -203,7 +203,7 @@ class Transformer:
                     out[i] = 0
             return time.perf_counter() - start
 
-        per = max(1, min(8, n // (self.workers * 4) or 1))
+        per = _slice_rows(cp, n, self.workers)
         slices = [(lo, min(n, lo + per)) for lo in range(0, n, per)]
         busy = sum(self._pool.map(work, slices)) if self._pool is not None else sum(map(work, slices))
         for st in cp.message_steps:
@@ -215,6 +215,18 @@ class Transformer:
             storage = pa.FixedSizeListArray.from_arrays(leaf, width)
             return pa.ExtensionArray.from_storage(out_t, storage), errors, busy
         return leaf, errors, busy
+
+
+def _slice_rows(cp: ColumnPlan, n: int, workers: int) -> int:
+    """Rows per task of the decode pool. An encoded image costs ~1 ms to decode and is a task of
+    its own: a message waits for its slowest task, and tasks of 4 images left one thread finishing
+    alone at the end of every message (bench_scaling's JPEG stage on the 2-core VM, one message at
+    a time, 2 threads: 84 -> 90 MB/s encoded, speedup over 1 thread 1.58x -> 1.70x, medians of 4
+    and 8 runs). Cheap per-row steps on decoded arrays go in slices of up to 8 rows, 4 tasks per
+    thread, so a task's hand-over (~20 us) stays small beside its work."""
+    if cp.source.kind == "bytes":
+        return 1
+    return max(1, min(8, n // (workers * 4) or 1))
 
 
 def _deferred_params(
