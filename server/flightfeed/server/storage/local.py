@@ -1,8 +1,10 @@
-"""Local shards: a directory (searched recursively), a glob, or one file."""
+"""Local shards: a directory (searched recursively; a Hugging Face ``save_to_disk`` folder: the data
+files its ``state.json`` lists), a glob, or one file."""
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 
 from flightfeed.server.readers import ARROW_SUFFIXES, HDF5_SUFFIXES, format_of
@@ -21,8 +23,10 @@ def list_local_shards(uri: str) -> list[str]:
     if any(ch in path for ch in "*?["):
         files = [f for f in glob.glob(path, recursive=True) if f.lower().endswith(SHARD_SUFFIXES) and os.path.isfile(f)]
     elif os.path.isdir(path):
-        files = []
-        _walk(path, files)
+        files = _hf_data_files(path)
+        if files is None:
+            files = []
+            _walk(path, files)
     elif os.path.isfile(path):
         files = [path] if path.lower().endswith(SHARD_SUFFIXES) else []
     else:
@@ -36,6 +40,32 @@ def list_local_shards(uri: str) -> list[str]:
     formats = {format_of(f"x{suffix}") for suffix in {os.path.splitext(f)[1].lower() for f in files}}
     if len(formats) > 1:
         raise DatasetError(f"{uri}: mixes shard formats {sorted(formats)}; a dataset holds one format")
+    return files
+
+
+def _hf_data_files(folder: str) -> list[str] | None:
+    """The data files a Hugging Face ``save_to_disk`` folder's ``state.json`` lists; None for any
+    other folder. Only those are the dataset: ``load_from_disk(...).map()`` (or ``filter``, ...)
+    writes its ``cache-*.arrow`` results into the same folder, which are not."""
+    state_path = os.path.join(folder, "state.json")
+    if not (os.path.isfile(state_path) and os.path.isfile(os.path.join(folder, "dataset_info.json"))):
+        return None
+    try:
+        with open(state_path, encoding="utf-8") as f:
+            listed = json.load(f).get("_data_files")
+        names = [str(entry["filename"]) for entry in listed]
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise DatasetError(
+            f"{state_path}: not a readable datasets save_to_disk state ({exc}); re-save the dataset with "
+            "save_to_disk, or convert it with `flightfeed convert --from hf`"
+        ) from None
+    files = [os.path.join(folder, name) for name in names]
+    missing = [f for f in files if not os.path.isfile(f)]
+    if missing:
+        raise DatasetError(
+            f"{folder}: state.json lists {missing[0]}, which is missing ({len(missing)} of {len(files)} data "
+            "file(s)); the save_to_disk folder is incomplete: save it again"
+        )
     return files
 
 

@@ -1,6 +1,14 @@
 """Where converted shards go: a local directory, or ``s3://bucket/prefix`` (shards are staged in
 a local temporary directory, uploaded as each one completes, and deleted locally). The manifest
 is written last, so a reader that sees ``manifest.json`` sees every shard it lists.
+
+A local conversion writes its shards into a hidden staging folder inside DST
+(``.flightfeed-convert-*``, which ``flightfeed serve`` never lists) and moves them into DST only
+once every shard is written: a conversion stopped part-way (Ctrl-C, an error, a full disk) leaves
+no ``part-*.arrow`` that ``flightfeed serve DST`` would serve as if it were the whole dataset, and
+``--overwrite`` keeps the old dataset until the new one is complete. DST may hold other files, but
+no other shard files (``.arrow``, ``.parquet``, HDF5 anywhere under it): ``serve DST`` walks the
+folder and would serve them with the converted rows.
 """
 
 from __future__ import annotations
@@ -13,11 +21,12 @@ from typing import Protocol
 
 import pyarrow.fs as pafs
 
+from flightfeed.server.storage.local import SHARD_SUFFIXES
 from flightfeed.server.storage.manifest import MANIFEST_NAME, Manifest, ManifestShard
 from flightfeed.server.storage.options import StorageOptions
 from flightfeed.wire.errors import ConfigError, StorageError
 
-__all__ = ["Destination", "LocalDestination", "S3Destination", "open_destination"]
+__all__ = ["Destination", "LocalDestination", "S3Destination", "open_destination", "STAGING_PREFIX"]
 
 
 class Destination(Protocol):
@@ -37,10 +46,13 @@ def open_destination(dst: str, storage: StorageOptions, *, overwrite: bool) -> D
     return LocalDestination(dst, overwrite=overwrite)
 
 
+#: the hidden folder inside DST where a local conversion stages its shards (never served)
+STAGING_PREFIX = ".flightfeed-convert-"
+
+
 class LocalDestination:
     def __init__(self, directory: str, *, overwrite: bool) -> None:
         self.uri = directory
-        self.staging_dir = directory
         if os.path.exists(directory) and not os.path.isdir(directory):
             raise ConfigError(f"{directory} exists and is not a directory; DST must be a directory")
         os.makedirs(directory, exist_ok=True)
@@ -51,20 +63,49 @@ class LocalDestination:
                 f"{directory} already holds a converted dataset ({len(old)} file(s)); "
                 "choose an empty directory or pass --overwrite"
             )
-        for path in old:
-            os.unlink(path)
+        _refuse_other_shards(directory)
+        self._old = old  # removed by finish, once the new dataset is complete
+        self.staging_dir = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=directory)
 
     def publish(self, path: str, shard: ManifestShard) -> None:
-        pass
+        pass  # staged until finish: a stopped conversion leaves nothing that serves
 
     def finish(self, manifest: Manifest) -> None:
+        manifest_path = os.path.join(self.uri, MANIFEST_NAME)
+        if os.path.exists(manifest_path):
+            os.unlink(manifest_path)  # first: the old shards are no longer a dataset
+        for path in self._old:
+            if os.path.exists(path):
+                os.unlink(path)
+        for shard in manifest.shards:
+            os.replace(os.path.join(self.staging_dir, shard.name), os.path.join(self.uri, shard.name))
         tmp = os.path.join(self.staging_dir, MANIFEST_NAME + ".tmp")
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(manifest.to_json())
-        os.replace(tmp, os.path.join(self.staging_dir, MANIFEST_NAME))
+        os.replace(tmp, manifest_path)
 
     def cleanup(self) -> None:
-        pass
+        shutil.rmtree(self.staging_dir, ignore_errors=True)
+
+
+def _refuse_other_shards(directory: str) -> None:
+    """Refuse a DST holding shard files other than a converted dataset's ``part-*``: ``flightfeed
+    serve DST`` walks the folder (hidden folders aside) and would serve them with the new rows."""
+    found: list[str] = []
+    for top, dirs, files in os.walk(directory):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(files):
+            if not name.lower().endswith(SHARD_SUFFIXES):
+                continue
+            if top == directory and name.startswith("part-") and name.endswith(".arrow"):
+                continue  # the converted dataset --overwrite replaces
+            found.append(os.path.join(top, name))
+    if found:
+        raise ConfigError(
+            f"{directory} already holds {len(found)} other shard file(s) (e.g. {found[0]}); `flightfeed serve "
+            f"{directory}` would serve them together with the converted rows: convert into an empty directory "
+            "(or one without .arrow/.parquet/HDF5 files anywhere under it)"
+        )
 
 
 class S3Destination:

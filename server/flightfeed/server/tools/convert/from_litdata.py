@@ -147,6 +147,8 @@ class LitDataSource(RecordSource):
             fields += f
             self._decoders.append(d)
         self._leaves = len(formats)
+        #: column -> dtype of the per-item-dtype leaves (numpy/tensor), from the first item
+        self._item_dtypes: dict[int, np.dtype[Any]] = {}
         self.schema = pa.schema(fields)
         self.schema = self._typed(pa.schema(fields))
         self.description = f"LitData ({len(self._chunks)} chunk(s))"
@@ -163,6 +165,7 @@ class LitDataSource(RecordSource):
             pa.field(f.name, pa.list_(pa.from_numpy_dtype(v.dtype))) if f.type == pa.null() else f
             for f, v in zip(schema, first, strict=True)
         ]
+        self._item_dtypes = {i: first[i].dtype for i, f in enumerate(schema) if f.type == pa.null()}
         return pa.schema(fields, metadata={"flightfeed.source": "litdata"})
 
     def _records(self) -> Iterator[Sequence[Any] | BadRecord]:
@@ -193,6 +196,12 @@ class LitDataSource(RecordSource):
                             raise ValueError("item ends early")
                         row += decode(item[pos : pos + size])
                         pos += size
+                    for column, dtype in self._item_dtypes.items():
+                        if row[column].dtype != dtype:  # Arrow would cast it silently (float -> int)
+                            raise ValueError(
+                                f"leaf {self.schema.field(column).name!r} is {row[column].dtype}, but the first "
+                                f"item's (the column's) is {dtype}"
+                            )
                     yield row
                 except (ValueError, IndexError, KeyError, struct.error, UnicodeDecodeError, OSError) as exc:
                     yield BadRecord(f"{uri}: item {i}", f"does not decode ({type(exc).__name__}: {exc})")
