@@ -149,3 +149,12 @@ def test_a_damaged_arrow_file_is_named(tmp_path: Path) -> None:
     data.write_bytes(data.read_bytes()[:-200])
     with pytest.raises(DatasetError, match=r"data-00001-of-00002\.arrow: not a readable Arrow stream file"):
         convert_to(tmp_path / "hf", tmp_path / "out", "hf")
+
+
+def test_map_cache_files_in_a_save_to_disk_folder_are_not_served(tmp_path: Path) -> None:
+    """``load_from_disk(folder).map(...)`` writes its result as ``cache-*.arrow`` into the folder:
+    served directly, the folder is the data files its ``state.json`` lists, nothing else."""
+    hf.Dataset.from_dict({"x": list(range(40))}).save_to_disk(str(tmp_path / "hf"), num_shards=2)
+    hf.load_from_disk(str(tmp_path / "hf")).map(lambda row: {"x": row["x"] + 1000})
+    assert list((tmp_path / "hf").glob("cache-*.arrow"))
+    assert served_rows(tmp_path / "hf", ["x"]) == {"x": list(range(40))}

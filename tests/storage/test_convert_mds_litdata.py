@@ -235,3 +235,20 @@ def test_a_skipped_litdata_chunk_counts_every_item_it_held(tmp_path: Path) -> No
     manifest = convert_to(tmp_path / "lit", tmp_path / "out2", "litdata", on_bad_record="skip")
     bad: Any = manifest.extra["bad_records"]
     assert bad["skipped"] == sizes[chunks[0].name] and manifest.rows == 25 - bad["skipped"]
+
+
+def test_a_litdata_item_of_another_dtype_is_a_bad_record(tmp_path: Path) -> None:
+    """A ``numpy`` leaf carries its dtype per item; the column takes the first item's, and an item
+    of another dtype is a bad record (Arrow would cast 2.5 to 2 silently)."""
+    writer = litdata_writer.BinaryWriter(str(tmp_path / "lit"), chunk_bytes=4000)
+    for i in range(6):
+        grid = np.full((2, 2), i, np.uint16) if i != 3 else np.full((2, 2), 2.5, np.float32)
+        writer[i] = {"i": i, "grid": grid}
+    writer.done()
+    writer.merge()
+    with pytest.raises(DatasetError, match=r"item 3: .*leaf 'grid' is float32, but the first item's .* is uint16"):
+        convert_to(tmp_path / "lit", tmp_path / "out", "litdata")
+    manifest = convert_to(tmp_path / "lit", tmp_path / "out2", "litdata", on_bad_record="skip")
+    table = arrow_rows(tmp_path / "out2")
+    assert manifest.rows == 5 and table.column("i").to_pylist() == [0, 1, 2, 4, 5]
+    assert table.column("grid").to_pylist() == [[i] * 4 for i in (0, 1, 2, 4, 5)]

@@ -92,6 +92,24 @@ def test_a_sample_missing_a_member_is_a_named_bad_record(tmp_path: Path) -> None
     assert manifest.rows == 2 and manifest.extra["bad_records"]["skipped"] == 1
 
 
+def test_an_odd_first_sample_does_not_make_every_other_sample_bad(tmp_path: Path) -> None:
+    """The columns are the members most of the first samples have: a first sample missing one
+    member (or with an extra one) is the bad record, not every sample after it."""
+    with wds.TarWriter(str(tmp_path / "a.tar")) as sink:
+        sink.write({"__key__": "k0", "jpg": b"x"})  # no .cls
+        for i in range(1, 6):
+            sink.write({"__key__": f"k{i}", "jpg": bytes([i]), "cls": i})
+        sink.write({"__key__": "k6", "jpg": b"y", "cls": 6, "txt": "extra"})
+    with pytest.raises(DatasetError, match=r"a\.tar: sample k0: members differ .*missing \['cls'\]"):
+        convert_to(tmp_path, tmp_path / "out", "webdataset")
+    manifest = convert_to(tmp_path, tmp_path / "out2", "webdataset", on_bad_record="skip")
+    assert [f.name for f in manifest.schema] == ["__key__", "cls", "jpg"]
+    assert manifest.extra["bad_records"]["skipped"] == 2
+    got = served_rows(tmp_path / "out2")
+    assert got["__key__"] == [f"k{i}" for i in range(1, 6)] and got["cls"] == [1, 2, 3, 4, 5]
+    assert got["jpg"] == [bytes([i]) for i in range(1, 6)]
+
+
 def test_the_jpg_column_takes_the_imagenet_transforms(tmp_path: Path) -> None:
     from flightfeed.client import FlightDataset, ReadOptions
     from flightfeed.server.testing import running_server
