@@ -23,9 +23,9 @@ def list_local_shards(uri: str) -> list[str]:
     if any(ch in path for ch in "*?["):
         files = [f for f in glob.glob(path, recursive=True) if f.lower().endswith(SHARD_SUFFIXES) and os.path.isfile(f)]
     elif os.path.isdir(path):
-        files = _hf_data_files(path)
-        if files is None:
-            files = []
+        listed = _hf_data_files(path)
+        files = listed if listed is not None else []
+        if listed is None:
             _walk(path, files)
     elif os.path.isfile(path):
         files = [path] if path.lower().endswith(SHARD_SUFFIXES) else []
