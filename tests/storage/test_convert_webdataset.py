@@ -8,6 +8,8 @@ import json
 import tarfile
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.ipc as ipc
 import pytest
 
 from flightfeed.server.storage.local_s3 import LocalS3
@@ -108,6 +110,29 @@ def test_an_odd_first_sample_does_not_make_every_other_sample_bad(tmp_path: Path
     got = served_rows(tmp_path / "out2")
     assert got["__key__"] == [f"k{i}" for i in range(1, 6)] and got["cls"] == [1, 2, 3, 4, 5]
     assert got["jpg"] == [bytes([i]) for i in range(1, 6)]
+
+
+def test_large_samples_after_small_ones_keep_batches_and_shards_near_their_size(tmp_path: Path) -> None:
+    """Rows per batch come from the first samples; later, far larger samples still cut the record
+    batch at its target bytes (a batch of them all held the whole input in memory, made a shard
+    many times --shard-size, and past 2 GiB of a column failed)."""
+    big = [bytes([i]) * 40_000 for i in range(30)]
+    with wds.TarWriter(str(tmp_path / "a.tar")) as sink:
+        for i in range(70):
+            sink.write({"__key__": f"t{i:03d}", "bin": b"x", "cls": i})
+        for i, data in enumerate(big):
+            sink.write({"__key__": f"v{i:03d}", "bin": data, "cls": 70 + i})
+    shard_bytes = 200_000  # record batches of about 50,000 bytes
+    manifest = convert_to(tmp_path, tmp_path / "out", "webdataset", shard_bytes=shard_bytes)
+    assert manifest.rows == 100 and len(manifest.shards) >= 5
+    for shard in manifest.shards:
+        assert shard.bytes < 2 * shard_bytes, shard
+        with pa.memory_map(str(tmp_path / "out" / shard.name)) as source:
+            reader = ipc.open_file(source)
+            for i in range(reader.num_record_batches):
+                assert reader.get_batch(i).nbytes < 100_000
+    got = served_rows(tmp_path / "out", ["bin", "cls"], batch_size=16)
+    assert got["bin"] == [b"x"] * 70 + big and got["cls"] == list(range(100))
 
 
 def test_the_jpg_column_takes_the_imagenet_transforms(tmp_path: Path) -> None:

@@ -4,9 +4,11 @@ shards -> manifest, with a progress bar."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
+import pyarrow as pa
 from tqdm import tqdm
 
 from flightfeed.server.readers import HDF5_SUFFIXES
@@ -16,6 +18,7 @@ from flightfeed.server.storage.options import StorageOptions
 from flightfeed.server.tools.convert.destination import open_destination
 from flightfeed.server.tools.convert.formats import FORMAT_KINDS, detect_format, open_format_source
 from flightfeed.server.tools.convert.images import ImageFolderSource, looks_like_image_folder, split_folders
+from flightfeed.server.tools.convert.records import RecordSource
 from flightfeed.server.tools.convert.shard_hasher import prompt_switches
 from flightfeed.server.tools.convert.sources import (
     Hdf5Source,
@@ -167,7 +170,7 @@ def convert(src: str, dst: str, settings: ConvertSettings | None = None) -> Mani
             )
             try:
                 with prompt_switches(settings.background_hash):
-                    for batch in rebatch(source.batches(rows), rows):
+                    for batch in _batches(source, rows, settings):
                         writer.write(batch)
                         bar.update(batch.num_rows)
                     shards = writer.close()
@@ -199,6 +202,16 @@ def convert(src: str, dst: str, settings: ConvertSettings | None = None) -> Mani
             dest.cleanup()
     finally:
         source.close()
+
+
+def _batches(source: Source, rows: int, settings: ConvertSettings) -> Iterator[pa.RecordBatch]:
+    """The record batches to write: ``rows`` rows each; a streamed record source sized by its
+    first records (``--rows-per-batch`` not given) also cuts a batch at the target batch bytes
+    (records.py), and its batches are written as they come."""
+    if settings.rows_per_batch is None and isinstance(source, RecordSource):
+        source.max_batch_bytes = min(TARGET_BATCH_BYTES, settings.shard_bytes // 4)
+        return source.batches(rows)
+    return rebatch(source.batches(rows), rows)
 
 
 def _auto_rows(source: Source, shard_bytes: int) -> int:
