@@ -14,7 +14,7 @@ import pytest
 
 from flightfeed.server.storage.local_s3 import LocalS3
 from flightfeed.wire.errors import ConfigError, DatasetError
-from tests.storage.format_roundtrip import convert_to, jpeg, served_rows
+from tests.storage.format_roundtrip import arrow_rows, convert_to, jpeg, served_rows
 
 lmdb = pytest.importorskip("lmdb", reason="lmdb is not installed (pip install lmdb msgpack)")
 msgpack = pytest.importorskip("msgpack", reason="msgpack is not installed (pip install msgpack)")
@@ -148,7 +148,6 @@ def test_tfrecord_round_trip_plain_and_gzip(tmp_path: Path) -> None:
     got = served_rows(tmp_path / "out", ["image", "label", "score", "big"])
     for name in ("image", "label", "score", "big"):
         assert got[name] == [r[name] for r in rows], name
-    from tests.storage.format_roundtrip import arrow_rows
 
     table = arrow_rows(tmp_path / "out")  # list columns: checked at the Arrow level
     assert table.column("vec").to_pylist() == [r["vec"] for r in rows]
@@ -212,3 +211,22 @@ def test_files_that_are_not_tfrecords_or_tars_are_refused_by_name(tmp_path: Path
     (tmp_path / "w" / "x.tar").write_bytes(b"garbage" * 100)
     with pytest.raises(DatasetError, match=r"x\.tar at byte 0: tar header checksum mismatch"):
         convert_to(tmp_path / "w", tmp_path / "out", "webdataset")
+
+
+def test_a_first_tfrecord_without_an_optional_feature_is_the_bad_record(tmp_path: Path) -> None:
+    """The columns are the features most of the first records have: a first record lacking one
+    (an optional feature) is the bad record, not every record after it."""
+    from tfrecord import TFRecordWriter
+
+    writer = TFRecordWriter(str(tmp_path / "a.tfrecord"))
+    writer.write({"label": (0, "int")})  # no "box"
+    for i in range(1, 6):
+        writer.write({"label": (i, "int"), "box": ([i / 2, 1.0, 2.0, 3.0], "float")})
+    writer.close()
+    with pytest.raises(DatasetError, match=r"a\.tfrecord at byte 0: features differ \(missing \['box'\]"):
+        convert_to(tmp_path, tmp_path / "out", "tfrecord")
+    manifest = convert_to(tmp_path, tmp_path / "out2", "tfrecord", on_bad_record="skip")
+    assert manifest.rows == 5 and manifest.extra["bad_records"]["skipped"] == 1
+    table = arrow_rows(tmp_path / "out2")
+    assert table.column("label").to_pylist() == [1, 2, 3, 4, 5]
+    assert table.column("box").to_pylist() == [[i / 2, 1.0, 2.0, 3.0] for i in range(1, 6)]
