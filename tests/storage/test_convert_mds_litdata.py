@@ -252,3 +252,17 @@ def test_a_litdata_item_of_another_dtype_is_a_bad_record(tmp_path: Path) -> None
     table = arrow_rows(tmp_path / "out2")
     assert manifest.rows == 5 and table.column("i").to_pylist() == [0, 1, 2, 4, 5]
     assert table.column("grid").to_pylist() == [[i] * 4 for i in (0, 1, 2, 4, 5)]
+
+
+def test_a_truncated_compressed_mds_shard_is_named(tmp_path: Path) -> None:
+    with mds_writer()(out=str(tmp_path / "mds"), columns={"x": "int", "raw": "bytes"}, compression="gz",
+                      size_limit=1 << 12) as out:
+        for i in range(60):
+            out.write({"x": i, "raw": bytes([i]) * 200})
+    shard = sorted((tmp_path / "mds").glob("shard.00001.mds.gz"))[0]
+    shard.write_bytes(shard.read_bytes()[:-50])
+    with pytest.raises(DatasetError, match=r"shard\.00001\.mds\.gz: does not read or decompress .*damaged"):
+        convert_to(tmp_path / "mds", tmp_path / "out", "mds")
+    manifest = convert_to(tmp_path / "mds", tmp_path / "out2", "mds", on_bad_record="skip")
+    bad: Any = manifest.extra["bad_records"]
+    assert bad["skipped"] > 0 and manifest.rows == 60 - bad["skipped"]

@@ -103,6 +103,7 @@ class LmdbSource(RecordSource):
             self._env = lmdb.open(path, subdir=subdir, readonly=True, lock=False, readahead=True, max_readers=4)
         except lmdb.Error as exc:
             raise DatasetError(f"{src}: not a readable LMDB environment: {exc}") from None
+        self._check_size(os.path.join(path, "data.mdb") if subdir else path)
         self.description = f"LMDB ({decoder})"
         self._count = self._check_len() if decoder == "msgpack" else 0
         self._rows = self._count or None  # the progress bar's total; final once read
@@ -119,6 +120,18 @@ class LmdbSource(RecordSource):
             self._types = [_PY_TYPES_INV[f.type] for f in self.schema]
         self.first_record()
         self.extra = {"lmdb": {"decoder": decoder}}
+
+    def _check_size(self, data_path: str) -> None:
+        """A data.mdb shorter than the pages its meta page names (an interrupted copy or download)
+        would kill the process with SIGBUS on the first read past its end: refuse it by name."""
+        pages = (int(self._env.info()["last_pgno"]) + 1) * int(self._env.stat()["psize"])
+        size = os.path.getsize(data_path)
+        if size < pages:
+            self._env.close()
+            raise DatasetError(
+                f"{self._src}: {os.path.basename(data_path)} holds {size} bytes but its pages reach byte {pages}: "
+                "the file is truncated (an incomplete copy or download?); copy the environment again"
+            )
 
     def _where(self, key: bytes) -> str:
         return f"{self._src}: key {key.decode('utf-8', 'replace')!r}"

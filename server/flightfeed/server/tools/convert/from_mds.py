@@ -22,6 +22,7 @@ import gzip
 import io
 import os
 import struct
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -30,7 +31,7 @@ import pyarrow as pa
 
 from flightfeed.server.tools.convert.records import BadRecord, RecordSource
 from flightfeed.server.tools.convert.source_files import SourceFiles
-from flightfeed.wire.errors import ConfigError, DatasetError
+from flightfeed.wire.errors import ConfigError, DatasetError, FlightFeedError
 
 __all__ = ["MdsSource", "decompress_shard"]
 
@@ -203,7 +204,18 @@ class MdsSource(RecordSource):
         for shard in self._shards:
             if not shard["samples"]:
                 continue
-            uri, data = self._shard_bytes(shard)
+            try:
+                uri, data = self._shard_bytes(shard)
+            except FlightFeedError:
+                raise
+            except (OSError, EOFError, ValueError, zlib.error, pa.ArrowException) as exc:  # damaged compression
+                name = (shard.get("zip_data") or shard["raw_data"])["basename"]
+                yield BadRecord(
+                    self._files.join(self._root, name) if self._root else name,
+                    f"does not read or decompress ({type(exc).__name__}: {exc}); damaged or truncated shard",
+                    shard["samples"],
+                )
+                continue
             n = struct.unpack_from("<I", data)[0] if len(data) >= 4 else -1
             if n != shard["samples"] or len(data) < 4 * (n + 2):
                 yield BadRecord(

@@ -1,0 +1,70 @@
+"""Damaged inputs stop ``flightfeed convert`` with an error naming the file and what to do (or,
+under ``--on-bad-record skip``, are counted): a truncated Parquet file, a truncated LMDB
+``data.mdb`` (read past its end it killed the process with SIGBUS), a cut-short ``.tar.gz``
+WebDataset shard (a bare EOFError traceback before)."""
+
+from __future__ import annotations
+
+import gzip
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from flightfeed.wire.errors import DatasetError
+from tests.storage.format_roundtrip import convert_to
+
+
+def cut(path: Path, keep: float) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+def test_a_truncated_parquet_file_is_named(tmp_path: Path) -> None:
+    (tmp_path / "src").mkdir()
+    for name in ("a", "b"):
+        pq.write_table(pa.table({"x": list(range(500))}), tmp_path / "src" / f"{name}.parquet")
+    cut(tmp_path / "src" / "b.parquet", 0.5)
+    with pytest.raises(DatasetError, match=r"src/b\.parquet: not a readable Parquet file \(damaged or truncated\?\)"):
+        convert_to(tmp_path / "src", tmp_path / "out", "parquet")
+
+
+def test_a_truncated_lmdb_file_is_named_not_a_crash(tmp_path: Path) -> None:
+    lmdb = pytest.importorskip("lmdb", reason="lmdb is not installed (pip install lmdb)")
+    msgpack = pytest.importorskip("msgpack", reason="msgpack is not installed (pip install msgpack)")
+    env = lmdb.open(str(tmp_path / "train.lmdb"), map_size=64 << 20)
+    with env.begin(write=True) as txn:
+        for i in range(300):
+            txn.put(str(i).encode(), msgpack.packb((bytes([i % 256]) * 5000, i), use_bin_type=True))
+        txn.put(b"__len__", msgpack.packb(300))
+    env.close()
+    cut(tmp_path / "train.lmdb" / "data.mdb", 0.5)
+    # a subprocess: the old code died of SIGBUS, which would take pytest with it
+    done = subprocess.run(
+        [sys.executable, "-m", "flightfeed.server", "convert", str(tmp_path / "train.lmdb"), str(tmp_path / "out"),
+         "--from", "lmdb", "--no-progress"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 1, (done.returncode, done.stderr[-2000:])
+    assert "train.lmdb: data.mdb holds" in done.stderr and "the file is truncated" in done.stderr
+    assert not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_a_cut_short_tar_gz_shard_is_named_and_counted(tmp_path: Path) -> None:
+    wds = pytest.importorskip("webdataset", reason="webdataset is not installed (pip install webdataset)")
+    for s in range(2):
+        with wds.TarWriter(str(tmp_path / f"train-{s}.tar")) as sink:
+            for i in range(20):
+                sink.write({"__key__": f"k{s}-{i:02d}", "bin": bytes([i]) * 3000, "cls": i})
+        (tmp_path / f"train-{s}.tar.gz").write_bytes(gzip.compress((tmp_path / f"train-{s}.tar").read_bytes()))
+        (tmp_path / f"train-{s}.tar").unlink()
+    cut(tmp_path / "train-1.tar.gz", 0.6)
+    with pytest.raises(DatasetError, match=r"train-1\.tar\.gz at byte \d+: the gzip stream is damaged or truncated"):
+        convert_to(tmp_path, tmp_path / "out", "webdataset")
+    manifest = convert_to(tmp_path, tmp_path / "out2", "webdataset", on_bad_record="skip")
+    bad = manifest.extra["bad_records"]
+    assert isinstance(bad, dict) and bad["skipped"] == 2  # the damage and the sample it cut short
+    assert 20 < manifest.rows < 40
