@@ -1,7 +1,7 @@
-"""Where ``flightfeed convert`` writes locally: a conversion stopped part-way (Ctrl-C, an error)
-leaves nothing that ``flightfeed serve DST`` would serve as if it were the whole dataset, an
-``--overwrite`` stopped part-way keeps the old dataset, and a DST already holding other shard
-files (which ``serve DST`` would serve with the new rows) is refused."""
+"""Where ``flightfeed convert`` writes (a local folder or an S3 prefix): a conversion stopped
+part-way (Ctrl-C, an error) leaves nothing that ``flightfeed serve DST`` would serve as if it were
+the whole dataset, an ``--overwrite`` stopped part-way keeps the old dataset, and a DST already
+holding other shard files (which ``serve DST`` would serve with the new rows) is refused."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
+from flightfeed.server.storage.local_s3 import LocalS3
 from flightfeed.server.storage.resolve import open_dataset
 from flightfeed.server.tools.convert import writer as writer_module
 from flightfeed.wire.errors import ConfigError, DatasetError
@@ -78,3 +80,32 @@ def test_a_dst_holding_other_shard_files_is_refused(tmp_path: Path) -> None:
     (tmp_path / "notes").mkdir()
     (tmp_path / "notes" / "README.md").write_text("not a shard")
     assert convert_to(src, tmp_path / "notes", "parquet").rows == 100  # other files are fine
+
+
+def test_on_s3_an_interrupted_convert_leaves_nothing_that_serves(
+    s3: LocalS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = parquet_source(tmp_path / "src")
+    uri = f"s3://{s3.new_bucket()}/ds"
+    interrupt_on_write(monkeypatch, at=6)  # two shards already uploaded
+    with pytest.raises(KeyboardInterrupt):
+        convert_to(src, uri, "parquet", shard_bytes=8 << 10, rows_per_batch=100, storage=s3.options())
+    listing = s3.fs().get_file_info(pafs.FileSelector(uri[5:], recursive=True, allow_not_found=True))
+    assert [i.path for i in listing] == []  # nothing served, nothing staged left behind
+    monkeypatch.undo()
+    old = convert_to(src, uri, "parquet", shard_bytes=8 << 10, rows_per_batch=100, storage=s3.options())
+    interrupt_on_write(monkeypatch, at=6)
+    with pytest.raises(KeyboardInterrupt):
+        convert_to(src, uri, "parquet", shard_bytes=4 << 10, rows_per_batch=50, storage=s3.options(), overwrite=True)
+    listing = s3.fs().get_file_info(pafs.FileSelector(uri[5:], recursive=True))
+    assert sorted(i.base_name for i in listing) == sorted([s.name for s in old.shards] + ["manifest.json"])
+    ds = open_dataset("d", uri, s3.options(tmp_path / "cache"))
+    try:
+        assert ds.num_rows == 2000
+    finally:
+        ds.close()
+    s3.fs().create_dir(f"{uri[5:]}/old")
+    with s3.fs().open_output_stream(f"{uri[5:]}/old/x.parquet") as out:
+        out.write(b"PAR1")
+    with pytest.raises(ConfigError, match=r"holds 1 other shard object\(s\) \(e\.g\. s3://.*/ds/old/x\.parquet\)"):
+        convert_to(src, uri, "parquet", storage=s3.options(), overwrite=True)
