@@ -55,8 +55,22 @@ def test_lmdb_ascii_len_and_raw_decoder(tmp_path: Path) -> None:
     got = served_rows(tmp_path / "raw")
     env = lmdb.open(str(tmp_path / "a"), readonly=True, lock=False)
     with env.begin() as txn:
-        expected = [(k, v) for k, v in txn.cursor() if not k.startswith(b"__")]
+        expected = [(k, v) for k, v in txn.cursor() if not (k.startswith(b"__") and k.endswith(b"__"))]
     assert manifest.rows == 12 and list(zip(got["key"], got["value"], strict=True)) == expected
+
+
+def test_raw_keeps_keys_that_only_start_with_two_underscores(tmp_path: Path) -> None:
+    """--lmdb-decoder raw leaves out the recipes' __dunder__ keys only, not a record's key that
+    starts with ``__`` (it was dropped silently)."""
+    env = lmdb.open(str(tmp_path / "a"), map_size=1 << 20)
+    with env.begin(write=True) as txn:
+        for key in (b"__0001", b"__len__", b"__keys__", b"_a", b"b", b"__"):
+            txn.put(key, key[::-1])
+    env.close()
+    manifest = convert_to(tmp_path / "a", tmp_path / "raw", "lmdb", lmdb_decoder="raw")
+    got = arrow_rows(tmp_path / "raw")
+    assert manifest.rows == 4 and got.column("key").to_pylist() == [b"__", b"__0001", b"_a", b"b"]
+    assert got.column("value").to_pylist() == [b"__", b"1000__", b"a_", b"b"]
 
 
 def test_lmdb_without_len_is_refused(tmp_path: Path) -> None:

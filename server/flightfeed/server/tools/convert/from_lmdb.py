@@ -6,7 +6,7 @@ binary and ``label`` int64) or a msgpack map (a column per key; bytes -> binary,
 float -> float64, str -> string), plus ``__len__`` (N as ASCII decimal or msgpack). Rows follow
 the key's number. ``__len__`` must be there and agree with the records found.
 
-``--lmdb-decoder raw``: every key that is not ``__dunder__`` in LMDB key order; columns ``key``
+``--lmdb-decoder raw``: every key that is not a ``__dunder__`` in LMDB key order; columns ``key``
 (binary) and ``value`` (binary, unchanged).
 
 Values are read through one read transaction held for the conversion (``buffers=True``): a
@@ -62,6 +62,12 @@ def recipe_pair(value: memoryview) -> tuple[memoryview, int] | None:
     if code is None or end + 1 + struct.calcsize(code) != n:
         return None
     return value[start:end], int(struct.unpack_from(code, value, end + 1)[0])
+
+
+def _is_dunder(key: bytes) -> bool:
+    """``__len__``, ``__keys__``: the recipes' metadata keys (``--lmdb-decoder raw`` leaves them out;
+    a key such as ``__0001`` that only starts with ``__`` is a record)."""
+    return len(key) > 4 and key.startswith(b"__") and key.endswith(b"__")
 
 
 def looks_like_pickle(value: bytes | memoryview) -> bool:
@@ -142,7 +148,7 @@ class LmdbSource(RecordSource):
         with self._env.begin(buffers=False) as txn:
             raw = txn.get(b"__len__")
             entries = self._env.stat()["entries"]
-            dunders = sum(1 for k in txn.cursor().iternext(keys=True, values=False) if k.startswith(b"__"))
+            dunders = sum(1 for k in txn.cursor().iternext(keys=True, values=False) if _is_dunder(k))
         if raw is None:
             raise DatasetError(
                 f"{self._src}: no __len__ key; the msgpack layout has records under keys '0'..'N-1' and N under "
@@ -175,7 +181,7 @@ class LmdbSource(RecordSource):
                     raise DatasetError(f"{self._src}: no key '0'; the msgpack layout numbers records from '0'")
                 return bytes(value)
             for key, value in txn.cursor():
-                if not key.startswith(b"__"):
+                if not _is_dunder(key):
                     return bytes(value)
         raise DatasetError(f"{self._src}: the database holds no records")
 
@@ -230,7 +236,7 @@ class LmdbSource(RecordSource):
         if self._decoder == "raw":
             for view, value in txn.cursor():
                 key = bytes(view)
-                if key.startswith(b"__"):
+                if _is_dunder(key):
                     continue
                 if looks_like_pickle(value):
                     raise _pickle_error(self._where(key))
