@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 
 from flightfeed.server.testing import running_server
+from flightfeed.wire.errors import DatasetError
 from tests.storage.format_roundtrip import (
     arrow_rows,
     convert_to,
@@ -158,3 +159,29 @@ def test_map_cache_files_in_a_save_to_disk_folder_are_not_served(tmp_path: Path)
     hf.load_from_disk(str(tmp_path / "hf")).map(lambda row: {"x": row["x"] + 1000})
     assert list((tmp_path / "hf").glob("cache-*.arrow"))
     assert served_rows(tmp_path / "hf", ["x"]) == {"x": list(range(40))}
+
+
+def test_fixed_shape_array_features_convert_to_tensor_columns(tmp_path: Path) -> None:
+    """``Array2D``/``Array3D`` are stored as nested lists, which the client cannot take (two ragged
+    dimensions): converted, they are fixed-shape tensor columns; a null row is a named bad record."""
+    import numpy as np
+
+    grids = [np.arange(6, dtype=np.float32).reshape(2, 3) + i for i in range(9)]
+    cubes = [np.full((2, 2, 3), i, np.uint8) for i in range(9)]
+    features = hf.Features({"grid": hf.Array2D((2, 3), "float32"), "cube": hf.Array3D((2, 2, 3), "uint8"),
+                            "i": hf.Value("int64")})
+    data = {"grid": grids, "cube": [c if i != 4 else None for i, c in enumerate(cubes)], "i": list(range(9))}
+    hf.Dataset.from_dict(data, features=features).save_to_disk(str(tmp_path / "hf"), num_shards=2)
+    with pytest.raises(DatasetError, match=r"data-00000-of-00002\.arrow: row 4: 'cube' is null or not of its shape"):
+        convert_to(tmp_path / "hf", tmp_path / "out", "hf")
+    manifest = convert_to(tmp_path / "hf", tmp_path / "out2", "hf", on_bad_record="skip")
+    assert manifest.rows == 8 and manifest.extra["bad_records"]["skipped"] == 1
+    from flightfeed.client import FlightDataset, ReadOptions
+
+    with running_server({"d": str(tmp_path / "out2")}) as server:
+        ds = FlightDataset(server.location, "d", batch_size=3, shuffle=False, options=ReadOptions(report_interval=None))
+        got = {k: np.concatenate([b[k].numpy() for b in ds]) for k in ("grid", "cube", "i")}
+    rows = [i for i in range(9) if i != 4]
+    assert got["grid"].shape == (8, 2, 3) and got["cube"].shape == (8, 2, 2, 3) and got["i"].tolist() == rows
+    np.testing.assert_array_equal(got["grid"], np.stack([grids[i] for i in rows]))
+    np.testing.assert_array_equal(got["cube"], np.stack([cubes[i] for i in rows]))
