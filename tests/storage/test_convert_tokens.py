@@ -238,3 +238,14 @@ def test_document_bounds_do_not_depend_on_the_scan_chunk(monkeypatch: pytest.Mon
         if naive[-1] != n:
             naive.append(n)
         assert tokens_nanogpt.document_bounds(ids, EOT).tolist() == naive, (scan, ids.tolist())
+
+
+def test_a_folder_of_nanogpt_splits_is_refused(tmp_path: Path) -> None:
+    """nanoGPT's prepare.py writes train.bin and val.bin side by side: converting the folder made
+    one dataset of both (the validation tokens trained on); each split converts on its own."""
+    write_nanogpt(tmp_path / "train.bin", _documents(20))
+    write_nanogpt(tmp_path / "val.bin", _documents(5, seed=9))
+    with pytest.raises(ConfigError, match=r"several splits \(train\.bin, val\.bin\).*convert .*train\.bin DST/train"):
+        convert(str(tmp_path), str(tmp_path / "out"), ConvertSettings(kind="nanogpt", eot=EOT, progress=False))
+    settings = ConvertSettings(kind="nanogpt", eot=EOT, progress=False)
+    assert convert(str(tmp_path / "val.bin"), str(tmp_path / "val"), settings).rows == 5
