@@ -245,7 +245,8 @@ def test_a_folder_of_nanogpt_splits_is_refused(tmp_path: Path) -> None:
     one dataset of both (the validation tokens trained on); each split converts on its own."""
     write_nanogpt(tmp_path / "train.bin", _documents(20))
     write_nanogpt(tmp_path / "val.bin", _documents(5, seed=9))
-    with pytest.raises(ConfigError, match=r"several splits \(train\.bin, val\.bin\).*convert .*train\.bin DST/train"):
+    says = r"several splits \(train: 1 file\(s\), val: 1 file\(s\)\).*convert .*train\.bin DST/train"
+    with pytest.raises(ConfigError, match=says):
         convert(str(tmp_path), str(tmp_path / "out"), ConvertSettings(kind="nanogpt", eot=EOT, progress=False))
     settings = ConvertSettings(kind="nanogpt", eot=EOT, progress=False)
     assert convert(str(tmp_path / "val.bin"), str(tmp_path / "val"), settings).rows == 5

@@ -13,7 +13,7 @@ import pyarrow.ipc as ipc
 import pytest
 
 from flightfeed.server.storage.local_s3 import LocalS3
-from flightfeed.wire.errors import DatasetError
+from flightfeed.wire.errors import ConfigError, DatasetError
 from tests.storage.format_roundtrip import convert_to, jpeg, served_rows
 
 wds = pytest.importorskip("webdataset", reason="webdataset is not installed (pip install webdataset)")
@@ -133,6 +133,24 @@ def test_large_samples_after_small_ones_keep_batches_and_shards_near_their_size(
                 assert reader.get_batch(i).nbytes < 100_000
     got = served_rows(tmp_path / "out", ["bin", "cls"], batch_size=16)
     assert got["bin"] == [b"x"] * 70 + big and got["cls"] == list(range(100))
+
+
+def test_a_folder_of_train_and_val_shards_is_refused(tmp_path: Path) -> None:
+    """webdataset's ImageNet example writes imagenet-train-*.tar and imagenet-val-*.tar into one
+    folder: converting the folder made one dataset of both (the validation images trained on)."""
+    for split in ("train", "val"):
+        with wds.TarWriter(str(tmp_path / f"imagenet-{split}-000000.tar")) as sink:
+            sink.write({"__key__": f"{split}0", "jpg": b"x", "cls": 1})
+    with pytest.raises(ConfigError, match=r"several splits \(train: 1 file\(s\), val: 1 file\(s\)\).*/\*train\*\.tar"):
+        convert_to(tmp_path, tmp_path / "out", "webdataset")
+    manifest = convert_to(str(tmp_path / "*train*.tar"), tmp_path / "train", "webdataset")  # a pattern chooses
+    assert manifest.rows == 1
+    (tmp_path / "split").mkdir()
+    for split in ("train", "val"):
+        (tmp_path / "split" / split).mkdir()
+        (tmp_path / f"imagenet-{split}-000000.tar").rename(tmp_path / "split" / split / "000000.tar")
+    with pytest.raises(ConfigError, match=r"several splits .*convert .*split/train DST/train"):
+        convert_to(tmp_path / "split", tmp_path / "out", "webdataset")
 
 
 def test_the_jpg_column_takes_the_imagenet_transforms(tmp_path: Path) -> None:

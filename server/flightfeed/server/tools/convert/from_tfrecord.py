@@ -25,6 +25,7 @@ import pyarrow as pa
 
 from flightfeed.server.tools.convert.records import BadRecord, RecordSource, value_bytes
 from flightfeed.server.tools.convert.source_files import SourceFiles
+from flightfeed.server.tools.convert.split_files import refuse_mixed_splits
 from flightfeed.server.tools.convert.tf_example import ExampleError, Feature, FrameError, parse_example, tfrecord_frames
 from flightfeed.wire.errors import ConfigError, DatasetError
 
@@ -45,6 +46,7 @@ class TFRecordSource(RecordSource):
             self.paths = [src]  # one file named by the user, whatever its suffix
         if not self.paths:
             raise ConfigError(f"{src}: no TFRecord files found (looked for {', '.join(TFRECORD_SUFFIXES)})")
+        refuse_mixed_splits(src, self.paths, "TFRecord files", "'" + src.rstrip("/") + "/*{split}*.tfrecord*'")
         self.description = f"TFRecord ({len(self.paths)} file(s))"
         self._names: tuple[str, ...] = ()
         self._kinds: tuple[int, ...] = ()

@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from flightfeed.server.tools.convert.records import BadRecord, RecordSource
 from flightfeed.server.tools.convert.source_files import SourceFiles
+from flightfeed.server.tools.convert.split_files import refuse_mixed_splits
 from flightfeed.server.tools.convert.tar_members import tar_members
 from flightfeed.wire.errors import ConfigError
 
@@ -84,6 +85,7 @@ class WebDatasetSource(RecordSource):
         self.shards = files.find(lambda p: p.lower().endswith(TAR_SUFFIXES))
         if not self.shards:
             raise ConfigError(f"{src}: no WebDataset tar shards found (looked for {', '.join(TAR_SUFFIXES)})")
+        refuse_mixed_splits(src, self.shards, "WebDataset shards", "'" + src.rstrip("/") + "/*{split}*.tar'")
         self.description = f"WebDataset ({len(self.shards)} shard(s))"
         self._exts: tuple[str, ...] = ()
         self._parse: tuple[Callable[[bytes | memoryview], Any], ...] = ()

@@ -4,9 +4,9 @@ of the token options (``--eot``, ``--token-dtype``) against the kind."""
 from __future__ import annotations
 
 import argparse
-import os
 
 from flightfeed.server.tools.convert.sources import find_files, require
+from flightfeed.server.tools.convert.split_files import refuse_mixed_splits
 from flightfeed.server.tools.convert.tokens import TOKEN_DTYPES, TokenDocuments
 from flightfeed.server.tools.convert.tokens_megatron import megatron_source
 from flightfeed.server.tools.convert.tokens_nanogpt import nanogpt_source
@@ -32,24 +32,8 @@ def open_token_source(kind: str, src: str, eot: int | None, token_dtype: str | N
     if kind == "megatron":
         return megatron_source(src)
     files = require(find_files(src, (".bin",)), src, "nanoGPT token (.bin)", (".bin",))
-    _refuse_splits(src, files)
+    refuse_mixed_splits(src, files, "token files", "{first}")
     return nanogpt_source(files, eot, token_dtype or "uint16")
-
-
-#: file stems that name a dataset split (nanoGPT's prepare.py writes train.bin and val.bin side by side)
-SPLIT_STEMS = ("train", "val", "valid", "validation", "test", "dev", "eval")
-
-
-def _refuse_splits(src: str, files: list[str]) -> None:
-    """Several splits' token files under SRC would become one dataset: validation data trained on."""
-    splits = sorted({stem for f in files if (stem := os.path.splitext(os.path.basename(f))[0]) in SPLIT_STEMS})
-    if len(splits) > 1:
-        one = next(f for f in files if os.path.splitext(os.path.basename(f))[0] == splits[0])
-        raise ConfigError(
-            f"{src} holds the token files of several splits ({', '.join(s + '.bin' for s in splits)}); one dataset "
-            f"of them all would train on the held-out split: convert each on its own, e.g. `flightfeed convert "
-            f"{one} DST/{splits[0]} --from nanogpt ...`"
-        )
 
 
 def add_token_arguments(parser: argparse.ArgumentParser) -> None:
