@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from PIL import Image
 
@@ -266,3 +267,22 @@ def test_a_truncated_compressed_mds_shard_is_named(tmp_path: Path) -> None:
     manifest = convert_to(tmp_path / "mds", tmp_path / "out2", "mds", on_bad_record="skip")
     bad: Any = manifest.extra["bad_records"]
     assert bad["skipped"] > 0 and manifest.rows == 60 - bad["skipped"]
+
+
+def test_mds_plain_ndarray_columns_take_the_first_samples_dtype(tmp_path: Path) -> None:
+    """``ndarray`` without a dtype stores one per sample (the README promised ``list`` + ``_shape``;
+    convert refused the column): the first sample's dtype is the column's, another is a bad record."""
+    arrays = [np.arange(2 + i % 3, dtype=np.int32).reshape(1, -1) * (i + 1) for i in range(12)]
+    arrays[7] = np.full((2, 2), 0.5, np.float64)
+    with mds_writer()(out=str(tmp_path / "mds"), columns={"a": "ndarray", "i": "int"}, size_limit=1 << 10) as out:
+        for i, array in enumerate(arrays):
+            out.write({"a": array, "i": i})
+    with pytest.raises(DatasetError, match=r"sample 7.*column 'a' is float64 here, but the first sample's .* is int32"):
+        convert_to(tmp_path / "mds", tmp_path / "out", "mds")
+    manifest = convert_to(tmp_path / "mds", tmp_path / "out2", "mds", on_bad_record="skip")
+    table = arrow_rows(tmp_path / "out2")
+    rows = [i for i in range(12) if i != 7]
+    assert manifest.rows == 11 and table.column("i").to_pylist() == rows
+    assert table.schema.field("a").type == pa.list_(pa.int32())
+    assert table.column("a").to_pylist() == [arrays[i].ravel().tolist() for i in rows]
+    assert table.column("a_shape").to_pylist() == [list(arrays[i].shape) for i in rows]
