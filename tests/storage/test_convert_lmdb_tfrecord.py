@@ -244,3 +244,26 @@ def test_a_first_tfrecord_without_an_optional_feature_is_the_bad_record(tmp_path
     table = arrow_rows(tmp_path / "out2")
     assert table.column("label").to_pylist() == [1, 2, 3, 4, 5]
     assert table.column("box").to_pylist() == [[i / 2, 1.0, 2.0, 3.0] for i in range(1, 6)]
+
+
+def test_lmdb_maps_with_their_keys_in_another_order_are_the_same_record(tmp_path: Path) -> None:
+    """msgpack maps are maps: a record whose dict was built in another key order converts (it was
+    a bad record), and one whose value has another type is named for that."""
+    env = lmdb.open(str(tmp_path / "m"), map_size=1 << 20)
+    with env.begin(write=True) as txn:
+        for i in range(6):
+            record = {"image": bytes([i]) * 3, "label": i, "caption": f"c{i}"}
+            if i % 2:
+                record = dict(reversed(list(record.items())))
+            txn.put(str(i).encode(), msgpack.packb(record, use_bin_type=True))
+        txn.put(b"6", msgpack.packb({"image": b"x", "label": "seven", "caption": "c"}, use_bin_type=True))
+        txn.put(b"__len__", b"7")
+    env.close()
+    with pytest.raises(DatasetError, match=r"key '6': value types \['bytes', 'str', 'str'\] differ .*'int'"):
+        convert_to(tmp_path / "m", tmp_path / "out", "lmdb")
+    manifest = convert_to(tmp_path / "m", tmp_path / "out2", "lmdb", on_bad_record="skip")
+    table = arrow_rows(tmp_path / "out2")
+    assert manifest.rows == 6 and table.column_names == ["image", "label", "caption"]
+    assert table.column("label").to_pylist() == list(range(6))
+    assert table.column("caption").to_pylist() == [f"c{i}" for i in range(6)]
+    assert table.column("image").to_pylist() == [bytes([i]) * 3 for i in range(6)]

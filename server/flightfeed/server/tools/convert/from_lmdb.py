@@ -217,8 +217,15 @@ class LmdbSource(RecordSource):
             return BadRecord(self._where(key), f"holds a {type(bad).__name__}; values must be bytes, int, float or str")
         if not self._names:
             self._names = names
-        elif names != self._names or (self._types and [type(v) for v in values] != self._types):
+        elif names != self._names and isinstance(obj, dict) and sorted(names) == sorted(self._names):
+            by_name = dict(zip(names, values, strict=True))  # a map: the same keys in another order
+            values = [by_name[n] for n in self._names]
+        elif names != self._names:
             return BadRecord(self._where(key), f"fields {names} differ from the first record's {self._names}")
+        if self._types and [type(v) for v in values] != self._types:
+            got = [type(v).__name__ for v in values]
+            want = [t.__name__ for t in self._types]
+            return BadRecord(self._where(key), f"value types {got} differ from the first record's {want}")
         return values
 
     def _records(self) -> Iterator[Sequence[Any] | BadRecord]:
