@@ -286,3 +286,25 @@ def test_mds_plain_ndarray_columns_take_the_first_samples_dtype(tmp_path: Path) 
     assert table.schema.field("a").type == pa.list_(pa.int32())
     assert table.column("a").to_pylist() == [arrays[i].ravel().tolist() for i in rows]
     assert table.column("a_shape").to_pylist() == [list(arrays[i].shape) for i in rows]
+
+
+def test_litdata_list_and_dict_leaves_become_json_text(tmp_path: Path) -> None:
+    """A Python list inside an item (token ids, boxes, tags) is a ``json`` leaf, stored in LitData's
+    compact binary form: it converts to its JSON text (the column was refused)."""
+    import json
+
+    values: list[Any] = [
+        [1, 2, 2**40], [], [0.5, -1.25], ["a", "é😀"], [True, False], [{"x": 1, "y": "s"}, {"x": None, "y": "t"}],
+        [1, "mixed", None], [[1, 2], [3]], [1.5, 2],
+    ]
+    writer = litdata_writer.BinaryWriter(str(tmp_path / "lit"), chunk_bytes=1000)
+    for i, value in enumerate(values):
+        writer[i] = {"i": i, "meta": {"tags": value}}
+    writer.done()
+    writer.merge()
+    index = json.loads((tmp_path / "lit" / "index.json").read_text())
+    assert "json" in index["config"]["data_format"]
+    manifest = convert_to(tmp_path / "lit", tmp_path / "out", "litdata")
+    table = arrow_rows(tmp_path / "out")
+    assert manifest.rows == len(values) and table.schema.field("meta.tags").type == pa.string()
+    assert [json.loads(t) for t in table.column("meta.tags").to_pylist()] == values

@@ -8,6 +8,8 @@ each leaf's bytes. ``config.data_format`` names each leaf's serializer and ``con
 or list's positions, or ``value`` for a single leaf. Leaves -> columns:
 
 - ``int`` -> int64, ``float`` -> float64, ``bool`` -> bool, ``str`` -> string, ``bytes`` -> binary;
+- ``json`` (a list or dict leaf, e.g. a Python list of token ids) -> string, the JSON text
+  (``litdata_json.py``);
 - ``jpeg`` -> binary (the stored JPEG, unchanged), ``pil`` -> binary PNG (lossless);
 - ``numpy`` / ``tensor`` (a dtype and shape per item) -> ``list<DTYPE>`` of the flattened values
   plus ``NAME_shape``; ``no_header_numpy:K`` / ``no_header_tensor:K`` -> ``list<DTYPE>``.
@@ -27,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from flightfeed.server.tools.convert.from_mds import _png
+from flightfeed.server.tools.convert.litdata_json import json_text
 from flightfeed.server.tools.convert.records import BadRecord, RecordSource
 from flightfeed.server.tools.convert.source_files import SourceFiles
 from flightfeed.wire.errors import ConfigError, DatasetError
@@ -97,6 +100,8 @@ def _leaf(name: str, fmt: str) -> tuple[list[pa.Field[Any]], Decoder]:
         return [pa.field(name, pa.bool_())], lambda b: [b != b"\0"]
     if base == "str":
         return [pa.field(name, pa.string())], lambda b: [b.decode("utf-8")]
+    if base == "json":  # a list or dict leaf: its JSON text
+        return [pa.field(name, pa.string())], lambda b: [json_text(b)]
     if base in ("bytes", "jpeg"):
         return [pa.field(name, pa.binary())], lambda b: [b]
     if base == "pil":
