@@ -109,3 +109,17 @@ def test_on_s3_an_interrupted_convert_leaves_nothing_that_serves(
         out.write(b"PAR1")
     with pytest.raises(ConfigError, match=r"holds 1 other shard object\(s\) \(e\.g\. s3://.*/ds/old/x\.parquet\)"):
         convert_to(src, uri, "parquet", storage=s3.options(), overwrite=True)
+
+
+def test_the_cli_says_what_an_interrupt_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from flightfeed.server.cli import main
+
+    src = parquet_source(tmp_path / "src")
+    interrupt_on_write(monkeypatch, at=3)
+    argv = ["convert", str(src), str(tmp_path / "out"), "--shard-size", "8KB", "--rows-per-batch", "100",
+            "--no-progress"]
+    assert main(argv) == 130
+    assert "interrupted; the dataset being written was removed" in capsys.readouterr().err
+    assert list((tmp_path / "out").iterdir()) == []

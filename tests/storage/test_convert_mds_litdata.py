@@ -307,4 +307,4 @@ def test_litdata_list_and_dict_leaves_become_json_text(tmp_path: Path) -> None:
     manifest = convert_to(tmp_path / "lit", tmp_path / "out", "litdata")
     table = arrow_rows(tmp_path / "out")
     assert manifest.rows == len(values) and table.schema.field("meta.tags").type == pa.string()
-    assert [json.loads(t) for t in table.column("meta.tags").to_pylist()] == values
+    assert [json.loads(str(t)) for t in table.column("meta.tags").to_pylist()] == values
