@@ -250,3 +250,14 @@ def test_a_folder_of_nanogpt_splits_is_refused(tmp_path: Path) -> None:
         convert(str(tmp_path), str(tmp_path / "out"), ConvertSettings(kind="nanogpt", eot=EOT, progress=False))
     settings = ConvertSettings(kind="nanogpt", eot=EOT, progress=False)
     assert convert(str(tmp_path / "val.bin"), str(tmp_path / "val"), settings).rows == 5
+
+
+def test_a_nanogpt_file_without_one_end_of_text_token_is_named(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A wrong --eot converts a whole corpus as one document without a word: it is named."""
+    settings = ConvertSettings(kind="nanogpt", eot=65534, progress=False)
+    (tmp_path / "train.bin").write_bytes(np.full(1 << 20, 7, np.uint16).tobytes())
+    with caplog.at_level("WARNING"):
+        assert convert(str(tmp_path / "train.bin"), str(tmp_path / "out"), settings).rows == 1
+    assert "no end-of-text token 65534 in its 1048576 tokens" in caplog.text and "is --eot right" in caplog.text
