@@ -153,6 +153,22 @@ def test_a_folder_of_train_and_val_shards_is_refused(tmp_path: Path) -> None:
         convert_to(tmp_path / "split", tmp_path / "out", "webdataset")
 
 
+def test_keys_with_a_dot_type_columns_by_the_last_extension_as_webdataset_does(tmp_path: Path) -> None:
+    """Keys taken from file names (``n0144_1.JPEG``) put a dot in the key: webdataset splits at the
+    first dot (``jpeg.cls``) and decodes by the last part; so does convert (it stored the class as
+    bytes, and the image was not the only binary column the transforms look for)."""
+    with wds.TarWriter(str(tmp_path / "a.tar")) as sink:
+        for i in range(4):
+            sink.write({"__key__": f"n0144_{i}.JPEG", "jpg": bytes([i]) * 5, "cls": i * 100, "txt": f"t{i}"})
+    manifest = convert_to(tmp_path, tmp_path / "out", "webdataset")
+    types = {f.name: f.type for f in manifest.schema}
+    assert types == {"__key__": pa.string(), "jpeg.cls": pa.int64(), "jpeg.jpg": pa.binary(), "jpeg.txt": pa.string()}
+    decoded = list(wds.WebDataset(str(tmp_path / "a.tar"), shardshuffle=False).decode())
+    got = served_rows(tmp_path / "out")
+    assert got["jpeg.cls"] == [s["jpeg.cls"] for s in decoded] == [0, 100, 200, 300]
+    assert got["jpeg.txt"] == [s["jpeg.txt"] for s in decoded] and got["jpeg.jpg"] == [bytes([i]) * 5 for i in range(4)]
+
+
 def test_the_jpg_column_takes_the_imagenet_transforms(tmp_path: Path) -> None:
     from flightfeed.client import FlightDataset, ReadOptions
     from flightfeed.server.testing import running_server
