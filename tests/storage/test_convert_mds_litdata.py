@@ -308,3 +308,19 @@ def test_litdata_list_and_dict_leaves_become_json_text(tmp_path: Path) -> None:
     table = arrow_rows(tmp_path / "out")
     assert manifest.rows == len(values) and table.schema.field("meta.tags").type == pa.string()
     assert [json.loads(str(t)) for t in table.column("meta.tags").to_pylist()] == values
+
+
+def test_litdata_bool_arrays_convert(tmp_path: Path) -> None:
+    """numpy bool arrays (LitData dtype code 13) convert to list<bool> (an IndexError traceback for a
+    1-d one, StopIteration for an n-d one, before)."""
+    writer = litdata_writer.BinaryWriter(str(tmp_path / "lit"), chunk_bytes=1000)
+    for i in range(4):
+        writer[i] = {"flat": np.array([i % 2 == 0, True]), "grid": np.eye(2, dtype=bool) ^ (i == 3)}
+    writer.done()
+    writer.merge()
+    convert_to(tmp_path / "lit", tmp_path / "out", "litdata")
+    table = arrow_rows(tmp_path / "out")
+    assert table.schema.field("flat").type == table.schema.field("grid").type == pa.list_(pa.bool_())
+    assert table.column("flat").to_pylist() == [[i % 2 == 0, True] for i in range(4)]
+    assert table.column("grid").to_pylist() == [(np.eye(2, dtype=bool) ^ (i == 3)).ravel().tolist() for i in range(4)]
+    assert table.column("grid_shape").to_pylist() == [[2, 2]] * 4

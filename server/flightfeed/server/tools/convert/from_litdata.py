@@ -37,7 +37,10 @@ from flightfeed.wire.errors import ConfigError, DatasetError
 __all__ = ["LitDataSource"]
 
 # litdata.constants: _NUMPY_SCTYPES (numpy leaves) and _TORCH_DTYPES_MAPPING (tensor leaves)
-_NUMPY = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64"]
+_NUMPY = [
+    "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64",
+    "complex64", "complex128", "bool",
+]
 _TORCH = {
     0: "float32",
     1: "float32",
@@ -78,6 +81,15 @@ def _leaf_names(spec: Any, prefix: str = "") -> list[str]:
     ]
 
 
+def _arrow_type(name: str, dtype: np.dtype[Any]) -> pa.DataType:
+    try:
+        return pa.from_numpy_dtype(dtype)
+    except (pa.ArrowException, TypeError):
+        raise ConfigError(
+            f"LitData leaf {name!r} holds {dtype} arrays, which have no Arrow type; store them as another dtype"
+        ) from None
+
+
 def _numpy(b: bytes) -> list[Any]:
     dtype_index, ndim = struct.unpack_from("<II", b)
     shape = struct.unpack_from(f"<{ndim}I", b, 8)
@@ -113,8 +125,13 @@ def _leaf(name: str, fmt: str) -> tuple[list[pa.Field[Any]], Decoder]:
             pa.field(f"{name}_shape", pa.list_(pa.int64())),
         ], _numpy if base == "numpy" else _tensor
     if base in ("no_header_numpy", "no_header_tensor"):
-        dtype = np.dtype(_NUMPY[int(arg)] if base == "no_header_numpy" else _TORCH[int(arg)])
-        return [pa.field(name, pa.list_(pa.from_numpy_dtype(dtype)))], lambda b: [np.frombuffer(b, dtype)]
+        table: Any = _NUMPY if base == "no_header_numpy" else _TORCH
+        code = int(arg)
+        known = 0 <= code < len(table) if base == "no_header_numpy" else code in table
+        if not known:
+            raise ConfigError(f"LitData leaf {name!r} has serializer {fmt!r}: dtype code {code} is not one convert reads")
+        dtype = np.dtype(table[code])
+        return [pa.field(name, pa.list_(_arrow_type(name, dtype)))], lambda b: [np.frombuffer(b, dtype)]
     if base == "pickle":
         raise ConfigError(
             f"LitData leaf {name!r} is pickled; flightfeed never unpickles: re-write it with another type"
@@ -165,9 +182,17 @@ class LitDataSource(RecordSource):
         """Per-item-dtype leaves take the dtype of the first item."""
         if not any(f.type == pa.null() for f in schema):
             return schema.with_metadata({"flightfeed.source": "litdata"})
-        first = next(r for r in self._records() if not isinstance(r, BadRecord))
+        first: Any = None
+        for record in self._records():
+            if not isinstance(record, BadRecord):
+                first = record
+                break
+            if self.on_bad_record == "error":
+                raise record.error()
+        if first is None:
+            raise DatasetError(f"{self.description or 'LitData'}: no item decodes; nothing to convert")
         fields = [
-            pa.field(f.name, pa.list_(pa.from_numpy_dtype(v.dtype))) if f.type == pa.null() else f
+            pa.field(f.name, pa.list_(_arrow_type(f.name, v.dtype))) if f.type == pa.null() else f
             for f, v in zip(schema, first, strict=True)
         ]
         self._item_dtypes = {i: first[i].dtype for i, f in enumerate(schema) if f.type == pa.null()}
