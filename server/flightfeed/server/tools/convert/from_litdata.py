@@ -129,7 +129,7 @@ def _leaf(name: str, fmt: str) -> tuple[list[pa.Field[Any]], Decoder]:
         code = int(arg)
         known = 0 <= code < len(table) if base == "no_header_numpy" else code in table
         if not known:
-            raise ConfigError(f"LitData leaf {name!r} has serializer {fmt!r}: dtype code {code} is not one convert reads")
+            raise ConfigError(f"LitData leaf {name!r} has serializer {fmt!r}: convert does not read dtype code {code}")
         dtype = np.dtype(table[code])
         return [pa.field(name, pa.list_(_arrow_type(name, dtype)))], lambda b: [np.frombuffer(b, dtype)]
     if base == "pickle":
