@@ -185,3 +185,18 @@ def test_fixed_shape_array_features_convert_to_tensor_columns(tmp_path: Path) ->
     assert got["grid"].shape == (8, 2, 3) and got["cube"].shape == (8, 2, 2, 3) and got["i"].tolist() == rows
     np.testing.assert_array_equal(got["grid"], np.stack([grids[i] for i in rows]))
     np.testing.assert_array_equal(got["cube"], np.stack([cubes[i] for i in rows]))
+
+
+def test_a_dataset_dict_folder_is_not_served_as_one_dataset(tmp_path: Path) -> None:
+    """``DatasetDict.save_to_disk`` writes a folder per split: serving the folder mixed the splits."""
+    from flightfeed.server.storage.resolve import open_dataset
+
+    splits = hf.DatasetDict({s: hf.Dataset.from_dict({"x": list(range(n))}) for s, n in (("train", 6), ("test", 2))})
+    splits.save_to_disk(str(tmp_path / "dd"))
+    with pytest.raises(DatasetError, match=r"DatasetDict \(train, test\).*serve each split, e.g\. NAME=.*dd/train"):
+        open_dataset("d", str(tmp_path / "dd"))
+    ds = open_dataset("d", str(tmp_path / "dd" / "train"))
+    try:
+        assert ds.num_rows == 6
+    finally:
+        ds.close()

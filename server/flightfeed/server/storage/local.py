@@ -47,6 +47,18 @@ def _hf_data_files(folder: str) -> list[str] | None:
     """The data files a Hugging Face ``save_to_disk`` folder's ``state.json`` lists; None for any
     other folder. Only those are the dataset: ``load_from_disk(...).map()`` (or ``filter``, ...)
     writes its ``cache-*.arrow`` results into the same folder, which are not."""
+    splits_path = os.path.join(folder, "dataset_dict.json")
+    if os.path.isfile(splits_path):
+        try:
+            with open(splits_path, encoding="utf-8") as f:
+                splits = [str(s) for s in json.load(f).get("splits", [])]
+        except (OSError, ValueError, AttributeError):
+            splits = []
+        first = splits[0] if splits else "train"
+        raise DatasetError(
+            f"{folder} is a datasets DatasetDict ({', '.join(splits) or 'several splits'}): serving the folder would "
+            f"mix its splits in one dataset; serve each split, e.g. NAME={os.path.join(folder, first)}"
+        )
     state_path = os.path.join(folder, "state.json")
     if not (os.path.isfile(state_path) and os.path.isfile(os.path.join(folder, "dataset_info.json"))):
         return None
