@@ -1,7 +1,8 @@
 """Damaged inputs stop ``flightfeed convert`` with an error naming the file and what to do (or,
 under ``--on-bad-record skip``, are counted): a truncated Parquet file, a truncated LMDB
 ``data.mdb`` (read past its end it killed the process with SIGBUS), a cut-short ``.tar.gz``
-WebDataset shard (a bare EOFError traceback before)."""
+WebDataset shard (a bare EOFError traceback before); and a folder of several splits' Parquet
+files is refused rather than converted as one dataset."""
 
 from __future__ import annotations
 
@@ -68,3 +69,17 @@ def test_a_cut_short_tar_gz_shard_is_named_and_counted(tmp_path: Path) -> None:
     bad = manifest.extra["bad_records"]
     assert isinstance(bad, dict) and bad["skipped"] == 2  # the damage and the sample it cut short
     assert 20 < manifest.rows < 40
+
+
+def test_a_folder_of_parquet_splits_is_refused(tmp_path: Path) -> None:
+    """The Hugging Face Hub's Parquet layout (data/train-00000-of-00002.parquet beside
+    data/test-00000-of-00001.parquet) converted as one dataset of every split."""
+    from flightfeed.wire.errors import ConfigError
+
+    (tmp_path / "data").mkdir()
+    for name in ("train-00000-of-00002", "train-00001-of-00002", "test-00000-of-00001"):
+        pq.write_table(pa.table({"x": [1, 2]}), tmp_path / "data" / f"{name}.parquet")
+    says = r"several splits \(test: 1 file\(s\), train: 2 file\(s\)\).*\*train\*\.parquet"
+    with pytest.raises(ConfigError, match=says):
+        convert_to(tmp_path / "data", tmp_path / "out", "parquet")
+    assert convert_to(str(tmp_path / "data" / "*train*.parquet"), tmp_path / "train", "parquet").rows == 4

@@ -28,6 +28,7 @@ from flightfeed.server.tools.convert.sources import (
     find_files,
     require,
 )
+from flightfeed.server.tools.convert.split_files import refuse_mixed_splits
 from flightfeed.server.tools.convert.token_sources import TOKEN_KINDS, open_token_source, refuse_token_options
 from flightfeed.server.tools.convert.writer import Compression, ShardWriter, rebatch
 from flightfeed.wire.errors import ConfigError, DatasetError, ShardError
@@ -93,7 +94,9 @@ def open_source(src: str, settings: ConvertSettings) -> Source:
         verb = "applies" if len(given) == 1 else "apply"
         raise ConfigError(f"{' and '.join(given)} {verb} only to HDF5 sources; {src} is {kind}: drop the option")
     if kind == "parquet":
-        return ParquetSource(require(find_files(src, (".parquet",)), src, "Parquet", (".parquet",)))
+        files = require(find_files(src, (".parquet",)), src, "Parquet", (".parquet",))
+        refuse_mixed_splits(src, files, "Parquet files", "'" + src.rstrip("/") + "/*{split}*.parquet'")
+        return ParquetSource(files)
     if kind == "numpy":
         return NumpySource(require(find_files(src, (".npy", ".npz")), src, "NumPy", (".npy", ".npz")))
     splits = split_folders(src)
