@@ -123,3 +123,22 @@ def test_the_cli_says_what_an_interrupt_left(
     assert main(argv) == 130
     assert "interrupted; the dataset being written was removed" in capsys.readouterr().err
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_a_killed_conversions_staging_folder_is_named_then_removed_by_overwrite(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    src = parquet_source(tmp_path / "src", rows=100)
+    stale = tmp_path / "out" / ".flightfeed-convert-dead"  # what a SIGKILLed conversion leaves
+    stale.mkdir(parents=True)
+    (stale / "part-00000.arrow").write_bytes(b"partial")
+    with caplog.at_level("WARNING"):
+        convert_to(src, tmp_path / "out", "parquet")
+    assert "holds 1 staging folder(s) of conversions that were killed" in caplog.text and stale.exists()
+    convert_to(src, tmp_path / "out", "parquet", overwrite=True)
+    assert not stale.exists()
+    ds = open_dataset("d", str(tmp_path / "out"))
+    try:
+        assert ds.num_rows == 100
+    finally:
+        ds.close()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import logging
 import os
 import shutil
 import tempfile
@@ -48,6 +49,7 @@ def open_destination(dst: str, storage: StorageOptions, *, overwrite: bool) -> D
     return LocalDestination(dst, overwrite=overwrite)
 
 
+_log = logging.getLogger(__name__)
 #: the hidden folder inside DST where a conversion stages its shards (never served)
 STAGING_PREFIX = ".flightfeed-convert-"
 #: S3 copies objects of up to 5 GiB server-side; larger shards are uploaded from the local disk
@@ -68,6 +70,15 @@ class LocalDestination:
                 "choose an empty directory or pass --overwrite"
             )
         _refuse_other_shards(directory)
+        stale = sorted(glob.glob(os.path.join(glob.escape(directory), STAGING_PREFIX + "*")))
+        if stale and overwrite:
+            for path in stale:  # a killed conversion's staged shards (never served)
+                shutil.rmtree(path, ignore_errors=True)
+        elif stale:
+            _log.warning(
+                "%s holds %d staging folder(s) of conversions that were killed (%s); never served, they only take "
+                "disk space: delete them, or convert with --overwrite", directory, len(stale), stale[0],
+            )
         self._old = old  # removed by finish, once the new dataset is complete
         self.staging_dir = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=directory)
 
