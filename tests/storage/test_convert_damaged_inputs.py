@@ -83,3 +83,30 @@ def test_a_folder_of_parquet_splits_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=says):
         convert_to(tmp_path / "data", tmp_path / "out", "parquet")
     assert convert_to(str(tmp_path / "data" / "*train*.parquet"), tmp_path / "train", "parquet").rows == 4
+
+
+def test_a_cut_short_tfrecord_gz_is_named_and_skip_reports_records_not_images(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A .tfrecord.gz cut short raised a bare EOFError; skipped, it was also reported as "image(s)
+    that do not decode" (and written to manifest.json's skipped_images) for any record source."""
+    pytest.importorskip("tfrecord", reason="tfrecord is not installed (pip install tfrecord)")
+    from tfrecord import TFRecordWriter
+
+    from flightfeed.server.cli import main
+
+    writer = TFRecordWriter(str(tmp_path / "a.tfrecord"))
+    for i in range(200):
+        writer.write({"label": (i, "int"), "raw": (bytes([i % 256]) * 50, "byte")})
+    writer.close()
+    data = gzip.compress((tmp_path / "a.tfrecord").read_bytes())
+    (tmp_path / "a.tfrecord").unlink()
+    (tmp_path / "a.tfrecord.gz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(DatasetError, match=r"a\.tfrecord\.gz at byte \d+: the GZIP stream is damaged or truncated"):
+        convert_to(tmp_path, tmp_path / "out", "tfrecord")
+    argv = ["convert", str(tmp_path), str(tmp_path / "out2"), "--from", "tfrecord", "--on-bad-record", "skip",
+            "--no-progress"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "skipped 1 bad record(s)" in err and "image" not in err
+    assert "skipped_images" not in (tmp_path / "out2" / "manifest.json").read_text()

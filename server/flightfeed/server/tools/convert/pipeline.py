@@ -232,7 +232,7 @@ def _auto_rows(source: Source, shard_bytes: int) -> int:
 
 def _image_extra(source: Source, settings: ConvertSettings) -> dict[str, object]:
     """What the manifest records of an image folder's checks: skipped files, --max-side."""
-    skipped = getattr(source, "skipped", None)
+    skipped = source.skipped if isinstance(source, ImageFolderSource) else None  # (record sources: bad_records)
     extra: dict[str, object] = {}
     if skipped is not None:
         extra["skipped_images"] = dict(skipped)
