@@ -10,6 +10,7 @@ from typing import cast
 import pyarrow as pa
 import pytest
 
+from flightfeed.server.storage.local_s3 import LocalS3
 from flightfeed.server.testing import running_server
 from flightfeed.wire.errors import DatasetError
 from tests.storage.format_roundtrip import (
@@ -200,3 +201,23 @@ def test_a_dataset_dict_folder_is_not_served_as_one_dataset(tmp_path: Path) -> N
         assert ds.num_rows == 6
     finally:
         ds.close()
+
+
+def test_on_s3_a_save_to_disk_prefix_is_its_listed_files(s3: LocalS3, tmp_path: Path) -> None:
+    from flightfeed.server.storage.resolve import open_dataset
+
+    hf.Dataset.from_dict({"x": list(range(30))}).save_to_disk(str(tmp_path / "hf"), num_shards=2)
+    hf.load_from_disk(str(tmp_path / "hf")).map(lambda row: {"x": row["x"] + 1000})  # cache-*.arrow
+    assert list((tmp_path / "hf").glob("cache-*.arrow"))
+    splits = hf.DatasetDict({s: hf.Dataset.from_dict({"x": [1, 2]}) for s in ("train", "test")})
+    splits.save_to_disk(str(tmp_path / "dd"))
+    bucket = s3.new_bucket()
+    s3.upload_dir(tmp_path / "hf", f"s3://{bucket}/hf")
+    s3.upload_dir(tmp_path / "dd", f"s3://{bucket}/dd")
+    ds = open_dataset("d", f"s3://{bucket}/hf", s3.options(tmp_path / "cache"))
+    try:
+        assert ds.num_rows == 30
+    finally:
+        ds.close()
+    with pytest.raises(DatasetError, match=r"DatasetDict \(train, test\).*NAME=s3://.*/dd/train"):
+        open_dataset("d", f"s3://{bucket}/dd", s3.options(tmp_path / "cache"))

@@ -4,10 +4,10 @@ files its ``state.json`` lists), a glob, or one file."""
 from __future__ import annotations
 
 import glob
-import json
 import os
 
 from flightfeed.server.readers import ARROW_SUFFIXES, HDF5_SUFFIXES, format_of
+from flightfeed.server.storage.hf_folder import DATASET_DICT, INFO, STATE, data_file_names, dataset_dict_error
 from flightfeed.wire.errors import DatasetError
 
 __all__ = ["list_local_shards", "SHARD_SUFFIXES"]
@@ -44,34 +44,16 @@ def list_local_shards(uri: str) -> list[str]:
 
 
 def _hf_data_files(folder: str) -> list[str] | None:
-    """The data files a Hugging Face ``save_to_disk`` folder's ``state.json`` lists; None for any
-    other folder. Only those are the dataset: ``load_from_disk(...).map()`` (or ``filter``, ...)
-    writes its ``cache-*.arrow`` results into the same folder, which are not."""
-    splits_path = os.path.join(folder, "dataset_dict.json")
+    """The data files of a Hugging Face ``save_to_disk`` folder (``hf_folder``); None for any other."""
+    splits_path = os.path.join(folder, DATASET_DICT)
     if os.path.isfile(splits_path):
-        try:
-            with open(splits_path, encoding="utf-8") as f:
-                splits = [str(s) for s in json.load(f).get("splits", [])]
-        except (OSError, ValueError, AttributeError):
-            splits = []
-        first = splits[0] if splits else "train"
-        raise DatasetError(
-            f"{folder} is a datasets DatasetDict ({', '.join(splits) or 'several splits'}): serving the folder would "
-            f"mix its splits in one dataset; serve each split, e.g. NAME={os.path.join(folder, first)}"
-        )
-    state_path = os.path.join(folder, "state.json")
-    if not (os.path.isfile(state_path) and os.path.isfile(os.path.join(folder, "dataset_info.json"))):
+        with open(splits_path, "rb") as f:
+            raise dataset_dict_error(folder, f.read(), os.sep)
+    state_path = os.path.join(folder, STATE)
+    if not (os.path.isfile(state_path) and os.path.isfile(os.path.join(folder, INFO))):
         return None
-    try:
-        with open(state_path, encoding="utf-8") as f:
-            listed = json.load(f).get("_data_files")
-        names = [str(entry["filename"]) for entry in listed]
-    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
-        raise DatasetError(
-            f"{state_path}: not a readable datasets save_to_disk state ({exc}); re-save the dataset with "
-            "save_to_disk, or convert it with `flightfeed convert --from hf`"
-        ) from None
-    files = [os.path.join(folder, name) for name in names]
+    with open(state_path, "rb") as f:
+        files = [os.path.join(folder, name) for name in data_file_names(state_path, f.read())]
     missing = [f for f in files if not os.path.isfile(f)]
     if missing:
         raise DatasetError(
