@@ -277,3 +277,22 @@ print("ok", batches, sum(got))
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
     direct = _reader(server.location, seed=2, pad=False)
     assert done.stdout.split()[1:] == [str(len(direct)), str(sum(len(b["tokens"]) for b in direct))]
+
+
+def test_a_corpus_shorter_than_one_window_is_refused_not_an_empty_epoch(tmp_path: Path) -> None:
+    """Without pad_tail, a corpus of fewer than seq_len + 1 tokens has no window: the read fails
+    naming the fix instead of yielding an epoch of no batches (a training loop ends at once)."""
+    import pyarrow.ipc as ipc
+
+    table = pa.table({"tokens": pa.array([[5, 6, 7], [8], [9, 10]], pa.list_(pa.uint16()))})
+    with ipc.new_file(str(tmp_path / "t.arrow"), table.schema) as writer:
+        writer.write_table(table)
+    with running_server({"tok": str(tmp_path)}) as srv:
+        opts = ReadOptions(pack=Pack(column="tokens", seq_len=SEQ), report_interval=None)
+        ds = FlightDataset(srv.location, "tok", batch_size=BATCH, shuffle=False, options=opts)
+        with pytest.raises(InvalidRequest, match=r"holds 6 token\(s\) in 'tokens', fewer than one window .*pad_tail"):
+            list(ds)
+        opts = ReadOptions(pack=Pack(column="tokens", seq_len=SEQ, pad_tail=True), report_interval=None)
+        ds = FlightDataset(srv.location, "tok", batch_size=BATCH, shuffle=False, options=opts)
+        (batch,) = list(ds)
+        assert batch["tokens"][0, :6].tolist() == [5, 6, 7, 8, 9, 10] and len(ds) == 1

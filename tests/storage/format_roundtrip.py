@@ -49,7 +49,7 @@ def jpeg(seed: int, width: int = 40, height: int = 32) -> bytes:
     return out.getvalue()
 
 
-def convert_to(src: str | Path, dst: Path, kind: str, **kw: Any) -> Manifest:
+def convert_to(src: str | Path, dst: str | Path, kind: str, **kw: Any) -> Manifest:
     shard_bytes = kw.pop("shard_bytes", 64 << 10)
     settings = ConvertSettings(progress=False, kind=kind, shard_bytes=shard_bytes, **kw)  # type: ignore[arg-type]
     return convert(str(src), str(dst), settings)

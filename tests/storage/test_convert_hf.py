@@ -10,7 +10,9 @@ from typing import cast
 import pyarrow as pa
 import pytest
 
+from flightfeed.server.storage.local_s3 import LocalS3
 from flightfeed.server.testing import running_server
+from flightfeed.wire.errors import DatasetError
 from tests.storage.format_roundtrip import (
     arrow_rows,
     convert_to,
@@ -149,3 +151,73 @@ def test_a_damaged_arrow_file_is_named(tmp_path: Path) -> None:
     data.write_bytes(data.read_bytes()[:-200])
     with pytest.raises(DatasetError, match=r"data-00001-of-00002\.arrow: not a readable Arrow stream file"):
         convert_to(tmp_path / "hf", tmp_path / "out", "hf")
+
+
+def test_map_cache_files_in_a_save_to_disk_folder_are_not_served(tmp_path: Path) -> None:
+    """``load_from_disk(folder).map(...)`` writes its result as ``cache-*.arrow`` into the folder:
+    served directly, the folder is the data files its ``state.json`` lists, nothing else."""
+    hf.Dataset.from_dict({"x": list(range(40))}).save_to_disk(str(tmp_path / "hf"), num_shards=2)
+    hf.load_from_disk(str(tmp_path / "hf")).map(lambda row: {"x": row["x"] + 1000})
+    assert list((tmp_path / "hf").glob("cache-*.arrow"))
+    assert served_rows(tmp_path / "hf", ["x"]) == {"x": list(range(40))}
+
+
+def test_fixed_shape_array_features_convert_to_tensor_columns(tmp_path: Path) -> None:
+    """``Array2D``/``Array3D`` are stored as nested lists, which the client cannot take (two ragged
+    dimensions): converted, they are fixed-shape tensor columns; a null row is a named bad record."""
+    import numpy as np
+
+    grids = [np.arange(6, dtype=np.float32).reshape(2, 3) + i for i in range(9)]
+    cubes = [np.full((2, 2, 3), i, np.uint8) for i in range(9)]
+    features = hf.Features({"grid": hf.Array2D((2, 3), "float32"), "cube": hf.Array3D((2, 2, 3), "uint8"),
+                            "i": hf.Value("int64")})
+    data = {"grid": grids, "cube": [c if i != 4 else None for i, c in enumerate(cubes)], "i": list(range(9))}
+    hf.Dataset.from_dict(data, features=features).save_to_disk(str(tmp_path / "hf"), num_shards=2)
+    with pytest.raises(DatasetError, match=r"data-00000-of-00002\.arrow: row 4: 'cube' is null or not of its shape"):
+        convert_to(tmp_path / "hf", tmp_path / "out", "hf")
+    manifest = convert_to(tmp_path / "hf", tmp_path / "out2", "hf", on_bad_record="skip")
+    assert manifest.rows == 8 and manifest.extra["bad_records"]["skipped"] == 1
+    from flightfeed.client import FlightDataset, ReadOptions
+
+    with running_server({"d": str(tmp_path / "out2")}) as server:
+        ds = FlightDataset(server.location, "d", batch_size=3, shuffle=False, options=ReadOptions(report_interval=None))
+        got = {k: np.concatenate([b[k].numpy() for b in ds]) for k in ("grid", "cube", "i")}
+    rows = [i for i in range(9) if i != 4]
+    assert got["grid"].shape == (8, 2, 3) and got["cube"].shape == (8, 2, 2, 3) and got["i"].tolist() == rows
+    np.testing.assert_array_equal(got["grid"], np.stack([grids[i] for i in rows]))
+    np.testing.assert_array_equal(got["cube"], np.stack([cubes[i] for i in rows]))
+
+
+def test_a_dataset_dict_folder_is_not_served_as_one_dataset(tmp_path: Path) -> None:
+    """``DatasetDict.save_to_disk`` writes a folder per split: serving the folder mixed the splits."""
+    from flightfeed.server.storage.resolve import open_dataset
+
+    splits = hf.DatasetDict({s: hf.Dataset.from_dict({"x": list(range(n))}) for s, n in (("train", 6), ("test", 2))})
+    splits.save_to_disk(str(tmp_path / "dd"))
+    with pytest.raises(DatasetError, match=r"DatasetDict \(train, test\).*serve each split, e.g\. NAME=.*dd/train"):
+        open_dataset("d", str(tmp_path / "dd"))
+    ds = open_dataset("d", str(tmp_path / "dd" / "train"))
+    try:
+        assert ds.num_rows == 6
+    finally:
+        ds.close()
+
+
+def test_on_s3_a_save_to_disk_prefix_is_its_listed_files(s3: LocalS3, tmp_path: Path) -> None:
+    from flightfeed.server.storage.resolve import open_dataset
+
+    hf.Dataset.from_dict({"x": list(range(30))}).save_to_disk(str(tmp_path / "hf"), num_shards=2)
+    hf.load_from_disk(str(tmp_path / "hf")).map(lambda row: {"x": row["x"] + 1000})  # cache-*.arrow
+    assert list((tmp_path / "hf").glob("cache-*.arrow"))
+    splits = hf.DatasetDict({s: hf.Dataset.from_dict({"x": [1, 2]}) for s in ("train", "test")})
+    splits.save_to_disk(str(tmp_path / "dd"))
+    bucket = s3.new_bucket()
+    s3.upload_dir(tmp_path / "hf", f"s3://{bucket}/hf")
+    s3.upload_dir(tmp_path / "dd", f"s3://{bucket}/dd")
+    ds = open_dataset("d", f"s3://{bucket}/hf", s3.options(tmp_path / "cache"))
+    try:
+        assert ds.num_rows == 30
+    finally:
+        ds.close()
+    with pytest.raises(DatasetError, match=r"DatasetDict \(train, test\).*NAME=s3://.*/dd/train"):
+        open_dataset("d", f"s3://{bucket}/dd", s3.options(tmp_path / "cache"))

@@ -14,7 +14,7 @@ import pytest
 
 from flightfeed.server.storage.local_s3 import LocalS3
 from flightfeed.wire.errors import ConfigError, DatasetError
-from tests.storage.format_roundtrip import convert_to, jpeg, served_rows
+from tests.storage.format_roundtrip import arrow_rows, convert_to, jpeg, served_rows
 
 lmdb = pytest.importorskip("lmdb", reason="lmdb is not installed (pip install lmdb msgpack)")
 msgpack = pytest.importorskip("msgpack", reason="msgpack is not installed (pip install msgpack)")
@@ -55,8 +55,22 @@ def test_lmdb_ascii_len_and_raw_decoder(tmp_path: Path) -> None:
     got = served_rows(tmp_path / "raw")
     env = lmdb.open(str(tmp_path / "a"), readonly=True, lock=False)
     with env.begin() as txn:
-        expected = [(k, v) for k, v in txn.cursor() if not k.startswith(b"__")]
+        expected = [(k, v) for k, v in txn.cursor() if not (k.startswith(b"__") and k.endswith(b"__"))]
     assert manifest.rows == 12 and list(zip(got["key"], got["value"], strict=True)) == expected
+
+
+def test_raw_keeps_keys_that_only_start_with_two_underscores(tmp_path: Path) -> None:
+    """--lmdb-decoder raw leaves out the recipes' __dunder__ keys only, not a record's key that
+    starts with ``__`` (it was dropped silently)."""
+    env = lmdb.open(str(tmp_path / "a"), map_size=1 << 20)
+    with env.begin(write=True) as txn:
+        for key in (b"__0001", b"__len__", b"__keys__", b"_a", b"b", b"__"):
+            txn.put(key, key[::-1])
+    env.close()
+    manifest = convert_to(tmp_path / "a", tmp_path / "raw", "lmdb", lmdb_decoder="raw")
+    got = arrow_rows(tmp_path / "raw")
+    assert manifest.rows == 4 and got.column("key").to_pylist() == [b"__", b"__0001", b"_a", b"b"]
+    assert got.column("value").to_pylist() == [b"__", b"1000__", b"a_", b"b"]
 
 
 def test_lmdb_without_len_is_refused(tmp_path: Path) -> None:
@@ -148,7 +162,6 @@ def test_tfrecord_round_trip_plain_and_gzip(tmp_path: Path) -> None:
     got = served_rows(tmp_path / "out", ["image", "label", "score", "big"])
     for name in ("image", "label", "score", "big"):
         assert got[name] == [r[name] for r in rows], name
-    from tests.storage.format_roundtrip import arrow_rows
 
     table = arrow_rows(tmp_path / "out")  # list columns: checked at the Arrow level
     assert table.column("vec").to_pylist() == [r["vec"] for r in rows]
@@ -212,3 +225,45 @@ def test_files_that_are_not_tfrecords_or_tars_are_refused_by_name(tmp_path: Path
     (tmp_path / "w" / "x.tar").write_bytes(b"garbage" * 100)
     with pytest.raises(DatasetError, match=r"x\.tar at byte 0: tar header checksum mismatch"):
         convert_to(tmp_path / "w", tmp_path / "out", "webdataset")
+
+
+def test_a_first_tfrecord_without_an_optional_feature_is_the_bad_record(tmp_path: Path) -> None:
+    """The columns are the features most of the first records have: a first record lacking one
+    (an optional feature) is the bad record, not every record after it."""
+    from tfrecord import TFRecordWriter
+
+    writer = TFRecordWriter(str(tmp_path / "a.tfrecord"))
+    writer.write({"label": (0, "int")})  # no "box"
+    for i in range(1, 6):
+        writer.write({"label": (i, "int"), "box": ([i / 2, 1.0, 2.0, 3.0], "float")})
+    writer.close()
+    with pytest.raises(DatasetError, match=r"a\.tfrecord at byte 0: features differ \(missing \['box'\]"):
+        convert_to(tmp_path, tmp_path / "out", "tfrecord")
+    manifest = convert_to(tmp_path, tmp_path / "out2", "tfrecord", on_bad_record="skip")
+    assert manifest.rows == 5 and manifest.extra["bad_records"]["skipped"] == 1
+    table = arrow_rows(tmp_path / "out2")
+    assert table.column("label").to_pylist() == [1, 2, 3, 4, 5]
+    assert table.column("box").to_pylist() == [[i / 2, 1.0, 2.0, 3.0] for i in range(1, 6)]
+
+
+def test_lmdb_maps_with_their_keys_in_another_order_are_the_same_record(tmp_path: Path) -> None:
+    """msgpack maps are maps: a record whose dict was built in another key order converts (it was
+    a bad record), and one whose value has another type is named for that."""
+    env = lmdb.open(str(tmp_path / "m"), map_size=1 << 20)
+    with env.begin(write=True) as txn:
+        for i in range(6):
+            record = {"image": bytes([i]) * 3, "label": i, "caption": f"c{i}"}
+            if i % 2:
+                record = dict(reversed(list(record.items())))
+            txn.put(str(i).encode(), msgpack.packb(record, use_bin_type=True))
+        txn.put(b"6", msgpack.packb({"image": b"x", "label": "seven", "caption": "c"}, use_bin_type=True))
+        txn.put(b"__len__", b"7")
+    env.close()
+    with pytest.raises(DatasetError, match=r"key '6': value types \['bytes', 'str', 'str'\] differ .*'int'"):
+        convert_to(tmp_path / "m", tmp_path / "out", "lmdb")
+    manifest = convert_to(tmp_path / "m", tmp_path / "out2", "lmdb", on_bad_record="skip")
+    table = arrow_rows(tmp_path / "out2")
+    assert manifest.rows == 6 and table.column_names == ["image", "label", "caption"]
+    assert table.column("label").to_pylist() == list(range(6))
+    assert table.column("caption").to_pylist() == [f"c{i}" for i in range(6)]
+    assert table.column("image").to_pylist() == [bytes([i]) * 3 for i in range(6)]

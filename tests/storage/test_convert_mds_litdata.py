@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from PIL import Image
 
@@ -235,3 +236,91 @@ def test_a_skipped_litdata_chunk_counts_every_item_it_held(tmp_path: Path) -> No
     manifest = convert_to(tmp_path / "lit", tmp_path / "out2", "litdata", on_bad_record="skip")
     bad: Any = manifest.extra["bad_records"]
     assert bad["skipped"] == sizes[chunks[0].name] and manifest.rows == 25 - bad["skipped"]
+
+
+def test_a_litdata_item_of_another_dtype_is_a_bad_record(tmp_path: Path) -> None:
+    """A ``numpy`` leaf carries its dtype per item; the column takes the first item's, and an item
+    of another dtype is a bad record (Arrow would cast 2.5 to 2 silently)."""
+    writer = litdata_writer.BinaryWriter(str(tmp_path / "lit"), chunk_bytes=4000)
+    for i in range(6):
+        grid = np.full((2, 2), i, np.uint16) if i != 3 else np.full((2, 2), 2.5, np.float32)
+        writer[i] = {"i": i, "grid": grid}
+    writer.done()
+    writer.merge()
+    with pytest.raises(DatasetError, match=r"item 3: .*leaf 'grid' is float32, but the first item's .* is uint16"):
+        convert_to(tmp_path / "lit", tmp_path / "out", "litdata")
+    manifest = convert_to(tmp_path / "lit", tmp_path / "out2", "litdata", on_bad_record="skip")
+    table = arrow_rows(tmp_path / "out2")
+    assert manifest.rows == 5 and table.column("i").to_pylist() == [0, 1, 2, 4, 5]
+    assert table.column("grid").to_pylist() == [[i] * 4 for i in (0, 1, 2, 4, 5)]
+
+
+def test_a_truncated_compressed_mds_shard_is_named(tmp_path: Path) -> None:
+    with mds_writer()(out=str(tmp_path / "mds"), columns={"x": "int", "raw": "bytes"}, compression="gz",
+                      size_limit=1 << 12) as out:
+        for i in range(60):
+            out.write({"x": i, "raw": bytes([i]) * 200})
+    shard = sorted((tmp_path / "mds").glob("shard.00001.mds.gz"))[0]
+    shard.write_bytes(shard.read_bytes()[:-50])
+    with pytest.raises(DatasetError, match=r"shard\.00001\.mds\.gz: does not read or decompress .*damaged"):
+        convert_to(tmp_path / "mds", tmp_path / "out", "mds")
+    manifest = convert_to(tmp_path / "mds", tmp_path / "out2", "mds", on_bad_record="skip")
+    bad: Any = manifest.extra["bad_records"]
+    assert bad["skipped"] > 0 and manifest.rows == 60 - bad["skipped"]
+
+
+def test_mds_plain_ndarray_columns_take_the_first_samples_dtype(tmp_path: Path) -> None:
+    """``ndarray`` without a dtype stores one per sample (the README promised ``list`` + ``_shape``;
+    convert refused the column): the first sample's dtype is the column's, another is a bad record."""
+    arrays = [np.arange(2 + i % 3, dtype=np.int32).reshape(1, -1) * (i + 1) for i in range(12)]
+    arrays[7] = np.full((2, 2), 0.5, np.float64)
+    with mds_writer()(out=str(tmp_path / "mds"), columns={"a": "ndarray", "i": "int"}, size_limit=1 << 10) as out:
+        for i, array in enumerate(arrays):
+            out.write({"a": array, "i": i})
+    with pytest.raises(DatasetError, match=r"sample 7.*column 'a' is float64 here, but the first sample's .* is int32"):
+        convert_to(tmp_path / "mds", tmp_path / "out", "mds")
+    manifest = convert_to(tmp_path / "mds", tmp_path / "out2", "mds", on_bad_record="skip")
+    table = arrow_rows(tmp_path / "out2")
+    rows = [i for i in range(12) if i != 7]
+    assert manifest.rows == 11 and table.column("i").to_pylist() == rows
+    assert table.schema.field("a").type == pa.list_(pa.int32())
+    assert table.column("a").to_pylist() == [arrays[i].ravel().tolist() for i in rows]
+    assert table.column("a_shape").to_pylist() == [list(arrays[i].shape) for i in rows]
+
+
+def test_litdata_list_and_dict_leaves_become_json_text(tmp_path: Path) -> None:
+    """A Python list inside an item (token ids, boxes, tags) is a ``json`` leaf, stored in LitData's
+    compact binary form: it converts to its JSON text (the column was refused)."""
+    import json
+
+    values: list[Any] = [
+        [1, 2, 2**40], [], [0.5, -1.25], ["a", "é😀"], [True, False], [{"x": 1, "y": "s"}, {"x": None, "y": "t"}],
+        [1, "mixed", None], [[1, 2], [3]], [1.5, 2],
+    ]
+    writer = litdata_writer.BinaryWriter(str(tmp_path / "lit"), chunk_bytes=1000)
+    for i, value in enumerate(values):
+        writer[i] = {"i": i, "meta": {"tags": value}}
+    writer.done()
+    writer.merge()
+    index = json.loads((tmp_path / "lit" / "index.json").read_text())
+    assert "json" in index["config"]["data_format"]
+    manifest = convert_to(tmp_path / "lit", tmp_path / "out", "litdata")
+    table = arrow_rows(tmp_path / "out")
+    assert manifest.rows == len(values) and table.schema.field("meta.tags").type == pa.string()
+    assert [json.loads(str(t)) for t in table.column("meta.tags").to_pylist()] == values
+
+
+def test_litdata_bool_arrays_convert(tmp_path: Path) -> None:
+    """numpy bool arrays (LitData dtype code 13) convert to list<bool> (an IndexError traceback for a
+    1-d one, StopIteration for an n-d one, before)."""
+    writer = litdata_writer.BinaryWriter(str(tmp_path / "lit"), chunk_bytes=1000)
+    for i in range(4):
+        writer[i] = {"flat": np.array([i % 2 == 0, True]), "grid": np.eye(2, dtype=bool) ^ (i == 3)}
+    writer.done()
+    writer.merge()
+    convert_to(tmp_path / "lit", tmp_path / "out", "litdata")
+    table = arrow_rows(tmp_path / "out")
+    assert table.schema.field("flat").type == table.schema.field("grid").type == pa.list_(pa.bool_())
+    assert table.column("flat").to_pylist() == [[i % 2 == 0, True] for i in range(4)]
+    assert table.column("grid").to_pylist() == [(np.eye(2, dtype=bool) ^ (i == 3)).ravel().tolist() for i in range(4)]
+    assert table.column("grid_shape").to_pylist() == [[2, 2]] * 4

@@ -238,3 +238,26 @@ def test_document_bounds_do_not_depend_on_the_scan_chunk(monkeypatch: pytest.Mon
         if naive[-1] != n:
             naive.append(n)
         assert tokens_nanogpt.document_bounds(ids, EOT).tolist() == naive, (scan, ids.tolist())
+
+
+def test_a_folder_of_nanogpt_splits_is_refused(tmp_path: Path) -> None:
+    """nanoGPT's prepare.py writes train.bin and val.bin side by side: converting the folder made
+    one dataset of both (the validation tokens trained on); each split converts on its own."""
+    write_nanogpt(tmp_path / "train.bin", _documents(20))
+    write_nanogpt(tmp_path / "val.bin", _documents(5, seed=9))
+    says = r"several splits \(train: 1 file\(s\), val: 1 file\(s\)\).*convert .*train\.bin DST/train"
+    with pytest.raises(ConfigError, match=says):
+        convert(str(tmp_path), str(tmp_path / "out"), ConvertSettings(kind="nanogpt", eot=EOT, progress=False))
+    settings = ConvertSettings(kind="nanogpt", eot=EOT, progress=False)
+    assert convert(str(tmp_path / "val.bin"), str(tmp_path / "val"), settings).rows == 5
+
+
+def test_a_nanogpt_file_without_one_end_of_text_token_is_named(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A wrong --eot converts a whole corpus as one document without a word: it is named."""
+    settings = ConvertSettings(kind="nanogpt", eot=65534, progress=False)
+    (tmp_path / "train.bin").write_bytes(np.full(1 << 20, 7, np.uint16).tobytes())
+    with caplog.at_level("WARNING"):
+        assert convert(str(tmp_path / "train.bin"), str(tmp_path / "out"), settings).rows == 1
+    assert "no end-of-text token 65534 in its 1048576 tokens" in caplog.text and "is --eot right" in caplog.text

@@ -8,10 +8,12 @@ import json
 import tarfile
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.ipc as ipc
 import pytest
 
 from flightfeed.server.storage.local_s3 import LocalS3
-from flightfeed.wire.errors import DatasetError
+from flightfeed.wire.errors import ConfigError, DatasetError
 from tests.storage.format_roundtrip import convert_to, jpeg, served_rows
 
 wds = pytest.importorskip("webdataset", reason="webdataset is not installed (pip install webdataset)")
@@ -90,6 +92,81 @@ def test_a_sample_missing_a_member_is_a_named_bad_record(tmp_path: Path) -> None
         convert_to(tmp_path, tmp_path / "out", "webdataset")
     manifest = convert_to(tmp_path, tmp_path / "out2", "webdataset", on_bad_record="skip")
     assert manifest.rows == 2 and manifest.extra["bad_records"]["skipped"] == 1
+
+
+def test_an_odd_first_sample_does_not_make_every_other_sample_bad(tmp_path: Path) -> None:
+    """The columns are the members most of the first samples have: a first sample missing one
+    member (or with an extra one) is the bad record, not every sample after it."""
+    with wds.TarWriter(str(tmp_path / "a.tar")) as sink:
+        sink.write({"__key__": "k0", "jpg": b"x"})  # no .cls
+        for i in range(1, 6):
+            sink.write({"__key__": f"k{i}", "jpg": bytes([i]), "cls": i})
+        sink.write({"__key__": "k6", "jpg": b"y", "cls": 6, "txt": "extra"})
+    with pytest.raises(DatasetError, match=r"a\.tar: sample k0: members differ .*missing \['cls'\]"):
+        convert_to(tmp_path, tmp_path / "out", "webdataset")
+    manifest = convert_to(tmp_path, tmp_path / "out2", "webdataset", on_bad_record="skip")
+    assert [f.name for f in manifest.schema] == ["__key__", "cls", "jpg"]
+    assert manifest.extra["bad_records"]["skipped"] == 2
+    got = served_rows(tmp_path / "out2")
+    assert got["__key__"] == [f"k{i}" for i in range(1, 6)] and got["cls"] == [1, 2, 3, 4, 5]
+    assert got["jpg"] == [bytes([i]) for i in range(1, 6)]
+
+
+def test_large_samples_after_small_ones_keep_batches_and_shards_near_their_size(tmp_path: Path) -> None:
+    """Rows per batch come from the first samples; later, far larger samples still cut the record
+    batch at its target bytes (a batch of them all held the whole input in memory, made a shard
+    many times --shard-size, and past 2 GiB of a column failed)."""
+    big = [bytes([i]) * 40_000 for i in range(30)]
+    with wds.TarWriter(str(tmp_path / "a.tar")) as sink:
+        for i in range(70):
+            sink.write({"__key__": f"t{i:03d}", "bin": b"x", "cls": i})
+        for i, data in enumerate(big):
+            sink.write({"__key__": f"v{i:03d}", "bin": data, "cls": 70 + i})
+    shard_bytes = 200_000  # record batches of about 50,000 bytes
+    manifest = convert_to(tmp_path, tmp_path / "out", "webdataset", shard_bytes=shard_bytes)
+    assert manifest.rows == 100 and len(manifest.shards) >= 5
+    for shard in manifest.shards:
+        assert shard.bytes < 2 * shard_bytes, shard
+        with pa.memory_map(str(tmp_path / "out" / shard.name)) as source:
+            reader = ipc.open_file(source)
+            for i in range(reader.num_record_batches):
+                assert reader.get_batch(i).nbytes < 100_000
+    got = served_rows(tmp_path / "out", ["bin", "cls"], batch_size=16)
+    assert got["bin"] == [b"x"] * 70 + big and got["cls"] == list(range(100))
+
+
+def test_a_folder_of_train_and_val_shards_is_refused(tmp_path: Path) -> None:
+    """webdataset's ImageNet example writes imagenet-train-*.tar and imagenet-val-*.tar into one
+    folder: converting the folder made one dataset of both (the validation images trained on)."""
+    for split in ("train", "val"):
+        with wds.TarWriter(str(tmp_path / f"imagenet-{split}-000000.tar")) as sink:
+            sink.write({"__key__": f"{split}0", "jpg": b"x", "cls": 1})
+    with pytest.raises(ConfigError, match=r"several splits \(train: 1 file\(s\), val: 1 file\(s\)\).*/\*train\*\.tar"):
+        convert_to(tmp_path, tmp_path / "out", "webdataset")
+    manifest = convert_to(str(tmp_path / "*train*.tar"), tmp_path / "train", "webdataset")  # a pattern chooses
+    assert manifest.rows == 1
+    (tmp_path / "split").mkdir()
+    for split in ("train", "val"):
+        (tmp_path / "split" / split).mkdir()
+        (tmp_path / f"imagenet-{split}-000000.tar").rename(tmp_path / "split" / split / "000000.tar")
+    with pytest.raises(ConfigError, match=r"several splits .*convert .*split/train DST/train"):
+        convert_to(tmp_path / "split", tmp_path / "out", "webdataset")
+
+
+def test_keys_with_a_dot_type_columns_by_the_last_extension_as_webdataset_does(tmp_path: Path) -> None:
+    """Keys taken from file names (``n0144_1.JPEG``) put a dot in the key: webdataset splits at the
+    first dot (``jpeg.cls``) and decodes by the last part; so does convert (it stored the class as
+    bytes, and the image was not the only binary column the transforms look for)."""
+    with wds.TarWriter(str(tmp_path / "a.tar")) as sink:
+        for i in range(4):
+            sink.write({"__key__": f"n0144_{i}.JPEG", "jpg": bytes([i]) * 5, "cls": i * 100, "txt": f"t{i}"})
+    manifest = convert_to(tmp_path, tmp_path / "out", "webdataset")
+    types = {f.name: f.type for f in manifest.schema}
+    assert types == {"__key__": pa.string(), "jpeg.cls": pa.int64(), "jpeg.jpg": pa.binary(), "jpeg.txt": pa.string()}
+    decoded = list(wds.WebDataset(str(tmp_path / "a.tar"), shardshuffle=False).decode())
+    got = served_rows(tmp_path / "out")
+    assert got["jpeg.cls"] == [s["jpeg.cls"] for s in decoded] == [0, 100, 200, 300]
+    assert got["jpeg.txt"] == [s["jpeg.txt"] for s in decoded] and got["jpeg.jpg"] == [bytes([i]) * 5 for i in range(4)]
 
 
 def test_the_jpg_column_takes_the_imagenet_transforms(tmp_path: Path) -> None:

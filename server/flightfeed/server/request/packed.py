@@ -90,7 +90,16 @@ def pack_tickets(ds: Dataset, cmd: Any, message_bytes: int, readahead_windows: i
         resolved.shuffle.block_rows = resolved.shuffle.block_rows or block
         resolved.shuffle.buffer_rows = resolved.shuffle.buffer_rows or buffer
     resolved.fingerprint = ds.fingerprint
-    _, _, windows = packed_windows(ds, resolved)
+    _, plan, windows = packed_windows(ds, resolved)
+    if windows == 0:  # an epoch of no batches would end at once, as if the corpus had been read
+        tokens = plan.num_tokens
+        fix = (
+            f"fewer than one window of seq_len + 1 = {spec.seq_len + 1}: no window would be served; pass a "
+            f"seq_len below {tokens} or Pack(pad_tail=True) (pads the one window)"
+            if tokens
+            else "no window can be served"
+        )
+        raise InvalidRequest(f"dataset {ds.name!r} holds {tokens} token(s) in {spec.column!r}, {fix}", field="pack")
     if cmd.global_start > windows:
         raise InvalidRequest(
             f"global_start {cmd.global_start} is past the epoch's {windows} windows", field="global_start"

@@ -22,6 +22,7 @@ import pyarrow.fs as pafs
 from flightfeed.server.readers import ShardReader, format_of
 from flightfeed.server.storage.cache import ShardCache, shared_cache
 from flightfeed.server.storage.cache_thrash import warn_if_too_small
+from flightfeed.server.storage.hf_folder import DATASET_DICT, INFO, STATE, data_file_names, dataset_dict_error
 from flightfeed.server.storage.local import SHARD_SUFFIXES
 from flightfeed.server.storage.manifest import MANIFEST_NAME, Manifest, ManifestShard
 from flightfeed.server.storage.options import StorageOptions, reader_options
@@ -135,6 +136,9 @@ def list_s3_shards(fs: pafs.FileSystem, uri: str, *, retries: int = 4) -> list[p
         raise StorageError(f"{uri}: no such object or prefix in bucket {bucket!r}")
     selector = pafs.FileSelector(path, recursive=True)
     listing = with_retries(lambda: fs.get_file_info(selector), uri, retries=retries)
+    listed = _hf_data_files(fs, uri, path, listing, retries)
+    if listed is not None:
+        return listed
     hidden = ("/.", "/_")
     files = sorted(
         (i for i in listing if i.type == pafs.FileType.File and i.path.lower().endswith(SHARD_SUFFIXES)),
@@ -150,6 +154,34 @@ def list_s3_shards(fs: pafs.FileSystem, uri: str, *, retries: int = 4) -> list[p
     if len(formats) > 1:
         raise DatasetError(f"{uri}: mixes shard formats {sorted(formats)}; a dataset holds one format")
     return files
+
+
+def _hf_data_files(
+    fs: pafs.FileSystem, uri: str, path: str, listing: list[pafs.FileInfo], retries: int
+) -> list[pafs.FileInfo] | None:
+    """A Hugging Face ``save_to_disk`` prefix: the data files its state.json lists (``hf_folder``)."""
+    root = path.rstrip("/")
+    files = {i.path: i for i in listing if i.type == pafs.FileType.File}
+
+    def read(name: str) -> bytes:
+        def get() -> bytes:
+            with fs.open_input_file(f"{root}/{name}") as f:
+                return bytes(f.read())
+
+        return with_retries(get, f"{uri.rstrip('/')}/{name}", retries=retries)
+
+    if f"{root}/{DATASET_DICT}" in files:
+        raise dataset_dict_error(uri, read(DATASET_DICT))
+    if f"{root}/{STATE}" not in files or f"{root}/{INFO}" not in files:
+        return None
+    names = data_file_names(f"{uri.rstrip('/')}/{STATE}", read(STATE))
+    missing = [n for n in names if f"{root}/{n}" not in files]
+    if missing:
+        raise DatasetError(
+            f"{uri}: state.json lists {missing[0]}, which is missing ({len(missing)} of {len(names)} data file(s)); "
+            "the save_to_disk folder is incomplete: save it again"
+        )
+    return [files[f"{root}/{n}"] for n in names]
 
 
 def read_manifest(fs: pafs.FileSystem, uri: str, *, retries: int = 4) -> Manifest | None:

@@ -152,6 +152,13 @@ def run(args: argparse.Namespace) -> int:
     except FlightFeedError as exc:
         print(f"flightfeed convert: error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(
+            "flightfeed convert: interrupted; the dataset being written was removed (one converted into its "
+            "folder before is left as it was)",
+            file=sys.stderr,
+        )
+        return 130
     for split, manifest in manifests.items():
         _report(manifest, split_destination(args.dst, split) if split else args.dst, None if splits else seconds)
     if splits:

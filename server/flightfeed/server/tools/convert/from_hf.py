@@ -10,6 +10,9 @@ Plain columns keep their Arrow type (such a folder is also served directly:
 - ``ClassLabel(names=...)`` -> int64, the names kept in the schema metadata: ``flightfeed.classes``
   (the JSON list ``FlightDataset.classes`` returns) for the ``label`` column or the only
   ClassLabel, and ``flightfeed.class_names`` (JSON: column -> names) for every one.
+- ``Array2D``..``Array5D`` of a fixed shape (stored as nested lists, which the client cannot take)
+  -> a fixed-shape tensor column of that shape and dtype; a row that is null or of another shape
+  is a bad record named by file and row. An array whose first dimension is ``None`` stays lists.
 - ``Sequence``/``List`` features stay Arrow ``list`` columns (ragged on the client).
 """
 
@@ -20,6 +23,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
@@ -28,9 +32,11 @@ from flightfeed.server.tools.convert.records import BadRecord
 from flightfeed.server.tools.convert.source_files import SourceFiles
 from flightfeed.wire.errors import ConfigError, DatasetError
 
-__all__ = ["HfSource", "MEDIA_FEATURES"]
+__all__ = ["HfSource", "MEDIA_FEATURES", "ARRAY_FEATURES"]
 
 MEDIA_FEATURES = ("Image", "Audio", "Video", "Pdf")
+#: fixed-shape array features (stored as nested lists): a tensor column each
+ARRAY_FEATURES = ("Array2D", "Array3D", "Array4D", "Array5D")
 
 
 def _stream(source: pa.NativeFile, uri: str) -> Iterator[Any]:
@@ -70,6 +76,14 @@ class HfSource:
             raise DatasetError(f"{src}: state.json lists no data files")
         features: dict[str, Any] = info.get("features") or {}
         self._media = [n for n, f in features.items() if isinstance(f, dict) and f.get("_type") in MEDIA_FEATURES]
+        #: Array2D..Array5D features of a fixed shape: NAME -> shape (stored as nested lists)
+        self._arrays: dict[str, tuple[int, ...]] = {
+            n: tuple(f["shape"])
+            for n, f in features.items()
+            if isinstance(f, dict)
+            and f.get("_type") in ARRAY_FEATURES
+            and all(isinstance(d, int) and d > 0 for d in f.get("shape", [None]))
+        }
         labels = {n: f["names"] for n, f in features.items() if isinstance(f, dict) and f.get("_type") == "ClassLabel"}
         with files.local(self.paths[0]) as path, pa.memory_map(path) as source:
             batches = _stream(source, self.paths[0])
@@ -86,6 +100,8 @@ class HfSource:
                         f"{src}: feature {field.name!r} is stored as {field.type}, not struct<bytes, path>"
                     )
                 fields += [pa.field(field.name, pa.binary()), pa.field(f"{field.name}_path", pa.string())]
+            elif field.name in self._arrays:
+                fields.append(pa.field(field.name, _tensor_type(field, self._arrays[field.name], src)))
             else:
                 fields.append(field.remove_metadata() if field.metadata else field)
         metadata: dict[bytes | str, bytes | str] = {"flightfeed.source": "huggingface"}
@@ -129,36 +145,89 @@ class HfSource:
         self._rows = total
 
     def _convert(self, batch: pa.RecordBatch, uri: str, first: int) -> pa.RecordBatch:
-        columns: list[pa.Array[Any]] = []
         keep: pa.Array[Any] | None = None
+        for name in self._media:  # rows the converted columns cannot hold: named, then left out
+            missing = pc.is_null(pc.struct_field(batch.column(name), "bytes"))
+            if pc.any(missing).as_py():
+                keep = self._bad_rows(missing, uri, first, keep, f"{name!r} has no bytes (only a path); re-save "
+                                      "with embedded files")
+        for name, shape in self._arrays.items():
+            odd = pc.invert(_has_shape(_storage(batch.column(name)), shape))
+            if pc.any(odd).as_py():
+                keep = self._bad_rows(odd, uri, first, keep, f"{name!r} is null or not of its shape {list(shape)}")
+        if keep is not None:
+            batch = batch.filter(keep)
+        columns: list[pa.Array[Any]] = []
         for field in batch.schema:
             column = batch.column(field.name)
-            if field.name not in self._media:
+            if field.name in self._arrays:
+                tensor = self.schema.field(field.name).type
+                columns.append(_as_tensor(_storage(column), tensor, self._arrays[field.name]))
+            elif field.name in self._media:
+                data = pc.struct_field(column, "bytes")
+                path = (
+                    pc.struct_field(column, "path")
+                    if column.type.get_field_index("path") >= 0
+                    else pa.nulls(len(column))
+                )
+                columns += [data.cast(pa.binary()), path.cast(pa.string())]
+            else:
                 columns.append(column)
-                continue
-            data = pc.struct_field(column, "bytes")
-            path = (
-                pc.struct_field(column, "path") if column.type.get_field_index("path") >= 0 else pa.nulls(len(column))
-            )
-            missing = pc.is_null(data)
-            if pc.any(missing).as_py():
-                keep = self._bad_rows(missing, uri, first, field.name, keep)
-            columns += [data.cast(pa.binary()), path.cast(pa.string())]
-        out = pa.RecordBatch.from_arrays(columns, schema=self.schema)
-        return out.filter(keep) if keep is not None else out
+        return pa.RecordBatch.from_arrays(columns, schema=self.schema)
 
-    def _bad_rows(self, missing: pa.Array[Any], uri: str, first: int, name: str, keep: pa.Array[Any] | None) -> Any:
-        for row in pc.indices_nonzero(missing).to_pylist():
-            bad = BadRecord(
-                f"{uri}: row {first + (row or 0)}", f"{name!r} has no bytes (only a path); re-save with embedded files"
-            )
+    def _bad_rows(self, bad: pa.Array[Any], uri: str, first: int, keep: pa.Array[Any] | None, reason: str) -> Any:
+        for row in pc.indices_nonzero(bad).to_pylist():
+            record = BadRecord(f"{uri}: row {first + (row or 0)}", reason)
             if self._on_bad == "error":
-                raise bad.error()
+                raise record.error()
             self.skipped_count += 1
             if len(self.skipped) < 1000:
-                self.skipped[bad.where] = bad.reason
-        mask = pc.invert(missing)
+                self.skipped[record.where] = record.reason
+        mask = pc.invert(bad)
         return mask if keep is None else pc.and_(keep, mask)
 
     def close(self) -> None:
         pass
+
+
+def _tensor_type(field: pa.Field[Any], shape: tuple[int, ...], src: str) -> pa.DataType:
+    """The fixed-shape tensor type of an ArrayND feature stored as ``len(shape)`` nested lists."""
+    value = field.type
+    if isinstance(value, pa.BaseExtensionType):  # datasets' own ArrayND type, where datasets is imported
+        value = value.storage_type
+    for _ in shape:
+        if not (pa.types.is_list(value) or pa.types.is_large_list(value) or pa.types.is_fixed_size_list(value)):
+            raise DatasetError(
+                f"{src}: feature {field.name!r} is stored as {field.type}, not {len(shape)} nested lists"
+            )
+        value = value.value_type
+    return pa.fixed_shape_tensor(value, list(shape))
+
+
+def _storage(column: Any) -> Any:
+    return column.storage if isinstance(column, pa.ExtensionArray) else column
+
+
+def _has_shape(column: Any, shape: tuple[int, ...]) -> pa.Array[Any]:
+    """Per row: not null, and every nested list of the length its dimension says, no null number."""
+    ok = np.asarray(column.is_valid(), dtype=bool).copy()
+    level = column
+    parents = np.arange(len(column))  # the row of each list at this level
+    for dim in shape:
+        lengths = pc.fill_null(pc.list_value_length(level), -1).to_numpy(zero_copy_only=False)
+        ok[parents[lengths != dim]] = False
+        parents = parents[pc.list_parent_indices(level).to_numpy(zero_copy_only=False)]
+        level = pc.list_flatten(level)
+    ok[parents[~np.asarray(level.is_valid(), dtype=bool)]] = False
+    out: pa.Array[Any] = pa.array(ok)
+    return out
+
+
+def _as_tensor(column: Any, typ: Any, shape: tuple[int, ...]) -> pa.Array[Any]:
+    """The rows (each of ``shape``, no nulls: checked) as a fixed-shape tensor column."""
+    values = column
+    for _ in shape:
+        values = values.flatten()  # flatten() honours a slice's offset
+    storage = pa.FixedSizeListArray.from_arrays(values, int(np.prod(shape)))
+    out: pa.Array[Any] = pa.ExtensionArray.from_storage(typ, storage)
+    return out

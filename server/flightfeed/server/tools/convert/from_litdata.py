@@ -8,6 +8,8 @@ each leaf's bytes. ``config.data_format`` names each leaf's serializer and ``con
 or list's positions, or ``value`` for a single leaf. Leaves -> columns:
 
 - ``int`` -> int64, ``float`` -> float64, ``bool`` -> bool, ``str`` -> string, ``bytes`` -> binary;
+- ``json`` (a list or dict leaf, e.g. a Python list of token ids) -> string, the JSON text
+  (``litdata_json.py``);
 - ``jpeg`` -> binary (the stored JPEG, unchanged), ``pil`` -> binary PNG (lossless);
 - ``numpy`` / ``tensor`` (a dtype and shape per item) -> ``list<DTYPE>`` of the flattened values
   plus ``NAME_shape``; ``no_header_numpy:K`` / ``no_header_tensor:K`` -> ``list<DTYPE>``.
@@ -27,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from flightfeed.server.tools.convert.from_mds import _png
+from flightfeed.server.tools.convert.litdata_json import json_text
 from flightfeed.server.tools.convert.records import BadRecord, RecordSource
 from flightfeed.server.tools.convert.source_files import SourceFiles
 from flightfeed.wire.errors import ConfigError, DatasetError
@@ -34,7 +37,10 @@ from flightfeed.wire.errors import ConfigError, DatasetError
 __all__ = ["LitDataSource"]
 
 # litdata.constants: _NUMPY_SCTYPES (numpy leaves) and _TORCH_DTYPES_MAPPING (tensor leaves)
-_NUMPY = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64"]
+_NUMPY = [
+    "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64",
+    "complex64", "complex128", "bool",
+]
 _TORCH = {
     0: "float32",
     1: "float32",
@@ -75,6 +81,15 @@ def _leaf_names(spec: Any, prefix: str = "") -> list[str]:
     ]
 
 
+def _arrow_type(name: str, dtype: np.dtype[Any]) -> pa.DataType:
+    try:
+        return pa.from_numpy_dtype(dtype)
+    except (pa.ArrowException, TypeError):
+        raise ConfigError(
+            f"LitData leaf {name!r} holds {dtype} arrays, which have no Arrow type; store them as another dtype"
+        ) from None
+
+
 def _numpy(b: bytes) -> list[Any]:
     dtype_index, ndim = struct.unpack_from("<II", b)
     shape = struct.unpack_from(f"<{ndim}I", b, 8)
@@ -97,6 +112,8 @@ def _leaf(name: str, fmt: str) -> tuple[list[pa.Field[Any]], Decoder]:
         return [pa.field(name, pa.bool_())], lambda b: [b != b"\0"]
     if base == "str":
         return [pa.field(name, pa.string())], lambda b: [b.decode("utf-8")]
+    if base == "json":  # a list or dict leaf: its JSON text
+        return [pa.field(name, pa.string())], lambda b: [json_text(b)]
     if base in ("bytes", "jpeg"):
         return [pa.field(name, pa.binary())], lambda b: [b]
     if base == "pil":
@@ -108,8 +125,13 @@ def _leaf(name: str, fmt: str) -> tuple[list[pa.Field[Any]], Decoder]:
             pa.field(f"{name}_shape", pa.list_(pa.int64())),
         ], _numpy if base == "numpy" else _tensor
     if base in ("no_header_numpy", "no_header_tensor"):
-        dtype = np.dtype(_NUMPY[int(arg)] if base == "no_header_numpy" else _TORCH[int(arg)])
-        return [pa.field(name, pa.list_(pa.from_numpy_dtype(dtype)))], lambda b: [np.frombuffer(b, dtype)]
+        table: Any = _NUMPY if base == "no_header_numpy" else _TORCH
+        code = int(arg)
+        known = 0 <= code < len(table) if base == "no_header_numpy" else code in table
+        if not known:
+            raise ConfigError(f"LitData leaf {name!r} has serializer {fmt!r}: convert does not read dtype code {code}")
+        dtype = np.dtype(table[code])
+        return [pa.field(name, pa.list_(_arrow_type(name, dtype)))], lambda b: [np.frombuffer(b, dtype)]
     if base == "pickle":
         raise ConfigError(
             f"LitData leaf {name!r} is pickled; flightfeed never unpickles: re-write it with another type"
@@ -147,6 +169,8 @@ class LitDataSource(RecordSource):
             fields += f
             self._decoders.append(d)
         self._leaves = len(formats)
+        #: column -> dtype of the per-item-dtype leaves (numpy/tensor), from the first item
+        self._item_dtypes: dict[int, np.dtype[Any]] = {}
         self.schema = pa.schema(fields)
         self.schema = self._typed(pa.schema(fields))
         self.description = f"LitData ({len(self._chunks)} chunk(s))"
@@ -158,11 +182,20 @@ class LitDataSource(RecordSource):
         """Per-item-dtype leaves take the dtype of the first item."""
         if not any(f.type == pa.null() for f in schema):
             return schema.with_metadata({"flightfeed.source": "litdata"})
-        first = next(r for r in self._records() if not isinstance(r, BadRecord))
+        first: Any = None
+        for record in self._records():
+            if not isinstance(record, BadRecord):
+                first = record
+                break
+            if self.on_bad_record == "error":
+                raise record.error()
+        if first is None:
+            raise DatasetError(f"{self.description or 'LitData'}: no item decodes; nothing to convert")
         fields = [
-            pa.field(f.name, pa.list_(pa.from_numpy_dtype(v.dtype))) if f.type == pa.null() else f
+            pa.field(f.name, pa.list_(_arrow_type(f.name, v.dtype))) if f.type == pa.null() else f
             for f, v in zip(schema, first, strict=True)
         ]
+        self._item_dtypes = {i: first[i].dtype for i, f in enumerate(schema) if f.type == pa.null()}
         return pa.schema(fields, metadata={"flightfeed.source": "litdata"})
 
     def _records(self) -> Iterator[Sequence[Any] | BadRecord]:
@@ -193,6 +226,12 @@ class LitDataSource(RecordSource):
                             raise ValueError("item ends early")
                         row += decode(item[pos : pos + size])
                         pos += size
+                    for column, dtype in self._item_dtypes.items():
+                        if row[column].dtype != dtype:  # Arrow would cast it silently (float -> int)
+                            raise ValueError(
+                                f"leaf {self.schema.field(column).name!r} is {row[column].dtype}, but the first "
+                                f"item's (the column's) is {dtype}"
+                            )
                     yield row
                 except (ValueError, IndexError, KeyError, struct.error, UnicodeDecodeError, OSError) as exc:
                     yield BadRecord(f"{uri}: item {i}", f"does not decode ({type(exc).__name__}: {exc})")

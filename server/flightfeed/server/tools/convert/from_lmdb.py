@@ -6,7 +6,7 @@ binary and ``label`` int64) or a msgpack map (a column per key; bytes -> binary,
 float -> float64, str -> string), plus ``__len__`` (N as ASCII decimal or msgpack). Rows follow
 the key's number. ``__len__`` must be there and agree with the records found.
 
-``--lmdb-decoder raw``: every key that is not ``__dunder__`` in LMDB key order; columns ``key``
+``--lmdb-decoder raw``: every key that is not a ``__dunder__`` in LMDB key order; columns ``key``
 (binary) and ``value`` (binary, unchanged).
 
 Values are read through one read transaction held for the conversion (``buffers=True``): a
@@ -64,6 +64,12 @@ def recipe_pair(value: memoryview) -> tuple[memoryview, int] | None:
     return value[start:end], int(struct.unpack_from(code, value, end + 1)[0])
 
 
+def _is_dunder(key: bytes) -> bool:
+    """``__len__``, ``__keys__``: the recipes' metadata keys (``--lmdb-decoder raw`` leaves them out;
+    a key such as ``__0001`` that only starts with ``__`` is a record)."""
+    return len(key) > 4 and key.startswith(b"__") and key.endswith(b"__")
+
+
 def looks_like_pickle(value: bytes | memoryview) -> bool:
     """A pickle of protocol 2..5 starts with PROTO (0x80, then the protocol) and ends with STOP."""
     return len(value) > 2 and value[0] == 0x80 and 2 <= value[1] <= 5 and value[-1] == 0x2E
@@ -103,6 +109,7 @@ class LmdbSource(RecordSource):
             self._env = lmdb.open(path, subdir=subdir, readonly=True, lock=False, readahead=True, max_readers=4)
         except lmdb.Error as exc:
             raise DatasetError(f"{src}: not a readable LMDB environment: {exc}") from None
+        self._check_size(os.path.join(path, "data.mdb") if subdir else path)
         self.description = f"LMDB ({decoder})"
         self._count = self._check_len() if decoder == "msgpack" else 0
         self._rows = self._count or None  # the progress bar's total; final once read
@@ -120,6 +127,18 @@ class LmdbSource(RecordSource):
         self.first_record()
         self.extra = {"lmdb": {"decoder": decoder}}
 
+    def _check_size(self, data_path: str) -> None:
+        """A data.mdb shorter than the pages its meta page names (an interrupted copy or download)
+        would kill the process with SIGBUS on the first read past its end: refuse it by name."""
+        pages = (int(self._env.info()["last_pgno"]) + 1) * int(self._env.stat()["psize"])
+        size = os.path.getsize(data_path)
+        if size < pages:
+            self._env.close()
+            raise DatasetError(
+                f"{self._src}: {os.path.basename(data_path)} holds {size} bytes but its pages reach byte {pages}: "
+                "the file is truncated (an incomplete copy or download?); copy the environment again"
+            )
+
     def _where(self, key: bytes) -> str:
         return f"{self._src}: key {key.decode('utf-8', 'replace')!r}"
 
@@ -129,7 +148,7 @@ class LmdbSource(RecordSource):
         with self._env.begin(buffers=False) as txn:
             raw = txn.get(b"__len__")
             entries = self._env.stat()["entries"]
-            dunders = sum(1 for k in txn.cursor().iternext(keys=True, values=False) if k.startswith(b"__"))
+            dunders = sum(1 for k in txn.cursor().iternext(keys=True, values=False) if _is_dunder(k))
         if raw is None:
             raise DatasetError(
                 f"{self._src}: no __len__ key; the msgpack layout has records under keys '0'..'N-1' and N under "
@@ -162,7 +181,7 @@ class LmdbSource(RecordSource):
                     raise DatasetError(f"{self._src}: no key '0'; the msgpack layout numbers records from '0'")
                 return bytes(value)
             for key, value in txn.cursor():
-                if not key.startswith(b"__"):
+                if not _is_dunder(key):
                     return bytes(value)
         raise DatasetError(f"{self._src}: the database holds no records")
 
@@ -198,8 +217,15 @@ class LmdbSource(RecordSource):
             return BadRecord(self._where(key), f"holds a {type(bad).__name__}; values must be bytes, int, float or str")
         if not self._names:
             self._names = names
-        elif names != self._names or (self._types and [type(v) for v in values] != self._types):
+        elif names != self._names and isinstance(obj, dict) and sorted(names) == sorted(self._names):
+            by_name = dict(zip(names, values, strict=True))  # a map: the same keys in another order
+            values = [by_name[n] for n in self._names]
+        elif names != self._names:
             return BadRecord(self._where(key), f"fields {names} differ from the first record's {self._names}")
+        if self._types and [type(v) for v in values] != self._types:
+            got = [type(v).__name__ for v in values]
+            want = [t.__name__ for t in self._types]
+            return BadRecord(self._where(key), f"value types {got} differ from the first record's {want}")
         return values
 
     def _records(self) -> Iterator[Sequence[Any] | BadRecord]:
@@ -217,7 +243,7 @@ class LmdbSource(RecordSource):
         if self._decoder == "raw":
             for view, value in txn.cursor():
                 key = bytes(view)
-                if key.startswith(b"__"):
+                if _is_dunder(key):
                     continue
                 if looks_like_pickle(value):
                     raise _pickle_error(self._where(key))

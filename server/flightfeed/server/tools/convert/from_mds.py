@@ -11,7 +11,9 @@ per shard. Encodings -> columns:
   ``float16``..``float64`` -> that type; ``str_int`` -> int64; ``str_float`` -> float64;
 - ``pil`` (raw pixels) -> binary PNG (lossless: the decoded pixels are the stored ones);
 - ``ndarray:DTYPE:SHAPE`` -> a fixed-shape tensor column; ``ndarray`` / ``ndarray:DTYPE`` (a shape
-  per sample) -> ``list<DTYPE>`` of the flattened values plus ``NAME_shape`` (``list<int64>``);
+  per sample) -> ``list<DTYPE>`` of the flattened values plus ``NAME_shape`` (``list<int64>``); a
+  plain ``ndarray`` (a dtype per sample) takes the first sample's dtype, and a sample of another
+  dtype is a bad record;
 - ``list[jpeg]``/``list[png]`` -> ``list<binary>``. ``pkl`` is refused (no pickle anywhere).
 """
 
@@ -22,6 +24,7 @@ import gzip
 import io
 import os
 import struct
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -30,7 +33,7 @@ import pyarrow as pa
 
 from flightfeed.server.tools.convert.records import BadRecord, RecordSource
 from flightfeed.server.tools.convert.source_files import SourceFiles
-from flightfeed.wire.errors import ConfigError, DatasetError
+from flightfeed.wire.errors import ConfigError, DatasetError, FlightFeedError
 
 __all__ = ["MdsSource", "decompress_shard"]
 
@@ -135,21 +138,22 @@ def _ndarray(name: str, config: str) -> tuple[list[pa.Field[Any]], Callable[[byt
     if dtype is not None and shape is not None:
         typ = pa.fixed_shape_tensor(pa.from_numpy_dtype(np.dtype(dtype)), list(shape))
         return [pa.field(name, typ)], lambda b: [np.frombuffer(b, np.dtype(dtype).newbyteorder("<")).reshape(shape)]
-    if dtype is None:
-        raise ConfigError(
-            f"MDS column {name!r} is an ndarray of a dtype per sample; convert needs ndarray:DTYPE[:SHAPE]"
-        )
-    fixed = dtype
 
     def decode(b: bytes) -> list[Any]:
-        first = b[0]
-        ndim, shape_dtype = first >> 2, _SHAPE_DTYPES[first & 3]
+        pos, value_dtype = 0, dtype
+        if value_dtype is None:  # plain ``ndarray``: the sample's dtype code comes first
+            value_dtype, pos = _VALUE_DTYPES[b[0]], 1
+        head = b[pos]
+        ndim, shape_dtype = head >> 2, _SHAPE_DTYPES[head & 3]
         width = np.dtype(shape_dtype).itemsize
-        dims = np.frombuffer(b, np.dtype(shape_dtype).newbyteorder("<"), ndim, 1).astype(np.int64)
-        values = np.frombuffer(b, np.dtype(fixed).newbyteorder("<"), offset=1 + ndim * width)
+        dims = np.frombuffer(b, np.dtype(shape_dtype).newbyteorder("<"), ndim, pos + 1).astype(np.int64)
+        values = np.frombuffer(b, np.dtype(value_dtype).newbyteorder("<"), offset=pos + 1 + ndim * width)
+        if values.size != int(np.prod(dims)):
+            raise ValueError(f"{values.size} values for the shape {dims.tolist()}")
         return [values, dims]
 
-    value_type = pa.from_numpy_dtype(np.dtype(dtype))
+    # a dtype per sample: the column takes the first sample's (MdsSource; a later other one is a bad record)
+    value_type = pa.from_numpy_dtype(np.dtype(dtype)) if dtype is not None else pa.null()
     return [pa.field(name, pa.list_(value_type)), pa.field(f"{name}_shape", pa.list_(pa.int64()))], decode
 
 
@@ -179,13 +183,32 @@ class MdsSource(RecordSource):
                 or shard["column_encodings"] != self._encodings
             ):
                 raise DatasetError(f"{index_uri}: shard {shard['raw_data']['basename']} has other columns or encodings")
+        #: column -> dtype of the plain ``ndarray`` columns (a dtype per sample), from the first sample
+        self._item_dtypes: dict[int, np.dtype[Any]] = {}
         self.schema = pa.schema(fields, metadata={"flightfeed.source": "mds"})
+        if any(f.type == pa.list_(pa.null()) for f in fields):
+            self._type_from_first_sample()
         self.description = f"MosaicML MDS ({len(self._shards)} shard(s))"
         self._expected = sum(int(s["samples"]) for s in self._shards)
         self._rows = self._expected  # the progress bar's total; final once read
         sized = next((s for s in self._shards if s["samples"]), first)
         self.row_bytes = max(1, int(sized["raw_data"]["bytes"]) // max(1, int(sized["samples"])))
         self.extra = {"mds": {"shards": len(self._shards), "samples": self._expected}}
+
+    def _type_from_first_sample(self) -> None:
+        """Plain ``ndarray`` columns take the dtype of the first good sample."""
+        first = next((r for r in self._records() if not isinstance(r, BadRecord)), None)
+        if first is None:
+            raise DatasetError(f"{self._files.src}: no readable MDS sample to take the ndarray dtypes from")
+        untyped = [i for i, f in enumerate(self.schema) if f.type == pa.list_(pa.null())]
+        self._item_dtypes = {i: first[i].dtype.newbyteorder("=") for i in untyped}
+        self.schema = pa.schema(
+            [
+                pa.field(f.name, pa.list_(pa.from_numpy_dtype(self._item_dtypes[i]))) if i in self._item_dtypes else f
+                for i, f in enumerate(self.schema)
+            ],
+            metadata={"flightfeed.source": "mds"},
+        )
 
     def _shard_bytes(self, shard: dict[str, Any]) -> tuple[str, bytes]:
         raw = shard["raw_data"]
@@ -203,7 +226,18 @@ class MdsSource(RecordSource):
         for shard in self._shards:
             if not shard["samples"]:
                 continue
-            uri, data = self._shard_bytes(shard)
+            try:
+                uri, data = self._shard_bytes(shard)
+            except FlightFeedError:
+                raise
+            except (OSError, EOFError, ValueError, zlib.error, pa.ArrowException) as exc:  # damaged compression
+                name = (shard.get("zip_data") or shard["raw_data"])["basename"]
+                yield BadRecord(
+                    self._files.join(self._root, name) if self._root else name,
+                    f"does not read or decompress ({type(exc).__name__}: {exc}); damaged or truncated shard",
+                    shard["samples"],
+                )
+                continue
             n = struct.unpack_from("<I", data)[0] if len(data) >= 4 else -1
             if n != shard["samples"] or len(data) < 4 * (n + 2):
                 yield BadRecord(
@@ -234,6 +268,12 @@ class MdsSource(RecordSource):
                 raise ValueError("sample ends early")
             row += decode(sample[pos : pos + size])
             pos += size
+        for column, dtype in self._item_dtypes.items():
+            if row[column].dtype.newbyteorder("=") != dtype:  # Arrow would cast it silently
+                raise ValueError(
+                    f"column {self.schema.field(column).name!r} is {row[column].dtype.name} here, but the first "
+                    f"sample's (the column's) is {dtype.name}"
+                )
         return row
 
     @staticmethod

@@ -1,8 +1,9 @@
 """``--from tfrecord``: TFRecord files (plain or GZIP) of ``tf.train.Example`` -> one row each.
 
-Columns are the features of the first records, sorted by name: ``bytes_list`` -> binary,
-``float_list`` -> float32, ``int64_list`` -> int64. A feature that holds exactly one value in
-each of the first 64 records becomes a scalar column, any other a list column (``list<...>``).
+Columns are the features most of the first 64 records have (the first seen of equally common
+sets), sorted by name: ``bytes_list`` -> binary, ``float_list`` -> float32, ``int64_list`` ->
+int64. A feature that holds exactly one value in each of those records becomes a scalar column,
+any other a list column (``list<...>``).
 A later record missing a feature, with another kind, with several values in a scalar column,
 with a feature the first records lacked, or that does not parse, is a bad record named by file
 and byte offset. Framing damage (CRC mismatch, truncation) is one too: a record whose data CRC
@@ -16,6 +17,7 @@ from __future__ import annotations
 import itertools
 import os
 import struct
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -23,6 +25,7 @@ import pyarrow as pa
 
 from flightfeed.server.tools.convert.records import BadRecord, RecordSource, value_bytes
 from flightfeed.server.tools.convert.source_files import SourceFiles
+from flightfeed.server.tools.convert.split_files import refuse_mixed_splits
 from flightfeed.server.tools.convert.tf_example import ExampleError, Feature, FrameError, parse_example, tfrecord_frames
 from flightfeed.wire.errors import ConfigError, DatasetError
 
@@ -43,6 +46,7 @@ class TFRecordSource(RecordSource):
             self.paths = [src]  # one file named by the user, whatever its suffix
         if not self.paths:
             raise ConfigError(f"{src}: no TFRecord files found (looked for {', '.join(TFRECORD_SUFFIXES)})")
+        refuse_mixed_splits(src, self.paths, "TFRecord files", "'" + src.rstrip("/") + "/*{split}*.tfrecord*'")
         self.description = f"TFRecord ({len(self.paths)} file(s))"
         self._names: tuple[str, ...] = ()
         self._kinds: tuple[int, ...] = ()
@@ -73,8 +77,12 @@ class TFRecordSource(RecordSource):
             seen.append(item[2])
         if not seen:
             raise DatasetError(f"{self._files.src}: no readable tf.train.Example records")
-        names = sorted(seen[0])
-        self.row_bytes = max(1, sum(value_bytes(v) for _, v in seen[0].values()))
+        # the features most of the first records have (the first seen of equally common sets): one
+        # odd record at the start (an optional feature missing) must not make all others bad records
+        common = Counter(frozenset(ex) for ex in seen).most_common(1)[0][0]
+        seen = [ex for ex in seen if frozenset(ex) == common]
+        names = sorted(common)
+        self.row_bytes = max(1, max(sum(value_bytes(v) for _, v in ex.values()) for ex in seen))
         kinds, scalar = [], []
         for name in names:
             ks = {ex[name][0] for ex in seen if name in ex and ex[name][0]}

@@ -2,7 +2,9 @@
 
 Members are grouped into samples as WebDataset does: a member's key is its path up to the first
 dot of its file name, its extension the rest (lower-cased); consecutive members with one key form
-one sample. Columns: ``__key__`` (string) and one per extension of the first sample, sorted:
+one sample. Columns: ``__key__`` (string) and one per extension that most of the first 64 samples
+have (the first seen of equally common sets), sorted, typed by the extension's last part as
+webdataset's decoders do (``JPEG.cls``, from a key ``n0144_10026.JPEG``, is a ``cls``):
 
 - ``cls cls2 class count index inx idx id label``: int64 (the member's ASCII integer);
 - ``txt text transcript caption``: string (UTF-8);
@@ -19,6 +21,7 @@ shard. Brace patterns (``train-{000000..000146}.tar``) name many shards.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -26,6 +29,7 @@ import pyarrow as pa
 
 from flightfeed.server.tools.convert.records import BadRecord, RecordSource
 from flightfeed.server.tools.convert.source_files import SourceFiles
+from flightfeed.server.tools.convert.split_files import refuse_mixed_splits
 from flightfeed.server.tools.convert.tar_members import tar_members
 from flightfeed.wire.errors import ConfigError
 
@@ -35,6 +39,8 @@ TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 INT_EXTENSIONS = frozenset({"cls", "cls2", "class", "count", "index", "inx", "idx", "id", "label"})
 TEXT_EXTENSIONS = frozenset({"txt", "text", "transcript", "caption"})
 JSON_EXTENSIONS = frozenset({"json", "jsn"})
+#: samples read to choose the columns: the extensions most of them have
+PROBE_SAMPLES = 64
 
 
 def _split(name: str) -> tuple[str, str]:
@@ -60,6 +66,7 @@ def _as_json(data: bytes | memoryview) -> str:
 
 
 def _column(ext: str) -> tuple[pa.DataType, Callable[[bytes | memoryview], Any]]:
+    ext = ext.rsplit(".", 1)[-1]  # as webdataset's decoders: the last part (a "JPEG.cls" member is a cls)
     if ext in INT_EXTENSIONS:
         return pa.int64(), _as_int
     if ext in TEXT_EXTENSIONS:
@@ -80,10 +87,11 @@ class WebDatasetSource(RecordSource):
         self.shards = files.find(lambda p: p.lower().endswith(TAR_SUFFIXES))
         if not self.shards:
             raise ConfigError(f"{src}: no WebDataset tar shards found (looked for {', '.join(TAR_SUFFIXES)})")
+        refuse_mixed_splits(src, self.shards, "WebDataset shards", "'" + src.rstrip("/") + "/*{split}*.tar'")
         self.description = f"WebDataset ({len(self.shards)} shard(s))"
         self._exts: tuple[str, ...] = ()
         self._parse: tuple[Callable[[bytes | memoryview], Any], ...] = ()
-        first = self._first_sample()
+        first = self._probe_extensions()
         self._exts = tuple(sorted(first))
         types = [_column(ext) for ext in self._exts]
         self._parse = tuple(parse for _, parse in types)
@@ -94,7 +102,13 @@ class WebDatasetSource(RecordSource):
         )
         self.extra = {"webdataset": {"shards": len(self.shards), "json": "string column (not flattened)"}}
 
-    def _first_sample(self) -> set[str]:
+    def _probe_extensions(self) -> set[str]:
+        """The extensions of most of the first PROBE_SAMPLES good samples (the first seen of equally
+        common sets): one odd sample at the start (a member missing, or an extra one) must not
+        make every other sample a bad record."""
+        sets: Counter[frozenset[str]] = Counter()
+        sizes: list[int] = []
+        bare: str | None = None
         for shard in self.shards:
             with self._files.local(shard) as path:
                 for sample in self._samples(path, shard):
@@ -102,12 +116,21 @@ class WebDatasetSource(RecordSource):
                         if self.on_bad_record == "error":
                             raise sample.error()
                         continue
-                    exts = set(sample[1])
-                    self.row_bytes = max(1, len(sample[0]) + sum(len(v) for v in sample[1].values()))
-                    if "" in exts:
-                        raise ConfigError(f"{shard}: member {sample[0]} has no extension; WebDataset names KEY.EXT")
-                    return exts
-        raise ConfigError(f"{self._files.src}: the WebDataset shards hold no samples")
+                    sets[frozenset(sample[1])] += 1
+                    if "" in sample[1] and bare is None:
+                        bare = f"{shard}: member {sample[0]}"
+                    sizes.append(len(sample[0]) + sum(len(v) for v in sample[1].values()))
+                    if len(sizes) == PROBE_SAMPLES:
+                        break
+            if len(sizes) == PROBE_SAMPLES:
+                break
+        if not sets:
+            raise ConfigError(f"{self._files.src}: the WebDataset shards hold no samples")
+        exts = set(sets.most_common(1)[0][0])
+        self.row_bytes = max(1, max(sizes))
+        if "" in exts:
+            raise ConfigError(f"{bare}: has no extension; WebDataset names KEY.EXT")
+        return exts
 
     def _samples(self, path: str, shard: str) -> Iterator[tuple[str, dict[str, bytes | memoryview]] | BadRecord]:
         key: str | None = None
@@ -155,7 +178,8 @@ class WebDatasetSource(RecordSource):
                         extra = sorted(set(members) - set(exts))
                         yield BadRecord(
                             f"{shard}: sample {key}",
-                            f"members differ from the first sample's {list(exts)} (missing {missing}, extra {extra})",
+                            f"members differ from the dataset's {list(exts)} (those of most of its first "
+                            f"{PROBE_SAMPLES} samples; missing {missing}, extra {extra})",
                         )
                         continue
                     try:

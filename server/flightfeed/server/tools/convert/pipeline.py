@@ -4,9 +4,11 @@ shards -> manifest, with a progress bar."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
+import pyarrow as pa
 from tqdm import tqdm
 
 from flightfeed.server.readers import HDF5_SUFFIXES
@@ -16,6 +18,7 @@ from flightfeed.server.storage.options import StorageOptions
 from flightfeed.server.tools.convert.destination import open_destination
 from flightfeed.server.tools.convert.formats import FORMAT_KINDS, detect_format, open_format_source
 from flightfeed.server.tools.convert.images import ImageFolderSource, looks_like_image_folder, split_folders
+from flightfeed.server.tools.convert.records import RecordSource
 from flightfeed.server.tools.convert.shard_hasher import prompt_switches
 from flightfeed.server.tools.convert.sources import (
     Hdf5Source,
@@ -25,6 +28,7 @@ from flightfeed.server.tools.convert.sources import (
     find_files,
     require,
 )
+from flightfeed.server.tools.convert.split_files import refuse_mixed_splits
 from flightfeed.server.tools.convert.token_sources import TOKEN_KINDS, open_token_source, refuse_token_options
 from flightfeed.server.tools.convert.writer import Compression, ShardWriter, rebatch
 from flightfeed.wire.errors import ConfigError, DatasetError, ShardError
@@ -90,7 +94,9 @@ def open_source(src: str, settings: ConvertSettings) -> Source:
         verb = "applies" if len(given) == 1 else "apply"
         raise ConfigError(f"{' and '.join(given)} {verb} only to HDF5 sources; {src} is {kind}: drop the option")
     if kind == "parquet":
-        return ParquetSource(require(find_files(src, (".parquet",)), src, "Parquet", (".parquet",)))
+        files = require(find_files(src, (".parquet",)), src, "Parquet", (".parquet",))
+        refuse_mixed_splits(src, files, "Parquet files", "'" + src.rstrip("/") + "/*{split}*.parquet'")
+        return ParquetSource(files)
     if kind == "numpy":
         return NumpySource(require(find_files(src, (".npy", ".npz")), src, "NumPy", (".npy", ".npz")))
     splits = split_folders(src)
@@ -167,7 +173,7 @@ def convert(src: str, dst: str, settings: ConvertSettings | None = None) -> Mani
             )
             try:
                 with prompt_switches(settings.background_hash):
-                    for batch in rebatch(source.batches(rows), rows):
+                    for batch in _batches(source, rows, settings):
                         writer.write(batch)
                         bar.update(batch.num_rows)
                     shards = writer.close()
@@ -201,6 +207,16 @@ def convert(src: str, dst: str, settings: ConvertSettings | None = None) -> Mani
         source.close()
 
 
+def _batches(source: Source, rows: int, settings: ConvertSettings) -> Iterator[pa.RecordBatch]:
+    """The record batches to write: ``rows`` rows each; a streamed record source sized by its
+    first records (``--rows-per-batch`` not given) also cuts a batch at the target batch bytes
+    (records.py), and its batches are written as they come."""
+    if settings.rows_per_batch is None and isinstance(source, RecordSource):
+        source.max_batch_bytes = min(TARGET_BATCH_BYTES, settings.shard_bytes // 4)
+        return source.batches(rows)
+    return rebatch(source.batches(rows), rows)
+
+
 def _auto_rows(source: Source, shard_bytes: int) -> int:
     """Rows per batch for batches of about TARGET_BATCH_BYTES (at most a quarter of a shard),
     from a probe of the first rows (or the source's own ``row_bytes``: streamed sources)."""
@@ -216,7 +232,7 @@ def _auto_rows(source: Source, shard_bytes: int) -> int:
 
 def _image_extra(source: Source, settings: ConvertSettings) -> dict[str, object]:
     """What the manifest records of an image folder's checks: skipped files, --max-side."""
-    skipped = getattr(source, "skipped", None)
+    skipped = source.skipped if isinstance(source, ImageFolderSource) else None  # (record sources: bad_records)
     extra: dict[str, object] = {}
     if skipped is not None:
         extra["skipped_images"] = dict(skipped)

@@ -10,7 +10,10 @@ and the first names into ``manifest.json``). Nothing is left out silently.
 The row count of a streamed source is final only once its records are read (``num_rows`` is
 None until then, or the count its index promises: the progress bar's total); its schema comes
 from the first record or the index, and
-``row_bytes`` (the first record's size) sizes the record batches without a second read.
+``row_bytes`` (the first record's size) sizes the record batches without a second read. Since
+later records may be far larger than the first ones (a video after a few thumbnails), a batch is
+also cut once its values reach ``max_batch_bytes`` (set by ``pipeline.py`` when it sizes the
+batches itself): record batches and shards stay near their sizes, and memory stays bounded.
 """
 
 from __future__ import annotations
@@ -88,6 +91,8 @@ class RecordSource:
 
     description: str = ""
     schema: pa.Schema
+    #: a batch is also cut once its values reach this many bytes (None: ``rows`` rows only)
+    max_batch_bytes: int | None = None
 
     def __init__(self, on_bad_record: str) -> None:
         if on_bad_record not in BAD_RECORD_POLICIES:
@@ -121,7 +126,8 @@ class RecordSource:
     def batches(self, rows: int) -> Iterator[pa.RecordBatch]:
         self.skipped, self.skipped_count = {}, 0
         columns: list[list[Any]] = [[] for _ in self.schema]
-        pending = total = 0
+        pending = total = size = 0
+        cap = self.max_batch_bytes
         for record in self._records():
             if isinstance(record, BadRecord):
                 self._bad(record)
@@ -129,10 +135,12 @@ class RecordSource:
             for column, value in zip(columns, record, strict=True):
                 column.append(value)
             pending += 1
-            if pending == rows:
+            if cap is not None:
+                size += sum(value_bytes(v) for v in record)
+            if pending == rows or (cap is not None and size >= cap):
                 yield self._batch(columns)
                 total += pending
-                columns, pending = [[] for _ in self.schema], 0
+                columns, pending, size = [[] for _ in self.schema], 0, 0
         if pending:
             yield self._batch(columns)
             total += pending

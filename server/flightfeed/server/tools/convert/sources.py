@@ -93,19 +93,33 @@ class ParquetSource:
 
     def __init__(self, files: list[str]) -> None:
         self.description = f"Parquet ({len(files)} file(s))"
-        self._files = [pq.ParquetFile(f, memory_map=True) for f in files]
+        self._paths = files
+        self._files = [_parquet_file(f) for f in files]
         for f, path in zip(self._files, files, strict=True):
             _same_schema(self._files[0].schema_arrow, f.schema_arrow, files[0], path)
         self.schema = self._files[0].schema_arrow
         self.num_rows = sum(f.metadata.num_rows for f in self._files)
 
     def batches(self, rows: int) -> Iterator[pa.RecordBatch]:
-        for f in self._files:
-            yield from f.iter_batches(batch_size=rows, use_threads=True)
+        for f, path in zip(self._files, self._paths, strict=True):
+            try:
+                yield from f.iter_batches(batch_size=rows, use_threads=True)
+            except (pa.ArrowException, OSError) as exc:
+                raise DatasetError(f"{path}: {_DAMAGED_PARQUET} ({exc})") from None
 
     def close(self) -> None:
         for f in self._files:
             f.close()
+
+
+_DAMAGED_PARQUET = "not a readable Parquet file (damaged or truncated?); write it again or move it out of SRC"
+
+
+def _parquet_file(path: str) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(path, memory_map=True)
+    except (pa.ArrowException, OSError) as exc:
+        raise DatasetError(f"{path}: {_DAMAGED_PARQUET} ({exc})") from None
 
 
 class NumpySource:

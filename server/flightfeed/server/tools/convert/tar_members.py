@@ -7,12 +7,13 @@ member's byte offset, after which the rest of that file is not read (its framing
 A regular member's data is a memoryview into the mapped shard (one copy later, into the record
 batch); the mapping is unmapped once the last view is gone.
 Understands ustar/GNU/pax headers (long names from ``L`` and ``x`` entries); ``.tar.gz``/
-``.tgz`` shards are read through gzip.
+``.tgz`` shards are read through gzip (a damaged or cut-short gzip stream is a BadRecord too).
 """
 
 from __future__ import annotations
 
 import gzip
+import zlib
 from collections.abc import Iterator
 from typing import BinaryIO
 
@@ -69,7 +70,20 @@ def _header_name(header: bytes) -> str:
 
 
 def tar_members(path: str, display: str) -> Iterator[Member | BadRecord]:
-    """The regular members of the tar at ``path`` in order (``display`` names it in errors)."""
+    """The regular members of the tar at ``path`` in order (``display`` names it in errors); a
+    ``.tar.gz`` whose gzip stream is damaged or cut short ends with a BadRecord at that point."""
+    at = [0]  # the offset of the member being read
+    try:
+        yield from _members(path, display, at)
+    except (EOFError, OSError, zlib.error) as exc:
+        if isinstance(exc, OSError) and not path.lower().endswith((".tar.gz", ".tgz")):
+            raise
+        yield BadRecord(
+            f"{display} at byte {at[0]}", f"the gzip stream is damaged or truncated ({type(exc).__name__}: {exc})"
+        )
+
+
+def _members(path: str, display: str, at: list[int]) -> Iterator[Member | BadRecord]:
     with _open(path) as f:
         read = f.read
         mapped = isinstance(f, MappedFile)
@@ -77,6 +91,7 @@ def tar_members(path: str, display: str) -> Iterator[Member | BadRecord]:
         offset = 0
         long_name: str | None = None
         while True:
+            at[0] = offset
             header = read(_BLOCK)
             if len(header) < _BLOCK:
                 if header:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import struct
+import zlib
 from collections.abc import Iterator
 from typing import Any, BinaryIO, cast
 
@@ -61,10 +62,27 @@ def _open(path: str) -> BinaryIO | MappedFile:
 
 def tfrecord_frames(path: str) -> Iterator[tuple[int, bytes] | FrameError]:
     """``(offset, data)`` per record; a :class:`FrameError` for a damaged one. A record whose
-    data CRC fails is followed by the next (its length was sound); other damage ends the file."""
+    data CRC fails is followed by the next (its length was sound); other damage ends the file, as
+    does a GZIP stream that is damaged or cut short."""
+    at = [0]
+    try:
+        yield from _frames(path, at)
+    except (EOFError, OSError, zlib.error) as exc:
+        if isinstance(exc, OSError) and not isinstance(exc, gzip.BadGzipFile) and not _gzipped(path):
+            raise
+        yield FrameError(at[0], f"the GZIP stream is damaged or truncated ({type(exc).__name__}: {exc})")
+
+
+def _gzipped(path: str) -> bool:
+    with open(path, "rb") as probe:
+        return probe.read(2) == b"\x1f\x8b"
+
+
+def _frames(path: str, at: list[int]) -> Iterator[tuple[int, bytes] | FrameError]:
     with _open(path) as f:
         offset = 0
         while True:
+            at[0] = offset
             head = f.read(12)
             if not head:
                 return

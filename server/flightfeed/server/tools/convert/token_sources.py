@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from flightfeed.server.tools.convert.sources import find_files, require
+from flightfeed.server.tools.convert.split_files import refuse_mixed_splits
 from flightfeed.server.tools.convert.tokens import TOKEN_DTYPES, TokenDocuments
 from flightfeed.server.tools.convert.tokens_megatron import megatron_source
 from flightfeed.server.tools.convert.tokens_nanogpt import nanogpt_source
@@ -31,6 +32,7 @@ def open_token_source(kind: str, src: str, eot: int | None, token_dtype: str | N
     if kind == "megatron":
         return megatron_source(src)
     files = require(find_files(src, (".bin",)), src, "nanoGPT token (.bin)", (".bin",))
+    refuse_mixed_splits(src, files, "token files", "{first}")
     return nanogpt_source(files, eot, token_dtype or "uint16")
 
 

@@ -82,6 +82,11 @@ def _documents(part: TokenPart, first: int, stop: int) -> pa.RecordBatch:
     """Documents ``[first, stop)`` of ``part`` as one record batch (its tokens: a view of the map)."""
     bounds = part.bounds[first : stop + 1]
     lo, hi = int(bounds[0]), int(bounds[-1])
+    if hi - lo > _INT32_MAX and stop - first == 1:
+        raise DatasetError(
+            f"{part.path}: document {first} holds {hi - lo} tokens, more than one row can hold (2**31 - 1); "
+            "for a nanoGPT file, is --eot the end-of-text id its tokenizer wrote?"
+        )
     if hi - lo > _INT32_MAX:
         raise ConfigError(
             f"{part.path}: documents {first}..{stop - 1} hold {hi - lo} tokens, more than one record batch "

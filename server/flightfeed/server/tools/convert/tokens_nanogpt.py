@@ -14,6 +14,7 @@ path order; point SRC at ``train.bin`` to convert one split).
 
 from __future__ import annotations
 
+import logging
 import os
 
 import numpy as np
@@ -24,6 +25,9 @@ from flightfeed.wire.errors import ConfigError, DatasetError
 __all__ = ["nanogpt_source", "document_bounds"]
 
 _SCAN_TOKENS = 1 << 24  # tokens compared with the end-of-text id per step
+#: a file of at least this many tokens without one end-of-text token is named (a wrong --eot?)
+_ONE_DOCUMENT_WARNING = 1 << 20
+_log = logging.getLogger(__name__)
 
 
 def document_bounds(tokens: np.ndarray, eot: int) -> np.ndarray:
@@ -60,5 +64,11 @@ def nanogpt_source(files: list[str], eot: int | None, dtype_name: str) -> TokenD
         if size == 0:
             raise DatasetError(f"{path}: the token file is empty")
         tokens = np.memmap(path, dtype=dtype, mode="r")
-        parts.append(TokenPart(path, tokens, document_bounds(tokens, eot)))
+        bounds = document_bounds(tokens, eot)
+        if len(bounds) == 2 and len(tokens) >= _ONE_DOCUMENT_WARNING and tokens[-1] != eot:
+            _log.warning(
+                "%s: no end-of-text token %d in its %d tokens: it converts as one document; is --eot right "
+                "(the id the tokenizer appended after each document)?", path, eot, len(tokens),
+            )
+        parts.append(TokenPart(path, tokens, bounds))
     return TokenDocuments(f"nanoGPT tokens ({len(files)} file(s), eot {eot})", parts)
