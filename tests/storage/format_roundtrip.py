@@ -37,7 +37,7 @@ def import_hf_datasets() -> Any:
     try:
         return importlib.import_module("datasets")
     except ImportError as exc:
-        pytest.skip(f"Hugging Face datasets is not installed ({exc}): pip install datasets")
+        pytest.skip(f"Hugging Face datasets is not installed ({exc}): pip install datasets", allow_module_level=True)
     finally:
         sys.path[:] = saved
 
