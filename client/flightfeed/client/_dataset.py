@@ -22,7 +22,7 @@ from flightfeed.client._device import CopyEngine
 from flightfeed.client._images import check_decode_on
 from flightfeed.client._info import dataset_info
 from flightfeed.client._info_helper import helper_needed, info_via_helper, windows_via_helper
-from flightfeed.client._iteration import iterate
+from flightfeed.client._iteration import iterate, start_state
 from flightfeed.client._lanes import Lane, LaneSettings, join_lanes
 from flightfeed.client._members import Members
 from flightfeed.client._mix_plan import Mixture
@@ -143,6 +143,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         self._windows: int | None = None  # with ReadOptions(pack=...): windows per epoch (``__len__``)
         self._state = ReadState.fresh(self._settings())
         self._resume: ReadState | None = None
+        self._pending = False  # an iteration was made (``iter``) and has not started yet
         self._pool: ConnectionPool | None = None
         self._running: list[tuple[threading.Event, list[Lane]]] = []
         # how the streams share work (``_lanes``)
@@ -205,7 +206,19 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
             self._states_asked = True  # StatefulDataLoader asks each worker before its first batch
         if in_main:
             self._refuse_while_workers_read("state_dict()")
-        return self._state.to_dict()
+        return self._current().to_dict()
+
+    def _current(self) -> ReadState:
+        """The position ``state_dict()``, ``position`` and ``len()`` describe, always in the current
+        epoch: the start of an iteration made (``iter``) but not started yet -- torchdata's
+        StatefulDataLoader takes each worker's state right then, at every epoch's start --, else
+        the last delivered batch's; after ``set_epoch`` to another epoch, that epoch's start (the
+        previous epoch's state would resume the wrong epoch, or replay or skip a worker's share)."""
+        epoch = self.epoch
+        if self._pending:
+            return start_state(self, epoch)
+        state = self._resume if self._resume is not None else self._state
+        return state if state.epoch == epoch else ReadState.fresh(self._settings(), epoch=epoch)
 
     @property
     def position(self) -> int:
@@ -216,10 +229,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         the main process while DataLoader workers read this dataset (the position lives in them)."""
         if torch.utils.data.get_worker_info() is None:
             self._refuse_while_workers_read("position")
-        state = self._resume if self._resume is not None else self._state
-        if state.epoch != self.epoch:
-            return 0
-        return state.batches_done()
+        return self._current().batches_done()
 
     def _refuse_while_workers_read(self, what: str) -> None:
         if self._shared.get(SharedSlots.WORKER_ITERATIONS) != self._worker_mark:
@@ -301,10 +311,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         every row failed to decode is not yielded, so fewer batches may come. Asks the server for the
         row count once (``info()``) unless an iteration already learned it."""
         topo = resolve_topology(self.rank, self.world_size)
-        epoch = self.epoch
-        state = self._resume if self._resume is not None else self._state
-        if state.epoch != epoch:
-            state = ReadState.fresh(self._settings(), epoch=epoch)
+        state = self._current()
         num_rows = state.num_rows or self._epoch_rows(topo, state)
         return state.epoch_batches(num_rows, topo.rank, topo.world_size)
 
@@ -323,6 +330,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         return self._windows
 
     def __iter__(self) -> Iterator[Any]:
+        self._pending = True  # until the iteration's first ``next`` (``iterate``) takes its start
         return iterate(self)
 
     # -- adapters -------------------------------------------------------------------------
@@ -333,6 +341,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         state["_running"] = []
         state["_info"] = None
         state["_devices"] = []
+        state["_pending"] = False
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -78,7 +78,8 @@ def worker_start(start: ReadState, topo: Topology) -> ReadState:
     """The state an iteration in DataLoader worker ``topo.worker`` starts from.
 
     A worker state must belong to this very worker; a main-process state (``num_workers`` 1)
-    anchors a fresh grid at its ``rows_consumed`` (every worker starts there)."""
+    anchors a fresh grid at its ``rows_consumed`` (every worker starts there; its messages are the
+    workers' own, one batch each: not the grid the main process read)."""
     if start.num_workers > 1:
         if (start.worker, start.num_workers) != (topo.worker, topo.num_workers):
             raise StaleState(
@@ -86,7 +87,7 @@ def worker_start(start: ReadState, topo: Topology) -> ReadState:
                 f"reader is worker {topo.worker} of {topo.num_workers}: resume with the same num_workers"
             )
         return start
-    return replace(start, worker=topo.worker, num_workers=topo.num_workers, worker_rows=0)
+    return replace(start, worker=topo.worker, num_workers=topo.num_workers, worker_rows=0, message_rows=0)
 
 
 def refuse_worker_state_here(state: ReadState) -> None:
