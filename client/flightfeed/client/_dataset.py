@@ -315,6 +315,14 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         num_rows = state.num_rows or self._epoch_rows(topo, state)
         return state.epoch_batches(num_rows, topo.rank, topo.world_size)
 
+    def _fewest_rank_batches(self) -> int:
+        """``len()`` of the rank that yields the fewest batches this epoch (every rank's count
+        follows from the row count): where a mixture ends an epoch on all ranks at the same step."""
+        topo = resolve_topology(self.rank, self.world_size)
+        state = self._current()
+        num_rows = state.num_rows or self._epoch_rows(topo, state)
+        return min(state.epoch_batches(num_rows, r, topo.world_size) for r in range(topo.world_size))
+
     def _epoch_rows(self, topo: Topology, state: ReadState) -> int:
         """Rows of an epoch: the dataset's, or with ``pack`` its windows (the same in every epoch:
         the tokens are), which the server counts when it plans the tickets."""
