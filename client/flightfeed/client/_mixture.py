@@ -73,6 +73,7 @@ class MixtureDataset(FlightDataset):
         self._step = 0
         self._passes = [0] * len(self.sources)
         self._started = [False] * len(self.sources)  # the source's reader began its current pass
+        self._ends: dict[int, int] = {}  # an ending source's batches on the rank with the fewest (this epoch)
         self._resumed = False
         self._counts = {n: {"batches": 0, "rows": 0} for n in mix.names}
         self.meter = StallMeter()
@@ -94,6 +95,7 @@ class MixtureDataset(FlightDataset):
             self._fresh_epoch()
 
     def _fresh_epoch(self) -> None:
+        self._ends = {}
         self._step = 0
         self._passes = [0] * len(self.sources)
         self._started = [False] * len(self.sources)
@@ -141,6 +143,7 @@ class MixtureDataset(FlightDataset):
                 self.sources[k].load_state_dict(entry["reader"])
                 self._started[k] = True
         self._resumed = True
+        self._ends = {}
 
     # -- size and figures ---------------------------------------------------------------------
     def __len__(self) -> int:
@@ -187,10 +190,11 @@ class MixtureDataset(FlightDataset):
             if self.mixture.ends_with(k):
                 # every rank ends the epoch at the same step: when the rank with the fewest batches
                 # of this source runs out (with drop_last=False a rank may hold one more)
-                src = self.sources[k]
-                if batch is None or src.position > src._fewest_rank_batches():
+                if batch is None:
                     return None
-                return batch
+                if k not in self._ends:  # known from the row count the first batch brought
+                    self._ends[k] = self.sources[k]._fewest_rank_batches()
+                return None if self.sources[k].position > self._ends[k] else batch
             if batch is not None:
                 return batch
             self._passes[k] += 1  # its next pass, in a new order
