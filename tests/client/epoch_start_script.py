@@ -5,7 +5,8 @@ workers over several epochs, checkpointed at the start of epoch 1 and after its 
 Batches of 32 rows in messages of 64 rows (``message_rows``), 2 workers. Prints one JSON object:
 ``epoch0`` (the index lists of epoch 0's batches), and per checkpoint (``"0"``, ``"1"``: batches
 read in epoch 1 before it): ``head``, ``tail`` (the rest of epoch 1 in that run), ``resumed`` (what
-a new loader restored from the checkpoint delivers) and ``epochs`` (each worker's checkpointed epoch).
+a new loader restored from the checkpoint delivers) and ``epochs`` (each worker's checkpointed epoch);
+``next``: epoch 2 read by a new loader restored from a checkpoint taken after epoch 1's last batch.
 """
 
 from __future__ import annotations
@@ -57,6 +58,20 @@ def main(location: str, name: str) -> None:
         workers = state["_snapshot"]["_worker_snapshots"]
         epochs = [workers[w]["dataset_state"]["epoch"] for w in sorted(workers)]
         out[str(cut)] = {"head": head, "tail": tail, "resumed": resumed, "epochs": epochs}
+
+    # a checkpoint after epoch 1's last batch, then the next epoch: set_epoch(2) must win over the
+    # workers' checkpoint of the ended epoch 1 (it replayed epoch 1)
+    ds, loader = loader_of(location, name)
+    ds.set_epoch(1)
+    indices(loader)
+    buf = io.BytesIO()
+    torch.save(loader.state_dict(), buf)
+    del loader
+    again, loader = loader_of(location, name)
+    buf.seek(0)
+    loader.load_state_dict(torch.load(buf))
+    again.set_epoch(2)
+    out["next"] = indices(loader)
     print(json.dumps(out))
 
 

@@ -5,6 +5,9 @@
   worker's state right when the worker's iteration is made, so a worker that had not delivered yet
   saved the previous epoch's state -- its share of the resumed epoch was lost, or replayed from
   another epoch (the checkpoint's workers disagreed on the epoch).
+* A checkpoint saved after an epoch's last batch, restored into a new StatefulDataLoader, and
+  ``set_epoch(next)``: the workers' checkpoint (of the ended epoch) set the shared epoch back, and
+  the loader replayed the ended epoch instead of reading the next.
 * With DataLoader workers, ``ReadOptions(message_rows=...)`` of several batches swapped batches
   (DataLoader takes one batch per worker in turn): workers read one-batch messages.
 """
@@ -83,7 +86,7 @@ def test_stateful_persistent_workers_resume_at_an_epoch_start_exactly(
     got = json.loads(out.stdout.strip().splitlines()[-1])
     ref = make_ds(shuffle=True, seed=4, message_rows=64)
     expected = {}
-    for e in (0, 1):
+    for e in (0, 1, 2):
         ref.set_epoch(e)
         expected[e] = indices(ref)
     assert sorted(flat(expected[1])) == list(range(ROWS))
@@ -93,3 +96,4 @@ def test_stateful_persistent_workers_resume_at_an_epoch_start_exactly(
         assert run["epochs"] == [1, 1], f"checkpoint after {cut} batch(es): every worker's state is of epoch 1"
         assert run["head"] + run["tail"] == expected[1]
         assert run["resumed"] == run["tail"], f"resumed after {cut} batch(es) of epoch 1"
+    assert got["next"] == expected[2], "after a checkpoint at epoch 1's end, set_epoch(2) reads epoch 2"

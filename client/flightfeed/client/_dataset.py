@@ -195,6 +195,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         if self._resume is not None and self._resume.epoch != epoch:
             self._resume = None  # a checkpoint of another epoch does not apply
         self._shared.set(SharedSlots.EPOCH, epoch)
+        self._shared.set(SharedSlots.EPOCH_CHOSEN, 1)
 
     def state_dict(self) -> dict[str, Any]:
         """A small JSON-serialisable checkpoint of this reader's position.
@@ -246,9 +247,15 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         if topo.num_workers == 1:
             refuse_worker_state_here(loaded)
             self._worker_mark = self._shared.get(SharedSlots.WORKER_ITERATIONS)
+        elif self._shared.get(SharedSlots.EPOCH_CHOSEN) and loaded.epoch != self.epoch:
+            # a DataLoader worker handed its checkpoint (StatefulDataLoader) after the main process chose
+            # another epoch (set_epoch): the checkpoint's epoch had ended; it does not apply (``_workers``)
+            return
         self._resume = loaded.for_topology(topo.rank, topo.world_size)
         self._state = self._resume
         self._shared.set(SharedSlots.EPOCH, loaded.epoch)
+        if topo.num_workers == 1:
+            self._shared.set(SharedSlots.EPOCH_CHOSEN, 1)
 
     def info(self) -> dict[str, Any]:
         """What the server says about the dataset: ``name``, ``rows``, ``columns`` (name -> Arrow

@@ -9,6 +9,11 @@
   and ``worker_rows`` (rows it delivered since the anchor), so torchdata's ``StatefulDataLoader``
   (which saves and restores every worker's ``state_dict``) resumes each worker exactly: its
   streams skip the messages it delivered and the first rows of a message it left half-read.
+* **Whose epoch**: a worker's checkpoint (StatefulDataLoader hands it to the worker when its
+  iteration starts) sets the shared epoch, so a new loader resumes the checkpoint's epoch without a
+  ``set_epoch`` -- unless the main process chose another epoch since (``set_epoch``, the
+  ``EPOCH_CHOSEN`` slot): then the checkpoint is of an epoch that ended (saved after its last batch)
+  and does not apply, as ``set_epoch`` drops a loaded state of another epoch in one process.
 * **Guard**: with a plain DataLoader the positions live in the workers; the main process's
   ``state_dict()`` would describe nothing read. Workers count their iterations in the shared
   slots, so the main process can refuse instead of returning a state that replays the epoch.
@@ -58,9 +63,9 @@ STATEFUL_HINT = (
 class SharedSlots:
     """A few int64 slots in shared memory, shared by a dataset and its DataLoader workers' copies."""
 
-    EPOCH, WORKER_ITERATIONS, HINTED, CHECKPOINT_NOTED = 0, 1, 2, 3
+    EPOCH, WORKER_ITERATIONS, HINTED, CHECKPOINT_NOTED, EPOCH_CHOSEN = 0, 1, 2, 3, 4
 
-    def __init__(self, size: int = 4) -> None:
+    def __init__(self, size: int = 5) -> None:
         self.slots = torch.zeros(size, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
 
     def get(self, slot: int) -> int:
