@@ -18,11 +18,14 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import torch.utils.data
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 from flightfeed.client import FlightDataset
+from flightfeed.client._state import ReadState
 from flightfeed.server.testing import RunningServer
 from tests.client.support import NAME, ROWS, flat, indices
 
@@ -61,6 +64,35 @@ def test_state_dict_of_an_iteration_not_started_is_its_start(make_ds: MakeDs) ->
     assert indices(again) == first == indices(it)
 
 
+def test_stateful_loader_after_a_checkpoint_at_an_epoch_end_reads_the_next_epoch(make_ds: MakeDs) -> None:
+    """StatefulDataLoader (``num_workers=0``) loads the dataset's state when its iterator starts, after
+    the loop's ``set_epoch(2)``: the state of the ended epoch 1 used to set the epoch back (no batch)."""
+    ref = make_ds(shuffle=True, seed=6)
+    ref.set_epoch(2)
+    expected = indices(ref)
+    ds = make_ds(shuffle=True, seed=6)
+    loader = StatefulDataLoader(ds, batch_size=None, num_workers=0)
+    ds.set_epoch(1)
+    indices(loader)
+    state = loader.state_dict()
+    again = make_ds(shuffle=True, seed=6)
+    resumed = StatefulDataLoader(again, batch_size=None, num_workers=0)
+    resumed.load_state_dict(state)
+    again.set_epoch(2)
+    assert indices(resumed) == expected
+    # a checkpoint taken mid-epoch still wins over an epoch chosen before it was loaded
+    mid = make_ds(shuffle=True, seed=6)
+    mid.set_epoch(2)
+    it = iter(mid)
+    head = [next(it)["index"].tolist() for _ in range(3)]
+    checkpoint = mid.state_dict()
+    del it
+    later = make_ds(shuffle=True, seed=6)
+    later.set_epoch(0)
+    later.load_state_dict(checkpoint)
+    assert head + indices(later) == expected
+
+
 def test_plain_dataloader_workers_keep_the_order_with_multi_batch_messages(make_ds: MakeDs) -> None:
     ref = make_ds(shuffle=True, seed=8, message_rows=96)
     expected = indices(ref)
@@ -97,3 +129,19 @@ def test_stateful_persistent_workers_resume_at_an_epoch_start_exactly(
         assert run["head"] + run["tail"] == expected[1]
         assert run["resumed"] == run["tail"], f"resumed after {cut} batch(es) of epoch 1"
     assert got["next"] == expected[2], "after a checkpoint at epoch 1's end, set_epoch(2) reads epoch 2"
+
+
+def test_a_state_knows_when_its_reader_delivered_the_whole_epoch() -> None:
+    settings = {"batch_size": 32, "drop_last": False}
+    rank = ReadState(settings=settings, num_rows=400, rows_consumed=400)
+    assert rank.finished() and not replace(rank, rows_consumed=399).finished()
+    assert not replace(rank, num_rows=0, rows_consumed=0).finished()  # nothing read yet
+    # 400 rows in messages of 64: 7 messages, the last one 16 rows; worker 0 of 2 owns 4 of them
+    w0 = replace(rank, rows_consumed=0, num_workers=2, worker=0, message_rows=64, worker_rows=4 * 64 - 48)
+    w1 = replace(w0, worker=1, worker_rows=3 * 64)
+    assert w0.finished() and w1.finished()
+    assert not replace(w0, worker_rows=w0.worker_rows - 1).finished()
+    assert not replace(w1, worker_rows=w1.worker_rows - 1).finished()
+    # rank 1 of 2 after a re-partition: its share of [96, 400)
+    moved = ReadState(settings=settings, num_rows=400, rank=1, world_size=2, global_start=96, rows_consumed=144)
+    assert moved.finished() and not replace(moved, rows_consumed=143).finished()

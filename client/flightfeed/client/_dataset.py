@@ -241,15 +241,16 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
             )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue exactly where ``state`` left off on the next iteration."""
+        """Continue exactly where ``state`` left off on the next iteration (a state saved after its
+        epoch's last batch leaves an epoch that ``set_epoch`` chose since as it is)."""
         topo = resolve_topology(self.rank, self.world_size)
         loaded = ReadState.from_dict(state, self._settings())
         if topo.num_workers == 1:
             refuse_worker_state_here(loaded)
             self._worker_mark = self._shared.get(SharedSlots.WORKER_ITERATIONS)
-        elif self._shared.get(SharedSlots.EPOCH_CHOSEN) and loaded.epoch != self.epoch:
-            # a DataLoader worker handed its checkpoint (StatefulDataLoader) after the main process chose
-            # another epoch (set_epoch): the checkpoint's epoch had ended; it does not apply (``_workers``)
+        if self._shared.get(SharedSlots.EPOCH_CHOSEN) and loaded.epoch != self.epoch and loaded.finished():
+            # saved after its epoch's last batch, loaded after set_epoch chose another epoch (StatefulDataLoader
+            # loads when its iterator starts, after the loop's set_epoch): that epoch stands (``_workers``)
             return
         self._resume = loaded.for_topology(topo.rank, topo.world_size)
         self._state = self._resume

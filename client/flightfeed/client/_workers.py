@@ -11,9 +11,10 @@
   streams skip the messages it delivered and the first rows of a message it left half-read.
 * **Whose epoch**: a worker's checkpoint (StatefulDataLoader hands it to the worker when its
   iteration starts) sets the shared epoch, so a new loader resumes the checkpoint's epoch without a
-  ``set_epoch`` -- unless the main process chose another epoch since (``set_epoch``, the
-  ``EPOCH_CHOSEN`` slot): then the checkpoint is of an epoch that ended (saved after its last batch)
-  and does not apply, as ``set_epoch`` drops a loaded state of another epoch in one process.
+  ``set_epoch`` -- unless it was saved after the epoch's last batch and the main process chose
+  another epoch (``set_epoch``, the ``EPOCH_CHOSEN`` slot): the loop's next epoch then stands (the
+  ended epoch was replayed). The same holds for a main-process state that StatefulDataLoader loads
+  (with ``num_workers=0``, when its iterator starts: after the loop's ``set_epoch``).
 * **Guard**: with a plain DataLoader the positions live in the workers; the main process's
   ``state_dict()`` would describe nothing read. Workers count their iterations in the shared
   slots, so the main process can refuse instead of returning a state that replays the epoch.
