@@ -8,6 +8,8 @@
 * A checkpoint saved after an epoch's last batch, restored into a new StatefulDataLoader, and
   ``set_epoch(next)``: the workers' checkpoint (of the ended epoch) set the shared epoch back, and
   the loader replayed the ended epoch instead of reading the next.
+* ``ds.as_datapipe()`` under spawned persistent workers: the shared epoch was copied (DataLoader
+  pickles IterDataPipes with plain pickle), so ``set_epoch`` never reached the workers.
 * With DataLoader workers, ``ReadOptions(message_rows=...)`` of several batches swapped batches
   (DataLoader takes one batch per worker in turn): workers read one-batch messages.
 """
@@ -21,12 +23,14 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import torch.utils.data
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from flightfeed.client import FlightDataset
 from flightfeed.client._state import ReadState
 from flightfeed.server.testing import RunningServer
+from flightfeed.wire.errors import ConfigError
 from tests.client.support import NAME, ROWS, flat, indices
 
 MakeDs = Callable[..., FlightDataset]
@@ -145,3 +149,23 @@ def test_a_state_knows_when_its_reader_delivered_the_whole_epoch() -> None:
     # rank 1 of 2 after a re-partition: its share of [96, 400)
     moved = ReadState(settings=settings, num_rows=400, rank=1, world_size=2, global_start=96, rows_consumed=144)
     assert moved.finished() and not replace(moved, rows_consumed=143).finished()
+
+
+def test_datapipe_persistent_spawn_workers_follow_set_epoch(make_ds: MakeDs) -> None:
+    """DataLoader pickles an IterDataPipe with plain ``pickle`` (``_IterDataPipeSerializationWrapper``),
+    which copied the shared epoch: spawned persistent workers repeated epoch 1 as epoch 2, and the main
+    process's ``state_dict()`` did not see that workers read."""
+    ref = make_ds(shuffle=True, seed=3)
+    expected = {}
+    for e in (1, 2):
+        ref.set_epoch(e)
+        expected[e] = indices(ref)
+    pipe = make_ds(shuffle=True, seed=3).as_datapipe()
+    loader = torch.utils.data.DataLoader(
+        pipe, batch_size=None, num_workers=2, multiprocessing_context="spawn", persistent_workers=True, timeout=120
+    )
+    for e in (1, 2):
+        pipe.set_epoch(e)
+        assert indices(loader) == expected[e], f"epoch {e}"
+    with pytest.raises(ConfigError, match="StatefulDataLoader"):
+        pipe.state_dict()

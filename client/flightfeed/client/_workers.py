@@ -23,11 +23,16 @@
 from __future__ import annotations
 
 import logging
+import multiprocessing.context
+import multiprocessing.reduction
+import pickle
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from typing import Any
 
 import pyarrow as pa
 import torch
+import torch.multiprocessing  # registers torch's shared-memory reductions with ForkingPickler
 
 from flightfeed.client._skips import positions_of
 from flightfeed.client._state import ReadState
@@ -69,6 +74,15 @@ class SharedSlots:
     def __init__(self, size: int = 5) -> None:
         self.slots = torch.zeros(size, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Pickled for a process being started (spawn, forkserver), the slots stay shared, also under
+        plain ``pickle``: DataLoader pickles an ``IterDataPipe`` (``ds.as_datapipe()``) with it, which
+        would copy the tensor, so ``set_epoch`` never reached persistent workers (they repeated the
+        epoch they started with). torch's reduction passes the memory's descriptor to the child."""
+        if multiprocessing.context.get_spawning_popen() is None:
+            return super().__reduce_ex__(protocol)
+        return _shared_slots, (bytes(multiprocessing.reduction.ForkingPickler.dumps(self.slots)),)
+
     def get(self, slot: int) -> int:
         return int(self.slots[slot])
 
@@ -78,6 +92,13 @@ class SharedSlots:
     def bump(self, slot: int) -> int:
         self.slots[slot] += 1
         return int(self.slots[slot])
+
+
+def _shared_slots(pickled: bytes) -> SharedSlots:
+    """The child's side of :meth:`SharedSlots.__reduce_ex__`."""
+    slots = SharedSlots.__new__(SharedSlots)
+    slots.slots = pickle.loads(pickled)
+    return slots
 
 
 def worker_start(start: ReadState, topo: Topology) -> ReadState:
