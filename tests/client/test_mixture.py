@@ -202,6 +202,8 @@ def test_every_rank_ends_the_epoch_at_the_same_step(server: Any, mixture: Mixtur
     the ending source than another used to run on alone for many steps (the others waited in
     their collectives); now all end where the rank with the fewest batches of it runs out."""
     got, lens = [], []
+    with pytest.raises(ConfigError, match="no single class list"):  # not a KeyError
+        _ = _mix(server.location, mixture).classes
     for r in range(world):
         ds = _mix(server.location, mixture, rank=r, world=world)
         ds.set_epoch(1)

@@ -168,7 +168,16 @@ class MixtureDataset(FlightDataset):
         return out
 
     def info(self) -> dict[str, Any]:
+        """Each source's ``info()``, by source name."""
         return {n: src.info() for n, src in zip(self.mixture.names, self.sources, strict=True)}
+
+    @property
+    def classes(self) -> list[str] | None:
+        """A mixture has no one class list (it raised KeyError): each source has its own."""
+        raise ConfigError(
+            f"a Mixture of {list(self.mixture.names)} has no single class list; ask a source's: "
+            "ds.info()[NAME]['classes']"
+        )
 
     # -- iteration ----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
