@@ -36,7 +36,7 @@ from flightfeed.client._request import ReadJob, columns_arg, open_readers, read_
 from flightfeed.client._state import ReadState
 from flightfeed.client._stats import StallMeter
 from flightfeed.client._streams import StreamReader
-from flightfeed.client._topology import Topology, resolve_topology
+from flightfeed.client._topology import Topology, for_child, resolve_topology
 from flightfeed.client._workers import (
     STATEFUL_HINT,
     SharedSlots,
@@ -358,6 +358,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         state["_info"] = None
         state["_devices"] = []
         state["_pending"] = False
+        state["rank"], state["world_size"] = for_child(self.rank, self.world_size)  # the group stays here
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
