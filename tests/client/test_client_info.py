@@ -15,6 +15,7 @@ from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.testing import RunningServer, running_server
 from flightfeed.server.tools.inspect import format_report, inspect_dataset, inspect_server
 from flightfeed.wire.classes import classes_of
+from flightfeed.wire.errors import InvalidRequest
 
 CLASSES = ["cat", "dog", "zebra"]
 
@@ -52,6 +53,19 @@ def test_datasets_without_classes_say_none(pics_server: RunningServer) -> None:
     finally:
         ds.close()
     assert classes_of(pa.schema([("x", pa.int8())], metadata={"flightfeed.classes": "not json"})) is None
+
+
+def test_info_and_len_name_an_unknown_column(pics_server: RunningServer) -> None:
+    """As the read does (it said ``columns: {}`` and the dataset's row count, and the loop failed later)."""
+    options = ReadOptions(report_interval=None)
+    ds = FlightDataset(pics_server.location, "pics", columns=["label", "lable"], options=options)
+    try:
+        with pytest.raises(InvalidRequest, match=r"unknown column\(s\) \['lable'\] in dataset 'pics'; columns: \["):
+            ds.info()
+        with pytest.raises(InvalidRequest, match="'lable'"):
+            len(ds)
+    finally:
+        ds.close()
 
 
 def test_inspect_shows_classes(labelled: tuple[Path, RunningServer]) -> None:

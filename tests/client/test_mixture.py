@@ -193,3 +193,27 @@ def test_refusals() -> None:
         Mixture({"a": 1}, until="b")
     with pytest.raises(ConfigError, match="not both"):
         Mixture({"a": 1}, until="a", batches=3)
+
+
+@pytest.mark.parametrize("mixture", [Mixture(WEIGHTS), Mixture(WEIGHTS, until="web")])
+@pytest.mark.parametrize("world", [2, 3])
+def test_every_rank_ends_the_epoch_at_the_same_step(server: Any, mixture: Mixture, world: int) -> None:
+    """Lockstep ranks (DDP) must agree on the epoch's length: a rank that holds one batch more of
+    the ending source than another used to run on alone for many steps (the others waited in
+    their collectives); now all end where the rank with the fewest batches of it runs out."""
+    got, lens = [], []
+    with pytest.raises(ConfigError, match="no single class list"):  # not a KeyError
+        _ = _mix(server.location, mixture).classes
+    for r in range(world):
+        ds = _mix(server.location, mixture, rank=r, world=world)
+        ds.set_epoch(1)
+        lens.append(len(ds))
+        assert ds.position == 0
+        got.append(list(ds))
+        assert ds.position == len(got[-1])  # as for one dataset (it raised AttributeError)
+    assert [len(b) for b in got] == lens == [lens[0]] * world
+    # the ranks read the same source at every step, and no window twice
+    assert all(len({_source_of(got[r][i]) for r in range(world)}) == 1 for i in range(lens[0]))
+    windows = [tuple(w) for per_rank in got for b in per_rank for w in b["tokens"].tolist()]
+    if mixture.until is None:  # no source starts a second pass
+        assert len(windows) == len(set(windows))

@@ -22,7 +22,7 @@ from flightfeed.client._device import CopyEngine
 from flightfeed.client._images import check_decode_on
 from flightfeed.client._info import dataset_info
 from flightfeed.client._info_helper import helper_needed, info_via_helper, windows_via_helper
-from flightfeed.client._iteration import iterate
+from flightfeed.client._iteration import iterate, start_state
 from flightfeed.client._lanes import Lane, LaneSettings, join_lanes
 from flightfeed.client._members import Members
 from flightfeed.client._mix_plan import Mixture
@@ -36,7 +36,7 @@ from flightfeed.client._request import ReadJob, columns_arg, open_readers, read_
 from flightfeed.client._state import ReadState
 from flightfeed.client._stats import StallMeter
 from flightfeed.client._streams import StreamReader
-from flightfeed.client._topology import Topology, resolve_topology
+from flightfeed.client._topology import Topology, for_child, resolve_topology
 from flightfeed.client._workers import (
     STATEFUL_HINT,
     SharedSlots,
@@ -143,6 +143,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         self._windows: int | None = None  # with ReadOptions(pack=...): windows per epoch (``__len__``)
         self._state = ReadState.fresh(self._settings())
         self._resume: ReadState | None = None
+        self._pending = False  # an iteration was made (``iter``) and has not started yet
         self._pool: ConnectionPool | None = None
         self._running: list[tuple[threading.Event, list[Lane]]] = []
         # how the streams share work (``_lanes``)
@@ -194,6 +195,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         if self._resume is not None and self._resume.epoch != epoch:
             self._resume = None  # a checkpoint of another epoch does not apply
         self._shared.set(SharedSlots.EPOCH, epoch)
+        self._shared.set(SharedSlots.EPOCH_CHOSEN, 1)
 
     def state_dict(self) -> dict[str, Any]:
         """A small JSON-serialisable checkpoint of this reader's position.
@@ -205,7 +207,19 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
             self._states_asked = True  # StatefulDataLoader asks each worker before its first batch
         if in_main:
             self._refuse_while_workers_read("state_dict()")
-        return self._state.to_dict()
+        return self._current().to_dict()
+
+    def _current(self) -> ReadState:
+        """The position ``state_dict()``, ``position`` and ``len()`` describe, always in the current
+        epoch: the start of an iteration made (``iter``) but not started yet -- torchdata's
+        StatefulDataLoader takes each worker's state right then, at every epoch's start --, else
+        the last delivered batch's; after ``set_epoch`` to another epoch, that epoch's start (the
+        previous epoch's state would resume the wrong epoch, or replay or skip a worker's share)."""
+        epoch = self.epoch
+        if self._pending:
+            return start_state(self, epoch)
+        state = self._resume if self._resume is not None else self._state
+        return state if state.epoch == epoch else ReadState.fresh(self._settings(), epoch=epoch)
 
     @property
     def position(self) -> int:
@@ -216,10 +230,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         the main process while DataLoader workers read this dataset (the position lives in them)."""
         if torch.utils.data.get_worker_info() is None:
             self._refuse_while_workers_read("position")
-        state = self._resume if self._resume is not None else self._state
-        if state.epoch != self.epoch:
-            return 0
-        return state.batches_done()
+        return self._current().batches_done()
 
     def _refuse_while_workers_read(self, what: str) -> None:
         if self._shared.get(SharedSlots.WORKER_ITERATIONS) != self._worker_mark:
@@ -230,15 +241,22 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
             )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue exactly where ``state`` left off on the next iteration."""
+        """Continue exactly where ``state`` left off on the next iteration (a state saved after its
+        epoch's last batch leaves an epoch that ``set_epoch`` chose since as it is)."""
         topo = resolve_topology(self.rank, self.world_size)
         loaded = ReadState.from_dict(state, self._settings())
         if topo.num_workers == 1:
             refuse_worker_state_here(loaded)
             self._worker_mark = self._shared.get(SharedSlots.WORKER_ITERATIONS)
+        if self._shared.get(SharedSlots.EPOCH_CHOSEN) and loaded.epoch != self.epoch and loaded.finished():
+            # saved after its epoch's last batch, loaded after set_epoch chose another epoch (StatefulDataLoader
+            # loads when its iterator starts, after the loop's set_epoch): that epoch stands (``_workers``)
+            return
         self._resume = loaded.for_topology(topo.rank, topo.world_size)
         self._state = self._resume
         self._shared.set(SharedSlots.EPOCH, loaded.epoch)
+        if topo.num_workers == 1:
+            self._shared.set(SharedSlots.EPOCH_CHOSEN, 1)
 
     def info(self) -> dict[str, Any]:
         """What the server says about the dataset: ``name``, ``rows``, ``columns`` (name -> Arrow
@@ -301,12 +319,17 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         every row failed to decode is not yielded, so fewer batches may come. Asks the server for the
         row count once (``info()``) unless an iteration already learned it."""
         topo = resolve_topology(self.rank, self.world_size)
-        epoch = self.epoch
-        state = self._resume if self._resume is not None else self._state
-        if state.epoch != epoch:
-            state = ReadState.fresh(self._settings(), epoch=epoch)
+        state = self._current()
         num_rows = state.num_rows or self._epoch_rows(topo, state)
         return state.epoch_batches(num_rows, topo.rank, topo.world_size)
+
+    def _fewest_rank_batches(self) -> int:
+        """``len()`` of the rank that yields the fewest batches this epoch (every rank's count
+        follows from the row count): where a mixture ends an epoch on all ranks at the same step."""
+        topo = resolve_topology(self.rank, self.world_size)
+        state = self._current()
+        num_rows = state.num_rows or self._epoch_rows(topo, state)
+        return min(state.epoch_batches(num_rows, r, topo.world_size) for r in range(topo.world_size))
 
     def _epoch_rows(self, topo: Topology, state: ReadState) -> int:
         """Rows of an epoch: the dataset's, or with ``pack`` its windows (the same in every epoch:
@@ -323,6 +346,7 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         return self._windows
 
     def __iter__(self) -> Iterator[Any]:
+        self._pending = True  # until the iteration's first ``next`` (``iterate``) takes its start
         return iterate(self)
 
     # -- adapters -------------------------------------------------------------------------
@@ -333,6 +357,8 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
         state["_running"] = []
         state["_info"] = None
         state["_devices"] = []
+        state["_pending"] = False
+        state["rank"], state["world_size"] = for_child(self.rank, self.world_size)  # the group stays here
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -18,6 +18,7 @@ from flightfeed.client._members import Members
 from flightfeed.client._options import ConnectOptions
 from flightfeed.client._pool import ConnectionPool
 from flightfeed.wire.classes import classes_of
+from flightfeed.wire.errors import InvalidRequest
 
 __all__ = ["dataset_info", "describe"]
 
@@ -43,9 +44,15 @@ def dataset_info(
 
 
 def describe(schema: pa.Schema, rows: int, name: str, columns: Sequence[str]) -> dict[str, Any]:
-    """The info dict of a dataset whose path FlightInfo said ``schema`` and ``rows``."""
+    """The info dict of a dataset whose path FlightInfo said ``schema`` and ``rows``; a column of
+    ``columns`` the dataset lacks fails naming it, as the read would (not an info without it)."""
     if columns:
-        schema = pa.schema([schema.field(c) for c in columns if c in schema.names], metadata=schema.metadata)  # type: ignore[arg-type]
+        unknown = [c for c in columns if c not in schema.names]
+        if unknown:
+            raise InvalidRequest(
+                f"unknown column(s) {unknown} in dataset {name!r}; columns: {schema.names}", field="columns"
+            )
+        schema = pa.schema([schema.field(c) for c in columns], metadata=schema.metadata)  # type: ignore[arg-type]
     return {
         "name": name,
         "rows": rows,

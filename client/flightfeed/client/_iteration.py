@@ -42,7 +42,7 @@ from flightfeed.client._topology import Topology, resolve_topology
 from flightfeed.client._workers import SharedSlots, drop_rows, hint_once, skip_delivered, worker_start
 from flightfeed.wire.errors import StreamError
 
-__all__ = ["Reader", "iterate"]
+__all__ = ["Reader", "iterate", "start_state"]
 
 
 class Reader(Protocol):
@@ -69,6 +69,7 @@ class Reader(Protocol):
     _running: list[tuple[threading.Event, list[Lane]]]
     _state: ReadState
     _resume: ReadState | None
+    _pending: bool
 
     @property
     def epoch(self) -> int: ...
@@ -83,14 +84,22 @@ class Reader(Protocol):
     ) -> list[StreamReader]: ...
 
 
+def start_state(ds: Reader, epoch: int) -> ReadState:
+    """Where an iteration of ``epoch`` starts: the loaded checkpoint when it is of that epoch, else
+    the epoch's beginning."""
+    start = ds._resume
+    if start is None or start.epoch != epoch:
+        start = ReadState.fresh(ds._settings(), epoch=epoch)
+    return start
+
+
 def iterate(ds: Reader) -> Iterator[Any]:
     """One pass of ``ds`` over its epoch (``FlightDataset.__iter__``)."""
+    ds._pending = False
     topo = resolve_topology(ds.rank, ds.world_size)
     epoch = ds.epoch  # read when the iteration starts: set_epoch reaches persistent workers
-    start = ds._resume if ds._resume is not None else ReadState.fresh(ds._settings(), epoch=epoch)
+    start = start_state(ds, epoch)
     ds._resume = None
-    if start.epoch != epoch:
-        start = ReadState.fresh(ds._settings(), epoch=epoch)
     in_worker = torch.utils.data.get_worker_info() is not None
     if topo.num_workers > 1:
         start = worker_start(start, topo)

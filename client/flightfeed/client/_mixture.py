@@ -9,7 +9,9 @@ batches); when an epoch ends is ``Mixture.until`` / ``Mixture.batches``.
 
 The checkpoint is the step, each source's pass and its reader's own ``state_dict()``: a resumed
 mixture continues with the identical remaining batches, also at another world size when every rank
-saved at the same step (each source re-partitions like a plain dataset). ``stats()`` adds per-source
+saved at the same step (each source re-partitions like a plain dataset). Every rank ends an epoch at
+the same step: an ending source runs out where it does on the rank with the fewest batches of it
+(``FlightDataset._fewest_rank_batches``). ``stats()`` adds per-source
 ``<name>.batches``, ``<name>.rows`` and ``<name>.passes``. Mixtures are read in the process that
 iterates them (``DataLoader(ds, batch_size=None)`` with ``num_workers=0``, or ``as_node()``);
 DataLoader worker processes are refused.
@@ -71,6 +73,7 @@ class MixtureDataset(FlightDataset):
         self._step = 0
         self._passes = [0] * len(self.sources)
         self._started = [False] * len(self.sources)  # the source's reader began its current pass
+        self._ends: dict[int, int] = {}  # an ending source's batches on the rank with the fewest (this epoch)
         self._resumed = False
         self._counts = {n: {"batches": 0, "rows": 0} for n in mix.names}
         self.meter = StallMeter()
@@ -92,6 +95,7 @@ class MixtureDataset(FlightDataset):
             self._fresh_epoch()
 
     def _fresh_epoch(self) -> None:
+        self._ends = {}
         self._step = 0
         self._passes = [0] * len(self.sources)
         self._started = [False] * len(self.sources)
@@ -99,6 +103,12 @@ class MixtureDataset(FlightDataset):
             src.set_epoch(source_epoch(self._epoch, 0))
             src._resume = None  # a fresh pass (set_epoch keeps a checkpoint of the same epoch)
             self._started[k] = False
+
+    @property
+    def position(self) -> int:
+        """Batches this rank already delivered in the current epoch (after ``load_state_dict``: the
+        step it resumes at), as for one dataset."""
+        return self._step
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -133,14 +143,18 @@ class MixtureDataset(FlightDataset):
                 self.sources[k].load_state_dict(entry["reader"])
                 self._started[k] = True
         self._resumed = True
+        self._ends = {}
 
     # -- size and figures ---------------------------------------------------------------------
     def __len__(self) -> int:
         """Batches of the current epoch (exact: from the sources' own ``len`` and the schedule)."""
         if self.mixture.batches is not None:
             return self.mixture.batches
-        # sources whose end ends the epoch never start a second pass: their len() is their pass
-        per_pass = [len(src) if self.mixture.ends_with(k) else 0 for k, src in enumerate(self.sources)]
+        # sources whose end ends the epoch never start a second pass, and end it on every rank at once:
+        # their pass is that of the rank with the fewest batches of them
+        per_pass = [
+            src._fewest_rank_batches() if self.mixture.ends_with(k) else 0 for k, src in enumerate(self.sources)
+        ]
         return epoch_length(self.mixture, self.seed, self._epoch, per_pass)
 
     def stats(self) -> dict[str, float]:
@@ -154,7 +168,16 @@ class MixtureDataset(FlightDataset):
         return out
 
     def info(self) -> dict[str, Any]:
+        """Each source's ``info()``, by source name."""
         return {n: src.info() for n, src in zip(self.mixture.names, self.sources, strict=True)}
+
+    @property
+    def classes(self) -> list[str] | None:
+        """A mixture has no one class list (it raised KeyError): each source has its own."""
+        raise ConfigError(
+            f"a Mixture of {list(self.mixture.names)} has no single class list; ask a source's: "
+            "ds.info()[NAME]['classes']"
+        )
 
     # -- iteration ----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
@@ -173,10 +196,16 @@ class MixtureDataset(FlightDataset):
                 it = iters[k] = iter(self.sources[k])
                 self._started[k] = True
             batch = next(it, None)
+            if self.mixture.ends_with(k):
+                # every rank ends the epoch at the same step: when the rank with the fewest batches
+                # of this source runs out (with drop_last=False a rank may hold one more)
+                if batch is None:
+                    return None
+                if k not in self._ends:  # known from the row count the first batch brought
+                    self._ends[k] = self.sources[k]._fewest_rank_batches()
+                return None if self.sources[k].position > self._ends[k] else batch
             if batch is not None:
                 return batch
-            if self.mixture.ends_with(k):
-                return None
             self._passes[k] += 1  # its next pass, in a new order
             self.sources[k].set_epoch(source_epoch(self._epoch, self._passes[k]))
             self._started[k] = False

@@ -105,7 +105,8 @@ class ReadOptions:
 
     ``streams``: parallel Flight streams, each on its own connection and thread. ``prefetch``:
     messages buffered per stream. ``message_rows``: rows per Flight message (0: the server's
-    choice, whole batches filling about its ``--message-size``, 16 MiB); messages are what streams
+    choice, whole batches filling about its ``--message-size``, 16 MiB; under DataLoader workers
+    always one batch, which keeps the batches in order); messages are what streams
     and data nodes share out, so fewer, larger messages spread a small epoch over fewer streams and
     nodes. ``block_rows`` / ``buffer_rows``:
     the shuffle's block and window sizes (0: the server's defaults). ``compression``: ``"lz4"``,

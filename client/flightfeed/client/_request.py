@@ -81,7 +81,7 @@ def read_command(job: ReadJob, topo: Topology, start: ReadState, epoch: int) -> 
         num_workers=topo.num_workers,
         fingerprint=start.fingerprint,
         compression=opts.compression or "",
-        message_rows=(start.message_rows if start.num_workers > 1 else 0) or opts.message_rows,
+        message_rows=_message_rows(job, topo, start),
         with_index=opts.with_index,
     )
     set_transform(cmd, job.transform, opts.on_decode_error)
@@ -92,6 +92,16 @@ def read_command(job: ReadJob, topo: Topology, start: ReadState, epoch: int) -> 
     cmd.shuffle.block_rows = start.block_rows or opts.block_rows
     cmd.shuffle.buffer_rows = start.buffer_rows or opts.buffer_rows
     return cmd
+
+
+def _message_rows(job: ReadJob, topo: Topology, start: ReadState) -> int:
+    """Rows per message: under DataLoader workers one batch (DataLoader takes one batch from each
+    worker in turn, so only one-batch messages dealt round-robin to the workers keep the canonical
+    order; ``ReadOptions(message_rows=...)`` applies without workers) or the grid a worker's
+    checkpoint was read with; else ``ReadOptions(message_rows)`` (0: the server's choice)."""
+    if topo.num_workers > 1:
+        return start.message_rows if start.num_workers > 1 and start.message_rows else job.batch_size
+    return job.options.message_rows
 
 
 def open_readers(

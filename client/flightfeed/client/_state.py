@@ -134,6 +134,26 @@ class ReadState:
             prior_batches=self.prior_batches + ceil_div(self.rows_consumed, batch),
         )
 
+    def finished(self) -> bool:
+        """Whether this state's reader -- a rank, or one DataLoader worker of it (its messages
+        ``m % num_workers == worker`` of the grid anchored at ``rows_consumed``) -- delivered all
+        its rows of the epoch (a checkpoint saved after the epoch's last batch)."""
+        if not self.num_rows:
+            return False
+        batch = int(self.settings["batch_size"])
+        part = Partition(
+            self.num_rows, batch, self.rank, self.world_size, bool(self.settings["drop_last"]), self.global_start
+        )
+        left = max(0, part.rows - self.rows_consumed)
+        if self.num_workers == 1:
+            return left == 0
+        size = self.message_rows or batch
+        messages = ceil_div(left, size)
+        rows = len(range(self.worker, messages, self.num_workers)) * size
+        if messages and (messages - 1) % self.num_workers == self.worker:
+            rows -= messages * size - left  # the grid's last message is short
+        return self.worker_rows >= rows
+
     def batches_done(self) -> int:
         """Batches this state's rank delivered in its epoch (those before a re-partition included)."""
         rows = self.worker_rows if self.num_workers > 1 else self.rows_consumed

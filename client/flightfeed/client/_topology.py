@@ -16,7 +16,7 @@ import torch.utils.data
 
 from flightfeed.wire.errors import ConfigError
 
-__all__ = ["Topology", "resolve_topology"]
+__all__ = ["Topology", "resolve_topology", "for_child"]
 
 
 @dataclass(frozen=True)
@@ -50,3 +50,15 @@ def resolve_topology(rank: int | None, world_size: int | None) -> Topology:
     info = torch.utils.data.get_worker_info()
     worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
     return Topology(rank, world_size, worker, num_workers)
+
+
+def for_child(rank: int | None, world_size: int | None) -> tuple[int | None, int | None]:
+    """Rank and world size for a copy of a reader sent to another process (DataLoader workers):
+    those ``torch.distributed`` gives here filled in, since a spawned or forkserver worker has no
+    process group of its own and, without ``RANK``/``WORLD_SIZE`` in the environment (a group made
+    by ``init_process_group(init_method=..., rank=r, world_size=w)``), would read as rank 0 of 1:
+    every rank's workers then delivered the whole dataset. The environment travels by itself."""
+    if (rank is None or world_size is None) and dist.is_available() and dist.is_initialized():
+        rank = dist.get_rank() if rank is None else rank
+        world_size = dist.get_world_size() if world_size is None else world_size
+    return rank, world_size

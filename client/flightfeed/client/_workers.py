@@ -9,6 +9,12 @@
   and ``worker_rows`` (rows it delivered since the anchor), so torchdata's ``StatefulDataLoader``
   (which saves and restores every worker's ``state_dict``) resumes each worker exactly: its
   streams skip the messages it delivered and the first rows of a message it left half-read.
+* **Whose epoch**: a worker's checkpoint (StatefulDataLoader hands it to the worker when its
+  iteration starts) sets the shared epoch, so a new loader resumes the checkpoint's epoch without a
+  ``set_epoch`` -- unless it was saved after the epoch's last batch and the main process chose
+  another epoch (``set_epoch``, the ``EPOCH_CHOSEN`` slot): the loop's next epoch then stands (the
+  ended epoch was replayed). The same holds for a main-process state that StatefulDataLoader loads
+  (with ``num_workers=0``, when its iterator starts: after the loop's ``set_epoch``).
 * **Guard**: with a plain DataLoader the positions live in the workers; the main process's
   ``state_dict()`` would describe nothing read. Workers count their iterations in the shared
   slots, so the main process can refuse instead of returning a state that replays the epoch.
@@ -17,11 +23,16 @@
 from __future__ import annotations
 
 import logging
+import multiprocessing.context
+import multiprocessing.reduction
+import pickle
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from typing import Any
 
 import pyarrow as pa
 import torch
+import torch.multiprocessing  # registers torch's shared-memory reductions with ForkingPickler
 
 from flightfeed.client._skips import positions_of
 from flightfeed.client._state import ReadState
@@ -58,10 +69,19 @@ STATEFUL_HINT = (
 class SharedSlots:
     """A few int64 slots in shared memory, shared by a dataset and its DataLoader workers' copies."""
 
-    EPOCH, WORKER_ITERATIONS, HINTED, CHECKPOINT_NOTED = 0, 1, 2, 3
+    EPOCH, WORKER_ITERATIONS, HINTED, CHECKPOINT_NOTED, EPOCH_CHOSEN = 0, 1, 2, 3, 4
 
-    def __init__(self, size: int = 4) -> None:
+    def __init__(self, size: int = 5) -> None:
         self.slots = torch.zeros(size, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Pickled for a process being started (spawn, forkserver), the slots stay shared, also under
+        plain ``pickle``: DataLoader pickles an ``IterDataPipe`` (``ds.as_datapipe()``) with it, which
+        would copy the tensor, so ``set_epoch`` never reached persistent workers (they repeated the
+        epoch they started with). torch's reduction passes the memory's descriptor to the child."""
+        if multiprocessing.context.get_spawning_popen() is None:
+            return super().__reduce_ex__(protocol)
+        return _shared_slots, (bytes(multiprocessing.reduction.ForkingPickler.dumps(self.slots)),)
 
     def get(self, slot: int) -> int:
         return int(self.slots[slot])
@@ -74,11 +94,19 @@ class SharedSlots:
         return int(self.slots[slot])
 
 
+def _shared_slots(pickled: bytes) -> SharedSlots:
+    """The child's side of :meth:`SharedSlots.__reduce_ex__`."""
+    slots = SharedSlots.__new__(SharedSlots)
+    slots.slots = pickle.loads(pickled)
+    return slots
+
+
 def worker_start(start: ReadState, topo: Topology) -> ReadState:
     """The state an iteration in DataLoader worker ``topo.worker`` starts from.
 
     A worker state must belong to this very worker; a main-process state (``num_workers`` 1)
-    anchors a fresh grid at its ``rows_consumed`` (every worker starts there)."""
+    anchors a fresh grid at its ``rows_consumed`` (every worker starts there; its messages are the
+    workers' own, one batch each: not the grid the main process read)."""
     if start.num_workers > 1:
         if (start.worker, start.num_workers) != (topo.worker, topo.num_workers):
             raise StaleState(
@@ -86,7 +114,7 @@ def worker_start(start: ReadState, topo: Topology) -> ReadState:
                 f"reader is worker {topo.worker} of {topo.num_workers}: resume with the same num_workers"
             )
         return start
-    return replace(start, worker=topo.worker, num_workers=topo.num_workers, worker_rows=0)
+    return replace(start, worker=topo.worker, num_workers=topo.num_workers, worker_rows=0, message_rows=0)
 
 
 def refuse_worker_state_here(state: ReadState) -> None:
