@@ -21,6 +21,7 @@ from flightfeed.server.serve.config_file import load_config, merge_config
 from flightfeed.wire.errors import ConfigError
 from flightfeed.wire.messages import WIRE_VERSION, ReadCommand
 from tests.datasets import SMALL_ROWS
+from tests.ports import free_port
 from tests.processes import start_serve
 
 
@@ -40,6 +41,7 @@ def test_tls_and_sizes_from_the_file_reach_every_worker_process(small_dir: Path,
     config = tmp_path / "serve.toml"
     config.write_text(
         f'tls_cert = "{tmp_path / "cert.pem"}"\ntls-key = "{tmp_path / "key.pem"}"\nmessage_size = "2KiB"\n'
+        f"port = {free_port()}\n"  # the workers' --port 0 wins over it (as the coordinator's flag does)
         f'[datasets]\nsmall = "{small_dir}"\n'
     )
     proc, location = start_serve("--config", str(config), "--workers", "2")
@@ -66,15 +68,15 @@ def test_tls_and_sizes_from_the_file_reach_every_worker_process(small_dir: Path,
 
 
 def test_every_setting_of_the_file_fills_its_unset_flag_and_flags_win(tmp_path: Path) -> None:
-    parser, args = _flags("--cache-size", "1GB", "--workers", "3")
+    parser, args = _flags("--cache-size", "1GB", "--workers", "3", "--port", "0", "--read-ahead", "0")
     config = {
         "cache_size": "5MB", "cache-dir": "/srv/cache", "s3_endpoint": "http://127.0.0.1:9000", "s3_region": "eu-1",
         "workers": 2, "grace": 4, "share_window": "8MiB", "max_bytes_in_flight": 0, "cast": {"x": "float32"},
         "no_sidecar": True, "verify": "off", "peers": ["grpc://a:1", "grpc://b:2"], "datasets": {"t": "/d"},
-        "hdf5_group": {"t": "/g"}, "transforms": {},
+        "hdf5_group": {"t": "/g"}, "transforms": {}, "port": 9000, "read_ahead": 2,
     }  # fmt: skip
     merge_config(args, config, "serve.toml", parser)
-    assert args.cache_size == 10**9 and args.workers == 3  # the flags win
+    assert args.cache_size == 10**9 and args.workers == 3 and args.port == 0 and args.read_ahead == 0  # flags win
     assert args.cache_dir == "/srv/cache" and args.s3_endpoint == "http://127.0.0.1:9000" and args.s3_region == "eu-1"
     assert args.grace == 4.0 and args.share_window == 8 << 20 and args.max_bytes_in_flight == 0
     assert args.cast == ["x=float32"] and args.no_sidecar is True and args.verify == "off"

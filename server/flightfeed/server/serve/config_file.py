@@ -77,7 +77,8 @@ def merge_config(args: argparse.Namespace, config: Mapping[str, Any], path: str 
             )
         if key in _TABLES:
             continue
-        if getattr(args, key, None) not in (None, False, []):
+        given = getattr(args, key, None)
+        if not (given is None or given is False or given == []):  # (by identity: --port 0 is given)
             continue  # the flag was given: it wins
         setattr(args, key, _converted(action, value, f"{where}: {raw_key}"))
 
