@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from flightfeed.client import FlightDataset, ReadOptions
+from flightfeed.client import ConnectOptions, FlightDataset, ReadOptions
 from tests.cluster.conftest import BLOB_ROWS, action, eventually
 from tests.cluster.netns import Namespace, listening, namespace, socket_inodes, start_in
 
@@ -95,3 +95,22 @@ def test_three_wildcard_nodes_naming_all_three_see_each_other_and_serve_every_ro
         assert all(s > 0 for s in served), served  # every node served rows
         for pid, p in zip(pids, ports, strict=True):
             assert_listens_only_inside(pid, {p, p + 1})
+
+
+def test_a_wildcard_node_with_worker_processes_and_no_peers_serves_a_remote_trainer(blobs_dir: Path) -> None:
+    """`flightfeed serve --host 0.0.0.0` on a node of 3+ cores (several processes by default) and no
+    peers: its FlightInfo names its processes as grpc://0.0.0.0:PORT, which a trainer on another
+    machine dialled as its own host (refused: every stream failed). The trainer reaches them at the
+    host it asked the node at."""
+    with namespace() as ns:
+        started = start_in(ns, [
+            "serve", f"blobs={blobs_dir}", "--host", "0.0.0.0", "--port", "8815", "--insecure", "--no-sidecar",
+            "--workers", "2",
+        ], ("flight: ",))  # fmt: skip
+        location = f"grpc://{ns.address}:8815"
+        ds = FlightDataset(location, "blobs", columns=["index"], batch_size=500, seed=3,
+                           options=ReadOptions(streams=4, report_interval=None),
+                           connect=ConnectOptions(retry_timeout=2))  # fmt: skip
+        assert sorted(i for batch in ds for i in batch["index"].tolist()) == list(range(BLOB_ROWS))
+        assert ds.stats()["nodes"] == 2  # both processes served (the worker's port reached from outside)
+        assert_listens_only_inside(started.proc.pid, {8815})

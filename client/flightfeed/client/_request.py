@@ -6,7 +6,9 @@ DataLoader worker) and the position to start from into a ReadCommand; ``open_rea
 to the first member of the tier that answers (:mod:`._dial`: a location that never answered is a
 configuration error, an outage is retried under the budget of ``connect``), remembers the members
 the endpoints name, and makes one :class:`StreamReader` per endpoint. An endpoint without
-locations is served by the node that answered, then by the other members.
+locations is served by the node that answered, then by the other members; an endpoint location on
+a wildcard host (``grpc://0.0.0.0:PORT``: a node bound to every address) is dialled at the host of
+the node that answered.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import pyarrow.flight as flight
 
@@ -133,7 +136,7 @@ def open_readers(
         return info
 
     info = first_answer(get_info, members, policy, what=what, on_retry=on_retry)
-    endpoints = [[_uri(loc) for loc in ep.locations] for ep in info.endpoints]
+    endpoints = [[_reachable(_uri(loc), answered[-1]) for loc in ep.locations] for ep in info.endpoints]
     members.listed(loc for locs in endpoints for loc in locs)
     home = [answered[-1], *(m for m in members.order() if m != answered[-1])]
     readers = []
@@ -150,3 +153,21 @@ def open_readers(
 
 def _uri(location: Any) -> str:
     return location.uri.decode() if isinstance(location.uri, bytes) else str(location.uri)
+
+
+_WILDCARDS = ("0.0.0.0", "::", "")
+
+
+def _reachable(location: str, asked: str) -> str:
+    """``location`` with a wildcard host replaced by the host of ``asked`` (the location this client
+    reached the node at). A node bound to ``0.0.0.0`` with no peers to learn its address from
+    names its processes ``grpc://0.0.0.0:PORT``: dialled as is, that is the trainer's own host."""
+    found, there = urlsplit(location), urlsplit(asked)
+    try:
+        port = found.port
+    except ValueError:
+        return location
+    if found.hostname not in _WILDCARDS or port is None or not there.hostname or there.hostname in _WILDCARDS:
+        return location
+    host = f"[{there.hostname}]" if ":" in there.hostname else there.hostname
+    return f"{found.scheme}://{host}:{port}"

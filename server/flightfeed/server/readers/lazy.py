@@ -205,7 +205,15 @@ class LazyShard:
 
     def read_chunk(self, index: int) -> pa.RecordBatch:
         with self.group.files.use(self, self._open) as opened:
-            return opened.reader.read_chunk(index)
+            if self.group.fmt == "arrow":  # a read lease (or ArrowShard's positioned-read check) guards it
+                return opened.reader.read_chunk(index)
+            try:
+                batch = opened.reader.read_chunk(index)
+            except ShardError:
+                self._unchanged(index)  # a read that failed because the file changed says so
+                raise
+            self._unchanged(index)  # the rows just decoded came from the file the catalog described
+            return batch
 
     def close(self) -> None:
         self.group.files.drop(self)
@@ -295,12 +303,23 @@ class LazyShard:
             return None
         return st.st_size, st.st_mtime_ns, st.st_ino
 
-    def _replaced(self, now: tuple[int, int, int] | None) -> ShardError:
+    def _unchanged(self, chunk: int) -> None:
+        """Raise (and mark the shard changed) when the file read was written since the catalog was
+        built. HDF5 and Parquet shards are read through a descriptor held open with no lease: a
+        file overwritten in place (``cp`` or ``truncate`` onto it: the same inode, another size or
+        mtime) would otherwise have its new rows served, silently, next to the old ones, so each
+        read is followed by this ``stat``. A file deleted or replaced by a rename leaves the open
+        descriptor on the original inode (its rows stay those described); reopening it fails."""
+        now, was = self._identity_now(), self._identity()
+        if now is not None and now[2] == was[2] and now != was:
+            raise self._replaced(now, f"after reading its chunk {chunk}")
+
+    def _replaced(self, now: tuple[int, int, int] | None, found: str = "on reopening it") -> ShardError:
         was = self._identity()
         if now is None:
             return self._changed("was deleted")
         how = "was truncated or overwritten in place" if now[2] == was[2] else "was replaced"
-        return self._changed(how, f" (found on reopening it: size, mtime, inode {was} -> {now})")
+        return self._changed(how, f" (found {found}: size, mtime, inode {was} -> {now})")
 
     def _changed(self, what: str, detail: str = "") -> ShardError:
         reason = f"shard {self.label} {what} while served{detail}"

@@ -2,15 +2,13 @@
 file (TOML or JSON, the same settings; flags win) and the flags a ``--workers`` process is given.
 
 ``serve.command.run`` reads a setting as ``setting(args, config, key, default)``: the flag when given, else
-the config file's ``key`` (``_`` or ``-``), else the default.
+the config file's ``key`` (``_`` or ``-``), else the default (``serve.config_file.merge_config`` has
+already set every flag the command line left unset from the file, converted and checked).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import tomllib
-from pathlib import Path
 from typing import Any
 
 from flightfeed.server.storage.cli_options import (
@@ -22,7 +20,7 @@ from flightfeed.server.storage.cli_options import (
 )
 from flightfeed.wire.errors import ConfigError
 
-__all__ = ["add_arguments", "load_config", "parse_datasets", "setting", "worker_argv"]
+__all__ = ["add_arguments", "parse_datasets", "setting", "worker_argv"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -144,17 +142,6 @@ def parse_datasets(items: list[str]) -> dict[str, str]:
             raise ConfigError(f"dataset name {name!r} is given twice")
         out[name] = uri
     return out
-
-
-def load_config(path: str | None) -> dict[str, Any]:
-    if not path:
-        return {}
-    text = Path(path).read_bytes()
-    try:
-        data: dict[str, Any] = json.loads(text) if path.endswith(".json") else tomllib.loads(text.decode())
-    except (ValueError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"--config {path}: cannot parse ({exc})") from None
-    return data
 
 
 def setting(args: argparse.Namespace, config: dict[str, Any], key: str, default: Any) -> Any:

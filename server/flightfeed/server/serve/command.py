@@ -32,7 +32,8 @@ from flightfeed.server.readers.open_files import MIN_OPEN, default_max_open, rai
 from flightfeed.server.request.service import FlightFeedServer
 from flightfeed.server.request.shared_messages import DEFAULT_SHARE_WINDOW
 from flightfeed.server.request.streaming import StreamSettings
-from flightfeed.server.serve.args import load_config, parse_datasets, setting, worker_argv
+from flightfeed.server.serve.args import add_arguments, parse_datasets, setting, worker_argv
+from flightfeed.server.serve.config_file import load_config, merge_config
 from flightfeed.server.storage import StorageOptions, open_catalog
 from flightfeed.server.storage.cli_options import (
     apply_config,
@@ -79,11 +80,18 @@ def _bound_open_files(max_open: Any, metrics: ServerMetrics) -> None:
 
 def run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
+    flags = argparse.ArgumentParser(add_help=False)
+    add_arguments(flags)
+    merge_config(args, config, args.config, flags)  # every setting of the file, as its flag would give it
     datasets = parse_datasets(list(args.datasets) or [f"{k}={v}" for k, v in config.get("datasets", {}).items()])
     if not datasets:
         raise ConfigError("no datasets: give NAME=URI arguments (e.g. flightfeed serve train=/data/train)")
     host = setting(args, config, "host", "127.0.0.1")
     port = int(setting(args, config, "port", 8815))
+    sidecar_port = int(setting(args, config, "sidecar_port", 8816))
+    for flag, value in (("--port", port), ("--sidecar-port", sidecar_port)):
+        if not 0 <= value <= 65535:
+            raise ConfigError(f"{flag} {value}: must be a TCP port, 0-65535 (0 picks a free one)")
     cores = available_cores()
     workers = int(setting(args, config, "workers", default_workers(cores)))
     if workers < 1:
@@ -121,16 +129,18 @@ def run(args: argparse.Namespace) -> int:
         message_bytes=int(setting(args, config, "message_size", 16 << 20)),
         readahead_windows=int(setting(args, config, "read_ahead", 1)),
     )
+    if settings.message_bytes < 1:
+        raise ConfigError(f"--message-size {settings.message_bytes}: must be >= 1 byte (default 16MiB)")
     if settings.readahead_windows < 0:
         raise ConfigError(f"--read-ahead {settings.readahead_windows}: must be >= 0 (0 turns read-ahead off)")
     decode_workers = setting(args, config, "decode_workers", None)
     if decode_workers is None:  # the process's share of the cores (--workers' processes get the same)
         decode_workers = -(-cores // workers)
     transformer = transformer_from_config(config, int(decode_workers), metrics)
-    limits = Limits(
-        message_bytes=settings.message_bytes,
-        max_streams=int(setting(args, config, "max_streams", DEFAULT_MAX_STREAMS)),
-    )
+    max_streams = int(setting(args, config, "max_streams", DEFAULT_MAX_STREAMS))
+    if max_streams < 1:
+        raise ConfigError(f"--max-streams {max_streams}: must be >= 1 (default {DEFAULT_MAX_STREAMS})")
+    limits = Limits(message_bytes=settings.message_bytes, max_streams=max_streams)
     budget = BytesInFlight(
         int(setting(args, config, "max_bytes_in_flight", DEFAULT_BYTES_IN_FLIGHT)),
         int(setting(args, config, "client_bytes_in_flight", DEFAULT_CLIENT_BYTES_IN_FLIGHT)),
