@@ -123,7 +123,12 @@ def test_a_slow_trainer_does_not_hold_back_a_fast_one(serve: Serve, solo: dict[s
         assert not errors, errors
         assert behind == 2 < len(solo["imgs"])  # the fast one finished while the slow one was behind
         assert fast == solo["imgs"] and digests(slow) == solo["imgs"]  # every batch exactly once, in order
-        assert counter(srv, MISSES, "imgs") > job_messages("imgs")  # the slow one made what it missed
+        # every message made at least once; whether the slow one had to make any again depends on how
+        # much of its (small) epoch gRPC's transport took in while it was parked (the flow-control
+        # window grows by itself): in 1 clean run of 4 its server stream kept pace with the fast one,
+        # each message was made once and hit by the other (misses == messages). Its bytes above are
+        # exact either way; the window's evictions and bound are checked below
+        assert counter(srv, MISSES, "imgs") >= job_messages("imgs")
         assert counter(srv, "flightfeed_shared_evictions_total") > 0
         assert srv.server.share_window.peak_bytes <= limit
 
