@@ -1,11 +1,11 @@
 """FlightDataset: a torch IterableDataset over a flightfeed server.
 
-The reader's settings, its position (``set_epoch``, ``state_dict()`` -- a few hundred bytes that
-restore the exact remaining sequence, even against a restarted server --, ``position``,
-``len()``), what the server says of the dataset (``info()``), and its adapters (DataLoader
-workers, ``as_node()``, ``as_datapipe()``). Each iteration's pipeline -- lanes pulling runs of
-messages, batches in canonical order, zero-copy tensors, the device and image stages -- is
-``_iteration``.
+The reader's settings, ``len()``, what the server says of the dataset (``info()``), and its
+adapters (DataLoader workers, ``as_node()``, ``as_datapipe()``). Its position -- ``set_epoch``,
+``state_dict()`` (a few hundred bytes that restore the exact remaining sequence, even against a
+restarted server), ``position`` -- is ``_position``. Each iteration's pipeline -- lanes pulling
+runs of messages, batches in canonical order, zero-copy tensors, the device and image stages --
+is ``_iteration``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from flightfeed.client._device import CopyEngine
 from flightfeed.client._images import check_decode_on
 from flightfeed.client._info import dataset_info
 from flightfeed.client._info_helper import helper_needed, info_via_helper, windows_via_helper
-from flightfeed.client._iteration import iterate, start_state
+from flightfeed.client._iteration import iterate
 from flightfeed.client._lanes import Lane, LaneSettings, join_lanes
 from flightfeed.client._members import Members
 from flightfeed.client._mix_plan import Mixture
@@ -31,18 +31,14 @@ from flightfeed.client._node import FlightNode
 from flightfeed.client._options import ConnectOptions, ReadOptions, checked_settings, refuse_moved
 from flightfeed.client._pack import set_pack
 from flightfeed.client._pool import ConnectionPool
+from flightfeed.client._position import Position
 from flightfeed.client._report import _default_client_id
 from flightfeed.client._request import ReadJob, columns_arg, open_readers, read_command
 from flightfeed.client._state import ReadState
 from flightfeed.client._stats import StallMeter
 from flightfeed.client._streams import StreamReader
 from flightfeed.client._topology import Topology, for_child, resolve_topology
-from flightfeed.client._workers import (
-    STATEFUL_HINT,
-    SharedSlots,
-    process_slots,
-    refuse_worker_state_here,
-)
+from flightfeed.client._workers import SharedSlots, process_slots
 from flightfeed.wire.errors import ConfigError
 from flightfeed.wire.messages import INDEX_COLUMN, ReadCommand
 from flightfeed.wire.transforms import TransformSpec, set_transform
@@ -50,7 +46,7 @@ from flightfeed.wire.transforms import TransformSpec, set_transform
 __all__ = ["FlightDataset"]
 
 
-class FlightDataset(torch.utils.data.IterableDataset[Any]):
+class FlightDataset(Position, torch.utils.data.IterableDataset[Any]):
     """Batches (``dict[str, torch.Tensor]``; a tuple in the order of ``columns`` with
     ``ReadOptions(as_tuple=True)``) of dataset ``name`` served at ``location``. ``len(ds)``: the
     batches this rank yields in the current epoch.
@@ -176,87 +172,6 @@ class FlightDataset(torch.utils.data.IterableDataset[Any]):
     def _tuple_columns(self) -> list[str]:
         """What ``as_tuple`` yields, in order: ``columns``, then ``row_index`` with ``with_index``."""
         return [*self.columns, INDEX_COLUMN] if self.options.with_index else self.columns
-
-    @property
-    def epoch(self) -> int:
-        """The epoch the next iteration reads (shared with DataLoader workers, persistent ones too)."""
-        return self._shared.get(SharedSlots.EPOCH)
-
-    @epoch.setter
-    def epoch(self, value: int) -> None:
-        self.set_epoch(value)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the epoch whose order the next iteration follows (call before each epoch).
-
-        Reaches DataLoader workers too, also ``persistent_workers=True`` ones."""
-        if epoch < 0:
-            raise ConfigError(f"epoch is {epoch}; it must be >= 0")
-        if self._resume is not None and self._resume.epoch != epoch:
-            self._resume = None  # a checkpoint of another epoch does not apply
-        self._shared.set(SharedSlots.EPOCH, epoch)
-        self._shared.set(SharedSlots.EPOCH_CHOSEN, 1)
-
-    def state_dict(self) -> dict[str, Any]:
-        """A small JSON-serialisable checkpoint of this reader's position.
-
-        Raises ConfigError in the main process while DataLoader workers read this dataset: the
-        position lives in the workers (torchdata's StatefulDataLoader collects their states)."""
-        in_main = torch.utils.data.get_worker_info() is None
-        if not in_main:
-            self._states_asked = True  # StatefulDataLoader asks each worker before its first batch
-        if in_main:
-            self._refuse_while_workers_read("state_dict()")
-        return self._current().to_dict()
-
-    def _current(self) -> ReadState:
-        """The position ``state_dict()``, ``position`` and ``len()`` describe, always in the current
-        epoch: the start of an iteration made (``iter``) but not started yet -- torchdata's
-        StatefulDataLoader takes each worker's state right then, at every epoch's start --, else
-        the last delivered batch's; after ``set_epoch`` to another epoch, that epoch's start (the
-        previous epoch's state would resume the wrong epoch, or replay or skip a worker's share)."""
-        epoch = self.epoch
-        if self._pending:
-            return start_state(self, epoch)
-        state = self._resume if self._resume is not None else self._state
-        return state if state.epoch == epoch else ReadState.fresh(self._settings(), epoch=epoch)
-
-    @property
-    def position(self) -> int:
-        """Batches this rank has already delivered in the current epoch (``set_epoch``): after
-        ``load_state_dict``, the batches before the checkpoint (so ``enumerate(loader, ds.position)``
-        numbers a resumed epoch's batches as the whole epoch does, out of ``len(ds)``); 0 before an
-        epoch starts; ``len(ds)`` when it is done. Like ``state_dict()``, it raises ConfigError in
-        the main process while DataLoader workers read this dataset (the position lives in them)."""
-        if torch.utils.data.get_worker_info() is None:
-            self._refuse_while_workers_read("position")
-        return self._current().batches_done()
-
-    def _refuse_while_workers_read(self, what: str) -> None:
-        if self._shared.get(SharedSlots.WORKER_ITERATIONS) != self._worker_mark:
-            raise ConfigError(
-                f"FlightDataset {self.name!r} is being read by DataLoader worker processes, so this "
-                f"process's {what} would not say what they delivered (resuming from it would replay "
-                f"the epoch); {STATEFUL_HINT}"
-            )
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue exactly where ``state`` left off on the next iteration (a state saved after its
-        epoch's last batch leaves an epoch that ``set_epoch`` chose since as it is)."""
-        topo = resolve_topology(self.rank, self.world_size)
-        loaded = ReadState.from_dict(state, self._settings())
-        if topo.num_workers == 1:
-            refuse_worker_state_here(loaded)
-            self._worker_mark = self._shared.get(SharedSlots.WORKER_ITERATIONS)
-        if self._shared.get(SharedSlots.EPOCH_CHOSEN) and loaded.epoch != self.epoch and loaded.finished():
-            # saved after its epoch's last batch, loaded after set_epoch chose another epoch (StatefulDataLoader
-            # loads when its iterator starts, after the loop's set_epoch): that epoch stands (``_workers``)
-            return
-        self._resume = loaded.for_topology(topo.rank, topo.world_size)
-        self._state = self._resume
-        self._shared.set(SharedSlots.EPOCH, loaded.epoch)
-        if topo.num_workers == 1:
-            self._shared.set(SharedSlots.EPOCH_CHOSEN, 1)
 
     def info(self) -> dict[str, Any]:
         """What the server says about the dataset: ``name``, ``rows``, ``columns`` (name -> Arrow

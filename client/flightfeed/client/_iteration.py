@@ -32,6 +32,7 @@ from flightfeed.client._normalize import normalize_option
 from flightfeed.client._options import ConnectOptions, ReadOptions
 from flightfeed.client._pack import widen
 from flightfeed.client._packed import Buffers, packed_batches, widen_message
+from flightfeed.client._position import start_state
 from flightfeed.client._ragged import tuple_of
 from flightfeed.client._report import start_reporter
 from flightfeed.client._skips import positions_of
@@ -42,7 +43,7 @@ from flightfeed.client._topology import Topology, resolve_topology
 from flightfeed.client._workers import SharedSlots, drop_rows, hint_once, skip_delivered, worker_start
 from flightfeed.wire.errors import StreamError
 
-__all__ = ["Reader", "iterate", "start_state"]
+__all__ = ["Reader", "iterate"]
 
 
 class Reader(Protocol):
@@ -84,21 +85,12 @@ class Reader(Protocol):
     ) -> list[StreamReader]: ...
 
 
-def start_state(ds: Reader, epoch: int) -> ReadState:
-    """Where an iteration of ``epoch`` starts: the loaded checkpoint when it is of that epoch, else
-    the epoch's beginning."""
-    start = ds._resume
-    if start is None or start.epoch != epoch:
-        start = ReadState.fresh(ds._settings(), epoch=epoch)
-    return start
-
-
 def iterate(ds: Reader) -> Iterator[Any]:
     """One pass of ``ds`` over its epoch (``FlightDataset.__iter__``)."""
     ds._pending = False
     topo = resolve_topology(ds.rank, ds.world_size)
     epoch = ds.epoch  # read when the iteration starts: set_epoch reaches persistent workers
-    start = start_state(ds, epoch)
+    start = start_state(ds._resume, ds._settings, epoch)
     ds._resume = None
     in_worker = torch.utils.data.get_worker_info() is not None
     if topo.num_workers > 1:
