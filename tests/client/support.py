@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -56,3 +60,15 @@ def eventually(condition: Callable[[], bool], within: float = 20.0) -> bool:
 
 def flat(lists: Iterable[list[int]]) -> list[int]:
     return [i for part in lists for i in part]
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_script(*args: str) -> Any:
+    """``python ARGS...`` in a fresh process from the repository root (a process that never used
+    Flight, so fork-started DataLoader workers are allowed there): what its last stdout line says,
+    as JSON. Fails with the end of its stderr when it fails."""
+    out = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])

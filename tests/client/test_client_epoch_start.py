@@ -16,12 +16,8 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch.utils.data
@@ -31,10 +27,9 @@ from flightfeed.client import FlightDataset
 from flightfeed.client._state import ReadState
 from flightfeed.server.testing import RunningServer
 from flightfeed.wire.errors import ConfigError
-from tests.client.support import NAME, ROWS, flat, indices
+from tests.client.support import NAME, ROOT, ROWS, flat, indices, run_script
 
 MakeDs = Callable[..., FlightDataset]
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_state_dict_after_set_epoch_resumes_that_epoch(make_ds: MakeDs) -> None:
@@ -111,15 +106,7 @@ def test_stateful_persistent_workers_resume_at_an_epoch_start_exactly(
     pics_server: RunningServer, make_ds: MakeDs
 ) -> None:
     """In a fresh process (this one has used Flight, so fork workers are refused here)."""
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "client" / "epoch_start_script.py"), pics_server.location, NAME],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = run_script(str(ROOT / "tests" / "client" / "epoch_start_script.py"), pics_server.location, NAME)
     ref = make_ds(shuffle=True, seed=4, message_rows=64)
     expected = {}
     for e in (0, 1, 2):

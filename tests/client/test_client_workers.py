@@ -8,11 +8,7 @@ Spawned workers cost seconds each on 2 cores: the spawn tests are few and use pe
 from __future__ import annotations
 
 import io
-import json
-import subprocess
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,10 +18,9 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from flightfeed.client import FlightDataset
 from flightfeed.server.testing import RunningServer
 from flightfeed.wire.errors import ConfigError, StaleState
-from tests.client.support import NAME, ROWS, check_content, flat, indices
+from tests.client.support import NAME, ROOT, ROWS, check_content, flat, indices, run_script
 
 MakeDs = Callable[..., FlightDataset]
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_persistent_spawn_workers_follow_set_epoch_and_main_state_dict_refuses(make_ds: MakeDs) -> None:
@@ -80,15 +75,7 @@ def test_stateful_dataloader_spawn_workers_resume_exactly(make_ds: MakeDs) -> No
 
 def test_fork_workers_resume_exactly_and_fork_after_use_raises(pics_server: RunningServer, make_ds: MakeDs) -> None:
     """In a fresh process (this one has used Flight already, so fork is refused here)."""
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "client" / "fork_script.py"), pics_server.location, NAME, "4"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = run_script(str(ROOT / "tests" / "client" / "fork_script.py"), pics_server.location, NAME, "4")
     ref = make_ds(shuffle=True, seed=4, message_rows=64)
     ref.set_epoch(1)
     assert sorted(flat(got["head"] + got["tail"])) == sorted(flat(indices(ref)))

@@ -6,11 +6,7 @@ spawn workers (here) and fork workers (in a fresh subprocess: this process has u
 from __future__ import annotations
 
 import io
-import json
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,8 +15,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.testing import RunningServer, running_server
 from tests.client.ragged_data import NAME, ROWS, check_batch, write_ragged
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.client.support import run_script
 
 
 @pytest.fixture(scope="module")
@@ -56,14 +51,6 @@ def test_spawn_workers_deliver_nested_and_padded_columns_and_resume_exactly(ragg
 
 
 def test_fork_workers_deliver_ragged_columns_and_resume_exactly(ragged_server: RunningServer) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "tests.client.ragged_fork_script", ragged_server.location, NAME, "4"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = run_script("-m", "tests.client.ragged_fork_script", ragged_server.location, NAME, "4")
     assert sorted(i for b in got["head"] + got["tail"] for i in b) == list(range(ROWS))
     assert got["resumed"] == got["tail"]

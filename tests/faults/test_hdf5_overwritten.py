@@ -36,6 +36,17 @@ def _write(path: Path, first: int, *, poisoned: bool = False) -> None:
         f.create_dataset("x", data=np.repeat((idx * 0.5).astype(np.float32)[:, None], 8, axis=1) * (not poisoned))
 
 
+def _shards(tmp_path: Path) -> Path:
+    """Two served shards in ``tmp_path/h5`` and, beside them, ``new.h5``: the second one's rows
+    poisoned (another index and x zeros) in a file of the same layout."""
+    root = tmp_path / "h5"
+    root.mkdir()
+    for s in range(2):
+        _write(root / f"part{s}.h5", s * ROWS)
+    _write(tmp_path / "new.h5", ROWS, poisoned=True)
+    return root
+
+
 def _epoch(location: str) -> list[int]:
     options = ReadOptions(streams=1, report_interval=None)
     ds = FlightDataset(location, "h", batch_size=100, shuffle=False, options=options)
@@ -43,11 +54,7 @@ def _epoch(location: str) -> list[int]:
 
 
 def test_an_hdf5_shard_overwritten_in_place_is_never_served(tmp_path: Path) -> None:
-    root = tmp_path / "h5"
-    root.mkdir()
-    for s in range(2):
-        _write(root / f"part{s}.h5", s * ROWS)
-    _write(tmp_path / "new.h5", ROWS, poisoned=True)
+    root = _shards(tmp_path)
     assert os.path.getsize(tmp_path / "new.h5") == os.path.getsize(root / "part1.h5")
     storage = StorageOptions(chunk_cache_bytes=1)  # every read goes to the file
     with running_server({"h": str(root)}, storage=storage) as srv:
@@ -61,11 +68,7 @@ def test_an_hdf5_shard_overwritten_in_place_is_never_served(tmp_path: Path) -> N
 
 
 def test_an_hdf5_shard_renamed_over_or_deleted_while_open_keeps_its_rows(tmp_path: Path) -> None:
-    root = tmp_path / "h5"
-    root.mkdir()
-    for s in range(2):
-        _write(root / f"part{s}.h5", s * ROWS)
-    _write(tmp_path / "new.h5", ROWS, poisoned=True)
+    root = _shards(tmp_path)
     storage = StorageOptions(chunk_cache_bytes=1)
     with running_server({"h": str(root)}, storage=storage) as srv:
         assert _epoch(srv.location) == list(range(2 * ROWS))
