@@ -37,7 +37,7 @@ import pyarrow.fs as pafs
 
 from bench.common import machine, write_json
 from flightfeed.client import FlightDataset, ReadOptions
-from flightfeed.server.storage.local_s3 import LocalS3
+from flightfeed.server.testing.local_s3 import LocalS3
 from flightfeed.server.tools.convert import ConvertSettings, convert
 from tests.disk_probe import private_tmpfs, private_tmpfs_works, used_bytes
 from tests.processes import start_serve

@@ -27,10 +27,10 @@ import pyarrow.fs as pafs
 
 from bench.common import machine, write_json
 from flightfeed.server.observe.metrics import ServerMetrics
-from flightfeed.server.storage.cache import ShardCache
-from flightfeed.server.storage.cache_room import Room, _Decision
-from flightfeed.server.storage.local_s3 import LocalS3
+from flightfeed.server.storage.cache.room import Room, _Decision
+from flightfeed.server.storage.cache.shard_cache import ShardCache
 from flightfeed.server.storage.s3_client import download
+from flightfeed.server.testing.local_s3 import LocalS3
 
 
 class ListingRoom(Room):

@@ -290,7 +290,7 @@ def bench_s3(work: Path, shards: int, epoch_max: int, eager_max: int) -> dict[st
     from moto.core import DEFAULT_ACCOUNT_ID
     from moto.s3.models import s3_backends
 
-    from flightfeed.server.storage.local_s3 import LocalS3
+    from flightfeed.server.testing.local_s3 import LocalS3
 
     root = tiny_dataset(work / f"local-{shards}", shards)
     rows = shards * ROWS_PER_SHARD

@@ -33,9 +33,11 @@ if __package__ in (None, ""):
 
 from bench.bench_throughput import RawReader
 from bench.common import flightfeed_server, image_dataset, raw_flight_server, write_json
-from flightfeed.client import FlightDataset, ReadOptions, _lanes, _mover
-from flightfeed.client._bench import measure_epoch
-from flightfeed.client._device import CpuEngine
+from flightfeed.client import FlightDataset, ReadOptions
+from flightfeed.client._cli.bench import measure_epoch
+from flightfeed.client._device import mover as _mover
+from flightfeed.client._device.engines import CpuEngine
+from flightfeed.client._receive import lanes as _lanes
 from flightfeed.wire.plan import default_message_rows
 
 _TICK = os.sysconf("SC_CLK_TCK")

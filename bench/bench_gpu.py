@@ -39,9 +39,9 @@ import torch.nn.functional as F  # noqa: N812
 
 from bench.common import drain, flightfeed_server, image_dataset, machine, median, raw_flight_server, write_json
 from flightfeed.client import FlightDataset, ReadOptions
-from flightfeed.client._bench import measure_epoch
-from flightfeed.client._convert import batch_to_torch
-from flightfeed.client._device import CpuEngine
+from flightfeed.client._cli.bench import measure_epoch
+from flightfeed.client._device.engines import CpuEngine
+from flightfeed.client._tensors.arrow import batch_to_torch
 from flightfeed.wire.plan import default_message_rows
 
 TARGETS = {

@@ -36,7 +36,7 @@ import numpy.typing as npt
 import pyarrow.flight as flight
 
 from bench.common import flightfeed_server, machine, process_tree_cpu_s, write_json
-from flightfeed.server.readers.hdf5_chunks import inflate_backend
+from flightfeed.server.readers.hdf5.chunks import inflate_backend
 
 SHAPE = (224, 224, 3)
 CHUNK_ROWS = 64

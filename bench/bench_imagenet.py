@@ -58,7 +58,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from bench.common import OUT, flightfeed_server, machine, process_tree_cpu_s, write_json
 from flightfeed.client import FlightDataset, ReadOptions
-from flightfeed.client._jpeg_decoders import backend_of, default_decoder
+from flightfeed.client._images.jpeg import backend_of, default_decoder
 
 TARGETS = {"train_vs_seed_img_per_s": 2.0}  # issue 17 (issue 9 asked 1.5)  # and the client: <= CLIENT_MS_PER_IMAGE
 CLIENT_MS_PER_IMAGE = 0.1  # 10% of one core at 1,000 img/s

@@ -33,7 +33,7 @@ import torch
 
 from bench.common import flightfeed_server, machine, write_json
 from flightfeed.client import FlightDataset, ReadOptions
-from flightfeed.client._convert import batch_to_torch
+from flightfeed.client._tensors.arrow import batch_to_torch
 from flightfeed.server.tools.convert import ConvertSettings, convert
 
 EOT = 50256

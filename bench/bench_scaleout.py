@@ -166,7 +166,7 @@ def locality(args: argparse.Namespace) -> list[dict[str, Any]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from flightfeed.server.storage.local_s3 import LocalS3
+    from flightfeed.server.testing.local_s3 import LocalS3
     from flightfeed.server.tools.convert import ConvertSettings, convert
 
     os.environ.update(AWS_EC2_METADATA_DISABLED="true", AWS_ACCESS_KEY_ID=LocalS3.access_key,

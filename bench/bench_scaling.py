@@ -70,7 +70,7 @@ from bench.common import (
 from flightfeed.server.cores import available_cores
 from flightfeed.server.data.order import EpochOrder, default_shuffle
 from flightfeed.server.readers.blocks import BlockCheck, digest_file
-from flightfeed.server.readers.hdf5_chunks import deflate_chunks, inflate_backend
+from flightfeed.server.readers.hdf5.chunks import deflate_chunks, inflate_backend
 from flightfeed.server.request.gather import contiguous, gather
 from flightfeed.server.storage import open_dataset
 from flightfeed.server.transforms import DrawKey, Transformer

@@ -35,9 +35,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from flightfeed.server.observe.metrics import ServerMetrics
-from flightfeed.server.storage import cache as cache_module
-from flightfeed.server.storage.local_s3 import LocalS3
+from flightfeed.server.storage.cache import shard_cache as cache_module
 from flightfeed.server.testing import running_server
+from flightfeed.server.testing.local_s3 import LocalS3
 from flightfeed.server.tools.convert import ConvertSettings, convert
 
 OUT = Path(__file__).resolve().parent / "out" / "storage.json"

@@ -57,10 +57,10 @@ from bench.common import (
     write_json,
 )
 from flightfeed.client import FlightDataset, ReadOptions
-from flightfeed.client._bench import measure_epoch
-from flightfeed.client._convert import batch_to_torch
-from flightfeed.client._device import CpuEngine
-from flightfeed.client._ring import PinnedRing, stage_message
+from flightfeed.client._cli.bench import measure_epoch
+from flightfeed.client._device.engines import CpuEngine
+from flightfeed.client._device.ring import PinnedRing, stage_message
+from flightfeed.client._tensors.arrow import batch_to_torch
 from flightfeed.wire.plan import default_message_rows
 
 TARGETS = {

@@ -51,8 +51,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench_imagenet import convert, make_jpegs  # noqa: E402
 from bench.common import flightfeed_server, load_average, machine, write_json  # noqa: E402
-from flightfeed.client import FlightDataset, ReadOptions, _trainer_decode  # noqa: E402
-from flightfeed.client._device import CpuEngine  # noqa: E402
+from flightfeed.client import FlightDataset, ReadOptions  # noqa: E402
+from flightfeed.client._device.engines import CpuEngine  # noqa: E402
+from flightfeed.client._images import trainer_decode as _trainer_decode  # noqa: E402
 from flightfeed.wire.messages import INDEX_COLUMN  # noqa: E402
 
 DATA = Path("/tmp/flightfeed-bench")
@@ -124,7 +125,7 @@ def stage_only(shards: Path, batch: int, size: int, repeats: int = 200) -> dict[
 
     import pyarrow as pa
 
-    from flightfeed.client._convert import batch_to_torch
+    from flightfeed.client._tensors.arrow import batch_to_torch
 
     table = pa.ipc.open_file(pa.memory_map(str(sorted(shards.glob("*.arrow"))[0]))).read_all()
     images = table.column("image").combine_chunks().slice(0, batch)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from flightfeed.client._members import answered_here
+from flightfeed.client._connect.members import answered_here
 
 
 def free_port() -> int:

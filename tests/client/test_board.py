@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from flightfeed.client._board import Board, Run
+from flightfeed.client._receive.board import Board, Run
 from flightfeed.wire.errors import StreamError
 
 NEVER = threading.Event()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from flightfeed.client import _bench
+from flightfeed.client._cli import bench as _bench
 from flightfeed.server.observe.snapshot import metrics_snapshot
 from flightfeed.server.testing import RunningServer, running_server
 from tests.client.support import NAME, ROWS

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from flightfeed.client import FlightDataset
-from flightfeed.client._device import CudaEngine, StagingRing
-from flightfeed.client._mover import Mover, device_batches
-from flightfeed.client._ring import PinnedRing, StagedMessage, stage_message
+from flightfeed.client._device.engines import CudaEngine, StagingRing
+from flightfeed.client._device.mover import Mover, device_batches
+from flightfeed.client._device.ring import PinnedRing, StagedMessage, stage_message
 from tests.client.support import ROWS, check_content, flat, indices
 
 MakeDs = Callable[..., FlightDataset]

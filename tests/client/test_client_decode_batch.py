@@ -12,8 +12,8 @@ import pyarrow as pa
 import pytest
 import torch
 
-import flightfeed.client._trainer_decode as td
-from flightfeed.client._trainer_decode import TrainerDecode, batched_resized_crop, resized_crop
+import flightfeed.client._images.trainer_decode as td
+from flightfeed.client._images.trainer_decode import TrainerDecode, batched_resized_crop, resized_crop
 
 CASES = [  # image (h, w), box (top, left, height, width), flip
     ((40, 50), (3, 5, 30, 40), False),
@@ -98,8 +98,8 @@ def test_byte_views_are_one_split_of_the_values_buffer() -> None:
 
 
 def test_the_named_binary_column_stays_one_arrow_array() -> None:
-    from flightfeed.client._convert import batch_to_torch
-    from flightfeed.client._mover import DeviceMessage, _cut, _join
+    from flightfeed.client._device.mover import DeviceMessage, _cut, _join
+    from flightfeed.client._tensors.arrow import batch_to_torch
 
     rb = pa.record_batch({"image": pa.array([bytes([k]) * (k + 1) for k in range(6)]),
                           "text": pa.array([b"t"] * 6), "label": pa.array(range(6))})

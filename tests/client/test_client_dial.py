@@ -12,9 +12,9 @@ import threading
 
 import pytest
 
-from flightfeed.client._dial import first_answer
-from flightfeed.client._members import Members
-from flightfeed.client._retry import RetryPolicy
+from flightfeed.client._connect.dial import first_answer
+from flightfeed.client._connect.members import Members
+from flightfeed.client._connect.retry import RetryPolicy
 from flightfeed.wire.errors import StreamError
 
 A, B, C = "grpc://10.0.0.1:8815", "grpc://10.0.0.2:8815", "grpc://10.0.0.3:8815"

@@ -24,7 +24,7 @@ import torch.utils.data
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from flightfeed.client import FlightDataset
-from flightfeed.client._state import ReadState
+from flightfeed.client._state.state import ReadState
 from flightfeed.server.testing import RunningServer
 from flightfeed.wire.errors import ConfigError
 from tests.client.support import NAME, ROOT, ROWS, flat, indices, run_script

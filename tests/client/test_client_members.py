@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pickle
 
-from flightfeed.client._members import Members
-from flightfeed.client._retry import COUNT_FLOOR_S, Outage, RetryPolicy
+from flightfeed.client._connect.members import Members
+from flightfeed.client._connect.retry import COUNT_FLOOR_S, Outage, RetryPolicy
 from flightfeed.wire.errors import StreamError
 
 A, B, C, D = (f"grpc://10.0.0.{i}:8815" for i in range(1, 5))

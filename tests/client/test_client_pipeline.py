@@ -12,9 +12,9 @@ import torch
 
 import flightfeed.client._iteration as iteration_module
 from flightfeed.client import FlightDataset
-from flightfeed.client._device import DeviceStage
-from flightfeed.client._lanes import WINDOW_MESSAGE_BYTES, Lanes
-from flightfeed.client._stats import StallMeter
+from flightfeed.client._device.engines import DeviceStage
+from flightfeed.client._receive.lanes import WINDOW_MESSAGE_BYTES, Lanes
+from flightfeed.client._receive.stats import StallMeter
 from flightfeed.server.testing import RunningServer
 from flightfeed.wire.errors import ConfigError
 from tests.client.support import ROWS, active_streams, check_content, eventually, flat, indices, stream_threads

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from flightfeed.client import FlightDataset, ReadOptions, _bench
+from flightfeed.client import FlightDataset, ReadOptions
+from flightfeed.client._cli import bench as _bench
 from flightfeed.server.testing import RunningServer, running_server
 from tests.client.support import NAME, ROWS
 

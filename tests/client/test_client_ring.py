@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from flightfeed.client._device import DeviceStage, StagingRing
+from flightfeed.client._device.engines import DeviceStage, StagingRing
 from flightfeed.wire.errors import ConfigError
 
 

@@ -74,7 +74,7 @@ def test_len_before_fork_workers_keeps_them_working(pics_server: RunningServer) 
     script = f"""
 import logging, sys, torch.utils.data
 from flightfeed.client import FlightDataset, ReadOptions
-from flightfeed.client._fork import grpc_used
+from flightfeed.client._state.fork import grpc_used
 opts = ReadOptions(streams=2, report_interval=None, message_rows=32)
 train = FlightDataset({pics_server.location!r}, {NAME!r}, batch_size=32, seed=1, options=opts)
 val = FlightDataset({pics_server.location!r}, {NAME!r}, batch_size=32, shuffle=False, options=opts)
@@ -99,7 +99,7 @@ print("ok")
 def test_len_with_no_server_is_a_config_error_without_grpc_here() -> None:
     script = """
 from flightfeed.client import FlightDataset
-from flightfeed.client._fork import grpc_used
+from flightfeed.client._state.fork import grpc_used
 from flightfeed.wire.errors import ConfigError
 ds = FlightDataset("grpc://127.0.0.1:9", "x")
 try:

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flightfeed.client import FlightDataset, ReadOptions
-from flightfeed.client._convert import batch_to_torch
+from flightfeed.client._tensors.arrow import batch_to_torch
 from flightfeed.server.testing import RunningServer, running_server
 from flightfeed.wire.errors import ConfigError, DatasetError
 from tests.client.ragged_data import NAME, ROWS, batch_of, boxes_of, check_batch, row_of, tokens_of, write_ragged

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from flightfeed.client import FlightDataset, Pack, ReadOptions
-from flightfeed.client._device import CpuEngine
+from flightfeed.client._device.engines import CpuEngine
 from flightfeed.server.testing import RunningServer, running_server
 from tests.client.ragged_data import NAME, ROWS, check_batch, write_ragged
 from tests.token_corpus import write_token_corpus

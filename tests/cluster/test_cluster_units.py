@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from flightfeed.client._retry import Outage, RetryPolicy
+from flightfeed.client._connect.retry import Outage, RetryPolicy
 from flightfeed.server.cluster import parse_peers, parse_peers_dns, spread
 from flightfeed.server.cluster.spread import first_slot, with_host
 from flightfeed.wire.errors import ConfigError, StreamError

@@ -17,10 +17,10 @@ from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.cluster import Membership
 from flightfeed.server.cluster.locality import ShardRouter, rendezvous
 from flightfeed.server.request.service import FlightFeedServer
-from flightfeed.server.storage import cache as cache_module
 from flightfeed.server.storage import open_catalog
-from flightfeed.server.storage.local_s3 import LocalS3
+from flightfeed.server.storage.cache import shard_cache as cache_module
 from flightfeed.server.testing import RunningServer
+from flightfeed.server.testing.local_s3 import LocalS3
 from flightfeed.server.tools.convert import ConvertSettings, convert
 
 ROWS = 3000

@@ -48,7 +48,7 @@ def test_server_never_imports_torch() -> None:
 
 def test_client_never_imports_h5py_or_fastapi() -> None:
     code = (
-        "import sys, flightfeed.client, flightfeed.client._demo, flightfeed.client._bench\n"
+        "import sys, flightfeed.client, flightfeed.client._cli.demo, flightfeed.client._cli.bench\n"
         "bad = [m for m in ('h5py', 'fastapi', 'uvicorn') if m in sys.modules]\nassert not bad, bad"
     )
     result = run_python(code)

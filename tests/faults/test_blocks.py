@@ -18,9 +18,9 @@ from flightfeed.server.cli import main as cli_main
 from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.storage import StorageOptions, open_catalog
 from flightfeed.server.storage.manifest import MANIFEST_NAME
-from flightfeed.server.storage.write_manifest import write_manifest
 from flightfeed.server.testing import running_server
 from flightfeed.server.tools.convert.pipeline import ConvertSettings, convert
+from flightfeed.server.tools.write_manifest import write_manifest
 from flightfeed.wire.errors import DatasetError, ShardError
 
 ROWS, WIDTH, BLOCK = 4000, 1024, 64 << 10

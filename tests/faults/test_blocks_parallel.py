@@ -91,7 +91,7 @@ def test_whole_shard_hashes_run_in_parallel(tmp_path: Any, monkeypatch: pytest.M
     """Shards without block checksums are hashed whole, several at once (``verify_now`` and the
     lazy background hashes): two hashes must be in progress together for either to finish."""
     from flightfeed.server.storage import open_dataset, verify
-    from flightfeed.server.storage.cache_files import sha256_file
+    from flightfeed.server.storage.cache.files import sha256_file
     from flightfeed.server.storage.verify import ShardVerifier
     from tests.datasets import write_dataset
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from flightfeed.server.readers.arrow_ipc import ArrowShard
-from flightfeed.server.readers.lease_watch import LeaseWatcher
-from flightfeed.server.readers.mapped import MappedFile
+from flightfeed.server.readers.arrow.ipc_file import ArrowShard
+from flightfeed.server.readers.arrow.lease_watch import LeaseWatcher
+from flightfeed.server.readers.arrow.mapped import MappedFile
 from flightfeed.wire.errors import ConfigError, ShardError
 from tests.datasets import write_dataset
 

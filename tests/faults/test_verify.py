@@ -11,7 +11,7 @@ import pytest
 from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.storage import StorageOptions, open_catalog
-from flightfeed.server.storage.cache_files import sha256_file
+from flightfeed.server.storage.cache.files import sha256_file
 from flightfeed.server.storage.manifest import MANIFEST_NAME, Manifest, ManifestShard
 from flightfeed.server.testing import running_server
 from flightfeed.server.tools.inspect import inspect_dataset

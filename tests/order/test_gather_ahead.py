@@ -22,7 +22,7 @@ import pytest
 from flightfeed.server.data.order import EpochOrder
 from flightfeed.server.request import gather as gather_module
 from flightfeed.server.request import streaming
-from flightfeed.server.request.read_ahead import read_ahead
+from flightfeed.server.request.overlap import read_ahead
 from flightfeed.server.storage.resolve import open_dataset
 from flightfeed.server.testing import RunningServer
 from flightfeed.wire.messages import WIRE_VERSION, ReadCommand, Shuffle, StreamTicket, span_of

@@ -263,7 +263,7 @@ def test_len_of_a_packed_read_before_fork_workers_keeps_them_working(server: Any
     script = f"""
 import torch.utils.data
 from flightfeed.client import FlightDataset, Pack, ReadOptions
-from flightfeed.client._fork import grpc_used
+from flightfeed.client._state.fork import grpc_used
 opts = ReadOptions(pack=Pack(column="tokens", seq_len={SEQ}), report_interval=None, streams=2)
 ds = FlightDataset({server.location!r}, "tok", batch_size={BATCH}, seed=2, options=opts)
 batches = len(ds)

@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow.flight as flight
 import pytest
 
-from flightfeed.client._report import report_message
+from flightfeed.client._connect.report import report_message
 from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.observe.scaling import NodesWanted, ScalingPolicy, decide
 from flightfeed.server.testing import running_server

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flightfeed.client._report import Reporter
+from flightfeed.client._connect.report import Reporter
 from flightfeed.server.sidecar import LocalSource, SidecarHandle, start_sidecar
 from flightfeed.server.testing import RunningServer, running_server
 from tests.sidecar.test_sidecar_dashboard import _chromium, _parse

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from flightfeed.client._report import Reporter
+from flightfeed.client._connect.report import Reporter
 from flightfeed.server.sidecar import LocalSource, SidecarHandle, StatsSource
 from flightfeed.server.sidecar.app import dashboard_html
-from flightfeed.server.storage.cache import ShardCache
+from flightfeed.server.storage.cache.shard_cache import ShardCache
 from flightfeed.server.testing import RunningServer
 
 Counted = tuple[int, int]

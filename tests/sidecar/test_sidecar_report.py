@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from flightfeed.client._report import Reporter, report_message
+from flightfeed.client._connect.report import Reporter, report_message
 from flightfeed.server.sidecar import LocalSource, SidecarHandle, StatsSource
 from flightfeed.server.testing import RunningServer
 

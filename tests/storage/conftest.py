@@ -13,8 +13,8 @@ import pytest
 
 from flightfeed.server.data.catalog import Dataset
 from flightfeed.server.observe.metrics import ServerMetrics
-from flightfeed.server.storage import cache as cache_module
-from flightfeed.server.storage.local_s3 import LocalS3
+from flightfeed.server.storage.cache import shard_cache as cache_module
+from flightfeed.server.testing.local_s3 import LocalS3
 
 ArrowShards = Callable[..., tuple[Path, pa.Table]]
 Count = Callable[[str, str], float]

@@ -18,8 +18,8 @@ import pytest
 from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.storage import open_catalog
-from flightfeed.server.storage.local_s3 import LocalS3
 from flightfeed.server.testing import running_server
+from flightfeed.server.testing.local_s3 import LocalS3
 from flightfeed.server.tools.convert import ConvertSettings, convert
 from flightfeed.wire.errors import DiskFull
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from flightfeed.server.storage.cache import ShardCache
-from flightfeed.server.storage.cache_files import CacheFiles
+from flightfeed.server.storage.cache.files import CacheFiles
+from flightfeed.server.storage.cache.shard_cache import ShardCache
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -141,7 +141,7 @@ def test_files_removed_behind_the_index_are_found_when_room_runs_out(tmp_path: P
 
 _CHILD = """
 import sys
-from flightfeed.server.storage.cache import ShardCache
+from flightfeed.server.storage.cache.shard_cache import ShardCache
 cache = ShardCache(sys.argv[1], max_bytes=1000)
 for i in range(6):
     with cache.acquire(f"child-{i}", lambda dest: open(dest, "wb").write(b"c" * 100), size=100):

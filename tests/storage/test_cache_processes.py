@@ -19,11 +19,11 @@ import pyarrow.fs as pafs
 import pytest
 
 from flightfeed.client import FlightDataset, ReadOptions
-from flightfeed.server.storage import cache as cache_module
-from flightfeed.server.storage import cache_room
-from flightfeed.server.storage.cache import ShardCache
-from flightfeed.server.storage.cache_files import CacheFiles, sha256_file
-from flightfeed.server.storage.local_s3 import LocalS3
+from flightfeed.server.storage.cache import room as cache_room
+from flightfeed.server.storage.cache import shard_cache as cache_module
+from flightfeed.server.storage.cache.files import CacheFiles, sha256_file
+from flightfeed.server.storage.cache.shard_cache import ShardCache
+from flightfeed.server.testing.local_s3 import LocalS3
 from tests.cluster.conftest import action, eventually
 from tests.disk_probe import private_tmpfs, private_tmpfs_works, used_bytes
 from tests.processes import start_serve
@@ -170,7 +170,7 @@ def test_a_dead_process_claim_is_reclaimed(tmp_path: Path) -> None:
     decides on room sees its owner gone (its lock went with it) and removes both."""
     code = (
         "import os, sys\n"
-        "from flightfeed.server.storage.cache import ShardCache\n"
+        "from flightfeed.server.storage.cache.shard_cache import ShardCache\n"
         "c = ShardCache(sys.argv[1], max_bytes=1000)\n"
         "def fetch(dest):\n"
         "    open(dest, 'wb').write(b'x' * 500)\n"

@@ -13,8 +13,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from flightfeed.server.storage.local_s3 import LocalS3
 from flightfeed.server.storage.resolve import open_dataset
+from flightfeed.server.testing.local_s3 import LocalS3
 from flightfeed.server.tools.convert import writer as writer_module
 from flightfeed.wire.errors import ConfigError, DatasetError
 from tests.storage.format_roundtrip import convert_to

@@ -10,8 +10,8 @@ from typing import cast
 import pyarrow as pa
 import pytest
 
-from flightfeed.server.storage.local_s3 import LocalS3
 from flightfeed.server.testing import running_server
+from flightfeed.server.testing.local_s3 import LocalS3
 from flightfeed.wire.errors import DatasetError
 from tests.storage.format_roundtrip import (
     arrow_rows,

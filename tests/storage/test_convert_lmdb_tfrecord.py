@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from flightfeed.server.storage.local_s3 import LocalS3
+from flightfeed.server.testing.local_s3 import LocalS3
 from flightfeed.wire.errors import ConfigError, DatasetError
 from tests.storage.format_roundtrip import arrow_rows, convert_to, jpeg, served_rows
 

@@ -26,7 +26,7 @@ from flightfeed.server.cli import main as flightfeed_main
 from flightfeed.server.testing import RunningServer, running_server
 from flightfeed.server.tools.convert import ConvertSettings, convert
 from flightfeed.server.tools.convert.pipeline import SourceKind
-from flightfeed.server.tools.convert.tokens_megatron import MAGIC
+from flightfeed.server.tools.convert.sources.tokens_megatron import MAGIC
 from flightfeed.wire.errors import ConfigError, DatasetError
 
 EOT = 50256
@@ -228,7 +228,7 @@ def test_broken_megatron_pairs_fail_naming_the_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("scan", [1, 2, 7, 1 << 24])
 def test_document_bounds_do_not_depend_on_the_scan_chunk(monkeypatch: pytest.MonkeyPatch, scan: int) -> None:
-    from flightfeed.server.tools.convert import tokens_nanogpt
+    from flightfeed.server.tools.convert.sources import tokens_nanogpt
 
     monkeypatch.setattr(tokens_nanogpt, "_SCAN_TOKENS", scan)
     rng = np.random.default_rng(5)

@@ -23,7 +23,7 @@ SIZES = [0, 1, 255, 256, 65535, 65536, 70001]  # bin8, bin16, bin32
 
 
 def test_the_recipe_fast_path_agrees_with_msgpack() -> None:
-    from flightfeed.server.tools.convert.from_lmdb import recipe_pair
+    from flightfeed.server.tools.convert.sources.from_lmdb import recipe_pair
 
     for size in SIZES:
         for label in LABELS:

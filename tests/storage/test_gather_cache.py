@@ -14,7 +14,7 @@ import pyarrow as pa
 from flightfeed.server.data.catalog import Dataset
 from flightfeed.server.request.gather import gather
 from flightfeed.server.storage import open_dataset
-from flightfeed.server.storage.local_s3 import LocalS3
+from flightfeed.server.testing.local_s3 import LocalS3
 
 ArrowShards = Callable[..., tuple[Path, pa.Table]]
 

@@ -170,7 +170,7 @@ def test_evictions_are_counted() -> None:
 def test_deflate_chunks_decoded_outside_hdf5_equal_h5py(tmp_path: Path) -> None:
     """gzip (+ shuffle) chunks inflated outside h5py's lock: big-endian values, a partial last chunk
     and chunks never written (HDF5's fill value) read exactly as h5py reads them."""
-    from flightfeed.server.readers.hdf5 import open_hdf5_shard
+    from flightfeed.server.readers.hdf5.reader import open_hdf5_shard
 
     path = tmp_path / "deflate.h5"
     with h5py.File(path, "w") as f:

@@ -15,9 +15,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from flightfeed.server.readers import hdf5_chunks
-from flightfeed.server.readers.hdf5 import open_hdf5_shard
-from flightfeed.server.readers.hdf5_chunks import deflate_chunks, inflate, inflate_backend
+from flightfeed.server.readers.hdf5 import chunks as hdf5_chunks
+from flightfeed.server.readers.hdf5.chunks import deflate_chunks, inflate, inflate_backend
+from flightfeed.server.readers.hdf5.reader import open_hdf5_shard
 from flightfeed.wire.errors import ShardError
 
 ROWS = 203  # 64-row chunks: the last one holds 11 rows

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pytest
 import tables
 
-from flightfeed.server.readers.hdf5 import open_hdf5_shard
+from flightfeed.server.readers.hdf5.reader import open_hdf5_shard
 from flightfeed.server.storage import open_dataset
 from flightfeed.server.storage.cli_options import (
     add_reader_arguments,

@@ -12,7 +12,7 @@ import pytest
 from h5py import h5d, h5s, h5t
 
 from flightfeed.server.cli import main as flightfeed_main
-from flightfeed.server.readers.hdf5 import open_hdf5_shard
+from flightfeed.server.readers.hdf5.reader import open_hdf5_shard
 from flightfeed.server.storage import StorageOptions, open_catalog
 from flightfeed.server.testing import running_server
 from flightfeed.server.tools.convert import ConvertSettings, convert

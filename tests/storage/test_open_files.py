@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
 
-from flightfeed.server.readers.arrow_ipc import ArrowShard
-from flightfeed.server.readers.ipc_footer import read_ipc_layout
+from flightfeed.server.readers.arrow.footer import read_ipc_layout
+from flightfeed.server.readers.arrow.ipc_file import ArrowShard
 from flightfeed.server.readers.open_files import MIN_OPEN, OpenFiles, default_max_open, raise_nofile_limit
 from flightfeed.server.storage import StorageOptions
 from flightfeed.server.storage import local_shards as local_shards_module

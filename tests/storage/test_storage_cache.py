@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from flightfeed.server.observe.metrics import ServerMetrics
-from flightfeed.server.storage import cache as cache_module
-from flightfeed.server.storage.cache import ShardCache, default_cache_size, shared_cache
+from flightfeed.server.storage.cache import shard_cache as cache_module
+from flightfeed.server.storage.cache.shard_cache import ShardCache, default_cache_size, shared_cache
 from flightfeed.wire.errors import StorageError
 
 Count = Callable[[str, str], float]

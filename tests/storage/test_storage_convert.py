@@ -22,9 +22,9 @@ from PIL import Image
 
 from flightfeed.server.cli import main as flightfeed_main
 from flightfeed.server.data.catalog import Dataset
-from flightfeed.server.readers.ipc_meta import ipc_compression
+from flightfeed.server.readers.arrow.meta import ipc_compression
 from flightfeed.server.storage import open_dataset
-from flightfeed.server.storage.local_s3 import LocalS3
+from flightfeed.server.testing.local_s3 import LocalS3
 from flightfeed.server.tools.convert import ConvertSettings, convert
 from flightfeed.server.tools.convert import cli as convert_cli
 from flightfeed.wire.errors import ConfigError, DatasetError

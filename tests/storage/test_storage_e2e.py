@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 
 from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.storage import StorageOptions
-from flightfeed.server.storage.local_s3 import LocalS3
 from flightfeed.server.testing import running_server
+from flightfeed.server.testing.local_s3 import LocalS3
 from flightfeed.server.tools.convert import ConvertSettings, convert
 
 ArrowShards = Callable[..., tuple[Path, pa.Table]]

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from flightfeed.server.readers import open_shard
-from flightfeed.server.readers.hdf5 import Hdf5Shard, open_hdf5_shard
+from flightfeed.server.readers.hdf5.reader import Hdf5Shard, open_hdf5_shard
 from flightfeed.server.storage import StorageOptions, open_dataset
 from flightfeed.wire.errors import ConfigError, DatasetError, ShardError
 

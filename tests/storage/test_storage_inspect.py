@@ -12,9 +12,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from flightfeed.server.readers.ipc_meta import ipc_compression
-from flightfeed.server.storage.local_s3 import LocalS3
+from flightfeed.server.readers.arrow.meta import ipc_compression
 from flightfeed.server.testing import running_server
+from flightfeed.server.testing.local_s3 import LocalS3
 from flightfeed.server.tools import inspect as inspect_cli
 from flightfeed.server.tools.convert import ConvertSettings, convert
 from flightfeed.server.tools.inspect import format_report, inspect_dataset, inspect_server

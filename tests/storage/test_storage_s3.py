@@ -14,11 +14,11 @@ import pytest
 
 from flightfeed.server.data.catalog import Dataset
 from flightfeed.server.observe.metrics import ServerMetrics
-from flightfeed.server.storage import cache as cache_module
 from flightfeed.server.storage import open_dataset
-from flightfeed.server.storage.local_s3 import LocalS3
+from flightfeed.server.storage.cache import shard_cache as cache_module
 from flightfeed.server.storage.remote import RemoteShard
 from flightfeed.server.storage.s3_client import download, translate, with_retries
+from flightfeed.server.testing.local_s3 import LocalS3
 from flightfeed.server.tools.convert import ConvertSettings, convert
 from flightfeed.wire.errors import DatasetError, StorageError
 

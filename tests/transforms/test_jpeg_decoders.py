@@ -17,7 +17,7 @@ import pytest
 import torch
 from PIL import Image
 
-from flightfeed.client._jpeg_decoders import backend_of, default_decoder, nvimgcodec_decoder, torchvision_decoder
+from flightfeed.client._images.jpeg import backend_of, default_decoder, nvimgcodec_decoder, torchvision_decoder
 from flightfeed.wire.errors import ConfigError, ShardError
 from tests.transforms.images import encode, picture
 

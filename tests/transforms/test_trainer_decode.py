@@ -14,8 +14,8 @@ import torch
 from PIL import Image
 
 from flightfeed.client import ConfigError, FlightDataset, ReadOptions
-from flightfeed.client._normalize import IMAGENET_MEAN, IMAGENET_STD
-from flightfeed.client._trainer_decode import torchvision_decoder
+from flightfeed.client._images.normalize import IMAGENET_MEAN, IMAGENET_STD
+from flightfeed.client._images.trainer_decode import torchvision_decoder
 from flightfeed.server.testing import RunningServer, running_server
 from flightfeed.server.transforms import DrawKey, Transformer
 from flightfeed.server.transforms.deferred import frame_params

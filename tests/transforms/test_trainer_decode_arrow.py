@@ -13,9 +13,9 @@ import pyarrow as pa
 import pytest
 import torch
 
-import flightfeed.client._convert as convert_module
-from flightfeed.client._device import CpuEngine
-from flightfeed.client._trainer_decode import batched_resized_crop
+import flightfeed.client._tensors.arrow as convert_module
+from flightfeed.client._device.engines import CpuEngine
+from flightfeed.client._images.trainer_decode import batched_resized_crop
 from tests.transforms.conftest import STEPS, MakeImages
 from tests.transforms.test_trainer_decode import DEFER, tolerant_decoder
 

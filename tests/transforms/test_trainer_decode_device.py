@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from flightfeed.client._device import CpuEngine
+from flightfeed.client._device.engines import CpuEngine
 from tests.transforms.conftest import MakeImages
 from tests.transforms.test_trainer_decode import rows_of, tolerant_decoder
 

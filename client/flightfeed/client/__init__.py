@@ -15,7 +15,7 @@ from flightfeed.client._mix_plan import Mixture
 from flightfeed.client._mixture import MixtureDataset
 from flightfeed.client._node import FlightNode
 from flightfeed.client._options import ConnectOptions, ReadOptions
-from flightfeed.client._pack import Pack
+from flightfeed.client._tensors.pack import Pack
 from flightfeed.wire.errors import (
     ConfigError,
     DatasetNotFound,

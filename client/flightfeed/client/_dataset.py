@@ -17,27 +17,27 @@ from typing import Any, ClassVar
 
 import torch.utils.data
 
+from flightfeed.client._connect.info import dataset_info
+from flightfeed.client._connect.info_helper import helper_needed, info_via_helper, windows_via_helper
+from flightfeed.client._connect.members import Members
+from flightfeed.client._connect.pool import ConnectionPool
+from flightfeed.client._connect.report import _default_client_id
+from flightfeed.client._connect.request import ReadJob, columns_arg, open_readers, read_command
+from flightfeed.client._connect.streams import StreamReader
 from flightfeed.client._datapipe import FlightDataPipe
-from flightfeed.client._device import CopyEngine
-from flightfeed.client._images import check_decode_on
-from flightfeed.client._info import dataset_info
-from flightfeed.client._info_helper import helper_needed, info_via_helper, windows_via_helper
+from flightfeed.client._device.engines import CopyEngine
+from flightfeed.client._device.mover import DevicePath
+from flightfeed.client._images.stage import check_decode_on
 from flightfeed.client._iteration import iterate
-from flightfeed.client._lanes import Lane, LaneSettings, join_lanes
-from flightfeed.client._members import Members
 from flightfeed.client._mix_plan import Mixture
-from flightfeed.client._mover import DevicePath
 from flightfeed.client._node import FlightNode
 from flightfeed.client._options import ConnectOptions, ReadOptions, checked_settings, refuse_moved
-from flightfeed.client._pack import set_pack
-from flightfeed.client._pool import ConnectionPool
 from flightfeed.client._position import Position
-from flightfeed.client._report import _default_client_id
-from flightfeed.client._request import ReadJob, columns_arg, open_readers, read_command
-from flightfeed.client._state import ReadState
-from flightfeed.client._stats import StallMeter
-from flightfeed.client._streams import StreamReader
-from flightfeed.client._topology import Topology, for_child, resolve_topology
+from flightfeed.client._receive.lanes import Lane, LaneSettings, join_lanes
+from flightfeed.client._receive.stats import StallMeter
+from flightfeed.client._state.state import ReadState
+from flightfeed.client._state.topology import Topology, for_child, resolve_topology
+from flightfeed.client._tensors.pack import set_pack
 from flightfeed.client._workers import SharedSlots, process_slots
 from flightfeed.wire.errors import ConfigError
 from flightfeed.wire.messages import INDEX_COLUMN, ReadCommand

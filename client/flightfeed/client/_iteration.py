@@ -21,25 +21,25 @@ from typing import Any, Protocol
 
 import torch
 
-from flightfeed.client._assemble import split_batches
-from flightfeed.client._convert import batch_to_torch
-from flightfeed.client._device import CopyEngine, DeviceStage
-from flightfeed.client._images import image_stage, trainer_columns
-from flightfeed.client._lanes import Lane, Lanes, LaneSettings, join_lanes
-from flightfeed.client._members import Members
-from flightfeed.client._mover import DevicePath, device_batches
-from flightfeed.client._normalize import normalize_option
+from flightfeed.client._connect.members import Members
+from flightfeed.client._connect.report import start_reporter
+from flightfeed.client._connect.streams import StreamReader
+from flightfeed.client._device.engines import CopyEngine, DeviceStage
+from flightfeed.client._device.mover import DevicePath, device_batches
+from flightfeed.client._images.normalize import normalize_option
+from flightfeed.client._images.stage import image_stage, trainer_columns
 from flightfeed.client._options import ConnectOptions, ReadOptions
-from flightfeed.client._pack import widen
-from flightfeed.client._packed import Buffers, packed_batches, widen_message
 from flightfeed.client._position import start_state
-from flightfeed.client._ragged import tuple_of
-from flightfeed.client._report import start_reporter
-from flightfeed.client._skips import positions_of
-from flightfeed.client._state import ReadState
-from flightfeed.client._stats import StallMeter
-from flightfeed.client._streams import StreamReader
-from flightfeed.client._topology import Topology, resolve_topology
+from flightfeed.client._receive.assemble import split_batches
+from flightfeed.client._receive.lanes import Lane, Lanes, LaneSettings, join_lanes
+from flightfeed.client._receive.skips import positions_of
+from flightfeed.client._receive.stats import StallMeter
+from flightfeed.client._state.state import ReadState
+from flightfeed.client._state.topology import Topology, resolve_topology
+from flightfeed.client._tensors.arrow import batch_to_torch
+from flightfeed.client._tensors.pack import widen
+from flightfeed.client._tensors.packed import Buffers, packed_batches, widen_message
+from flightfeed.client._tensors.ragged import tuple_of
 from flightfeed.client._workers import SharedSlots, drop_rows, hint_once, skip_delivered, worker_start
 from flightfeed.wire.errors import StreamError
 

@@ -29,7 +29,7 @@ import torch.utils.data
 from flightfeed.client._dataset import FlightDataset
 from flightfeed.client._mix_plan import BLOCK, Mixture, epoch_length, source_epoch, source_steps
 from flightfeed.client._options import ConnectOptions, ReadOptions
-from flightfeed.client._stats import StallMeter
+from flightfeed.client._receive.stats import StallMeter
 from flightfeed.wire.errors import ConfigError, StaleState
 from flightfeed.wire.transforms import TransformSpec
 

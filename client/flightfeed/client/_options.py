@@ -18,10 +18,10 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import pyarrow.flight as flight
 
-from flightfeed.client._normalize import NormalizeSpec, normalize_option
-from flightfeed.client._pack import Pack
-from flightfeed.client._ragged import RaggedSpec, check_ragged
-from flightfeed.client._retry import RetryPolicy
+from flightfeed.client._connect.retry import RetryPolicy
+from flightfeed.client._images.normalize import NormalizeSpec, normalize_option
+from flightfeed.client._tensors.pack import Pack
+from flightfeed.client._tensors.ragged import RaggedSpec, check_ragged
 from flightfeed.wire.errors import ConfigError
 from flightfeed.wire.messages import DECODE_ERROR_POLICIES
 from flightfeed.wire.tokens import normalize_token

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch.utils.data
 
-from flightfeed.client._state import ReadState
-from flightfeed.client._topology import resolve_topology
+from flightfeed.client._state.state import ReadState
+from flightfeed.client._state.topology import resolve_topology
 from flightfeed.client._workers import STATEFUL_HINT, SharedSlots, refuse_worker_state_here
 from flightfeed.wire.errors import ConfigError
 

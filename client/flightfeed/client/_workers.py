@@ -34,10 +34,10 @@ import pyarrow as pa
 import torch
 import torch.multiprocessing  # registers torch's shared-memory reductions with ForkingPickler
 
-from flightfeed.client._skips import positions_of
-from flightfeed.client._state import ReadState
-from flightfeed.client._streams import StreamReader
-from flightfeed.client._topology import Topology
+from flightfeed.client._connect.streams import StreamReader
+from flightfeed.client._receive.skips import positions_of
+from flightfeed.client._state.state import ReadState
+from flightfeed.client._state.topology import Topology
 from flightfeed.wire.errors import ConfigError, StaleState
 from flightfeed.wire.messages import span_of
 

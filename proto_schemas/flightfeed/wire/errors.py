@@ -2,7 +2,7 @@
 
 The server raises these and translates them to Flight errors in one place
 (``flightfeed.server.guards.boundary``); the client translates Flight errors back into
-these in one place (``flightfeed.client._boundary``). The class travels in the
+these in one place (``flightfeed.client._connect.boundary``). The class travels in the
 message as a ``[flightfeed:ClassName]`` prefix, so both sides agree on the type.
 """
 

@@ -20,10 +20,10 @@ __all__ = ["main", "SUBCOMMANDS"]
 #: name -> (module, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("flightfeed.server.serve", "serve datasets over Arrow Flight (and the metrics sidecar)"),
-    "demo": ("flightfeed.client._demo", "make a small dataset, serve it, read one epoch into torch"),
+    "demo": ("flightfeed.client._cli.demo", "make a small dataset, serve it, read one epoch into torch"),
     "convert": ("flightfeed.server.tools.convert.cli", "convert HDF5/Parquet/NumPy/image folders into .arrow shards"),
     "inspect": ("flightfeed.server.tools.inspect", "schema, rows, shards and bytes of a path, s3:// URI or server"),
-    "bench": ("flightfeed.client._bench", "measure client throughput and stall against a server"),
+    "bench": ("flightfeed.client._cli.bench", "measure client throughput and stall against a server"),
     "sidecar": ("flightfeed.server.sidecar.cli", "run the metrics sidecar as its own process"),
 }
 

@@ -6,9 +6,9 @@ each endpoint of a FlightInfo, ``locality`` routes cache misses to the node that
 ``workers`` supervises ``--workers`` processes and ``lifecycle`` drains a node on SIGTERM.
 """
 
+from flightfeed.server.cluster.health_probe import HealthProbe
 from flightfeed.server.cluster.node import Cluster
 from flightfeed.server.cluster.peers import Membership, Peer, Resolver, parse_peers, parse_peers_dns, system_resolver
-from flightfeed.server.cluster.probe import HealthProbe
 from flightfeed.server.cluster.spread import spread
 from flightfeed.server.cluster.workers import READY_PREFIX, WorkerPool, default_workers
 

@@ -17,8 +17,8 @@ from typing import Any
 import pyarrow.flight as flight
 from prometheus_client.core import GaugeMetricFamily
 
-from flightfeed.server.cluster.identity import OwnLocations
 from flightfeed.server.cluster.peers import Membership
+from flightfeed.server.cluster.self_location import OwnLocations
 from flightfeed.server.cluster.spread import host_of, is_wildcard, spread, with_host
 from flightfeed.server.cluster.workers import WorkerPool
 

@@ -34,7 +34,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from flightfeed.server.cluster.credential import ClusterKey, NotAMember
-from flightfeed.server.cluster.probe import HealthProbe
+from flightfeed.server.cluster.health_probe import HealthProbe
 from flightfeed.server.cluster.spread import host_of, is_wildcard, with_host
 from flightfeed.wire.errors import ConfigError
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from flightfeed.server.cluster.probe import HealthProbe
+from flightfeed.server.cluster.health_probe import HealthProbe
 from flightfeed.wire.errors import ConfigError
 
 __all__ = ["WorkerPool", "READY_PREFIX", "CORES_PER_PROCESS", "default_workers"]

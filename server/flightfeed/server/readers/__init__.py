@@ -6,7 +6,7 @@ file suffix."""
 
 from __future__ import annotations
 
-from flightfeed.server.readers.arrow_ipc import ARROW_SUFFIXES, ArrowShard
+from flightfeed.server.readers.arrow.ipc_file import ARROW_SUFFIXES, ArrowShard
 from flightfeed.server.readers.base import ShardReader
 from flightfeed.wire.errors import ConfigError, DatasetError
 
@@ -48,7 +48,7 @@ def open_shard(path: str, uri: str | None = None, **options: object) -> ShardRea
     if fmt == "arrow":
         return ArrowShard(path, uri, io=arrow_io)
     if fmt == "hdf5":
-        from flightfeed.server.readers.hdf5 import open_hdf5_shard
+        from flightfeed.server.readers.hdf5.reader import open_hdf5_shard
 
         return open_hdf5_shard(path, uri, **options)
     from flightfeed.server.readers.parquet import ParquetShard

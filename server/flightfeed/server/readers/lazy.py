@@ -26,8 +26,8 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from flightfeed.server.readers import open_shard
-from flightfeed.server.readers.arrow_ipc import ArrowShard
-from flightfeed.server.readers.arrow_small import SMALL_READ_BYTES, SmallArrowShard
+from flightfeed.server.readers.arrow.ipc_file import ArrowShard
+from flightfeed.server.readers.arrow.small import SMALL_READ_BYTES, SmallArrowShard
 from flightfeed.server.readers.base import ShardReader
 from flightfeed.server.readers.blocks import BlockCheck, BlockSums
 from flightfeed.server.readers.open_files import OpenFiles

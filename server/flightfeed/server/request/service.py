@@ -32,8 +32,8 @@ from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.observe.reports import MAX_REPORT_BYTES, validate_report
 from flightfeed.server.observe.shared import shared_snapshot
 from flightfeed.server.observe.snapshot import metrics_snapshot
-from flightfeed.server.request.identity import job_digest
 from flightfeed.server.request.packed import packed_row_bytes, packed_schema
+from flightfeed.server.request.request_identity import job_digest
 from flightfeed.server.request.shared_messages import DEFAULT_SHARE_WINDOW, ShareWindow
 from flightfeed.server.request.streaming import (
     StreamSettings,

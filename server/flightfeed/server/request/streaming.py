@@ -20,9 +20,9 @@ from flightfeed.server.data.order import EpochOrder
 from flightfeed.server.data.readahead import NO_READAHEAD
 from flightfeed.server.data.shuffle_sizing import message_rows_cap, shuffle_defaults
 from flightfeed.server.request.gather import contiguous, gather
-from flightfeed.server.request.identity import request_identity, stream_group
+from flightfeed.server.request.overlap import read_ahead
 from flightfeed.server.request.packed import pack_tickets, packed_batches
-from flightfeed.server.request.read_ahead import read_ahead
+from flightfeed.server.request.request_identity import request_identity, stream_group
 from flightfeed.server.request.shared_messages import ShareWindow
 from flightfeed.wire.errors import InvalidRequest, StaleState
 from flightfeed.wire.messages import INDEX_COLUMN, WIRE_VERSION, ReadCommand, StreamTicket, span_of, tickets_of

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from flightfeed.server.observe.probe import FlightProbe
+from flightfeed.server.observe.flight_probe import FlightProbe
 from flightfeed.wire.errors import FlightFeedError
 
 __all__ = ["ServingProbe"]

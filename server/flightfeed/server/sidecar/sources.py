@@ -23,8 +23,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from flightfeed.server.cluster.spread import host_of, is_wildcard, with_host
+from flightfeed.server.observe.flight_probe import FlightProbe
 from flightfeed.server.observe.metrics import ServerMetrics
-from flightfeed.server.observe.probe import FlightProbe
 from flightfeed.server.observe.snapshot import metrics_snapshot
 from flightfeed.server.sidecar.readiness import ServingProbe
 from flightfeed.wire.errors import FlightFeedError

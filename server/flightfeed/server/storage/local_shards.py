@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from flightfeed.server.readers import ShardReader, format_of, open_shard
-from flightfeed.server.readers.ipc_footer import read_ipc_layout
+from flightfeed.server.readers.arrow.footer import read_ipc_layout
 from flightfeed.server.readers.lazy import LazyShard, ShardGroup
 from flightfeed.server.readers.open_files import OpenFiles, shared_open_files
 from flightfeed.server.storage.local import list_local_shards

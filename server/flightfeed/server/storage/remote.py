@@ -24,12 +24,12 @@ import numpy as np
 import pyarrow as pa
 
 from flightfeed.server.readers import ShardReader, format_of, open_shard
-from flightfeed.server.readers.arrow_ipc import ArrowShard
-from flightfeed.server.readers.arrow_small import SMALL_READ_BYTES, SmallArrowShard
+from flightfeed.server.readers.arrow.ipc_file import ArrowShard
+from flightfeed.server.readers.arrow.small import SMALL_READ_BYTES, SmallArrowShard
 from flightfeed.server.readers.base import ShardFields
 from flightfeed.server.readers.blocks import BlockSums
 from flightfeed.server.readers.open_files import OpenFiles, shared_open_files
-from flightfeed.server.storage.cache import CacheLease, ShardCache
+from flightfeed.server.storage.cache.shard_cache import CacheLease, ShardCache
 from flightfeed.server.storage.manifest import ManifestShard
 from flightfeed.wire.errors import ShardError
 

@@ -20,8 +20,8 @@ from functools import partial
 import pyarrow.fs as pafs
 
 from flightfeed.server.readers import ShardReader, format_of
-from flightfeed.server.storage.cache import ShardCache, shared_cache
-from flightfeed.server.storage.cache_thrash import warn_if_too_small
+from flightfeed.server.storage.cache.shard_cache import ShardCache, shared_cache
+from flightfeed.server.storage.cache.thrash import warn_if_too_small
 from flightfeed.server.storage.hf_folder import DATASET_DICT, INFO, STATE, data_file_names, dataset_dict_error
 from flightfeed.server.storage.local import SHARD_SUFFIXES
 from flightfeed.server.storage.manifest import MANIFEST_NAME, Manifest, ManifestShard

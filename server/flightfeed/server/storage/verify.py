@@ -30,7 +30,7 @@ from flightfeed.server.cores import available_cores
 from flightfeed.server.data.catalog import Dataset
 from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.readers.blocks import BlockCheck
-from flightfeed.server.storage.cache_files import sha256_file
+from flightfeed.server.storage.cache.files import sha256_file
 from flightfeed.server.storage.manifest import MANIFEST_NAME, Manifest
 from flightfeed.wire.errors import ConfigError, DatasetError, ShardError
 

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
             token = read_token_file(args.auth_token_file) if args.auth_token_file else None
             report = inspect_server(args.target, token=token)
         elif args.write_manifest:
-            from flightfeed.server.storage.write_manifest import write_manifest
+            from flightfeed.server.tools.write_manifest import write_manifest
 
             options = storage_options_from_args(args, os.environ)
             path = write_manifest(args.target, options, block_bytes=args.block_size)
@@ -128,7 +128,7 @@ def inspect_dataset(uri: str, options: StorageOptions | None = None, *, verify: 
 
 def _verify_shards(uri: str, readers: Sequence[ShardReader], rows: list[dict[str, Any]]) -> None:
     """Add ``sha256`` and ``verified`` (True/False against manifest.json, None without one)."""
-    from flightfeed.server.storage.cache_files import sha256_file
+    from flightfeed.server.storage.cache.files import sha256_file
     from flightfeed.server.storage.verify import local_manifest
 
     found = local_manifest(uri)
@@ -162,7 +162,7 @@ def _notes(shard: Any) -> list[str]:
 
 def _compressions(uri: str, shards: Sequence[ShardReader], opts: StorageOptions) -> list[str]:
     """Compression per local shard; for remote ones, from the manifest or the first shard."""
-    from flightfeed.server.readers.ipc_meta import ipc_compression
+    from flightfeed.server.readers.arrow.meta import ipc_compression
     from flightfeed.server.storage.remote import RemoteShard
 
     def of(reader: Any) -> str:

@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from flightfeed.server.data.catalog import Dataset
 from flightfeed.server.request.gather import gather
-from flightfeed.server.request.read_ahead import read_ahead
+from flightfeed.server.request.overlap import read_ahead
 from flightfeed.server.transforms import native
 from flightfeed.server.transforms.defaults import default_registry
 from flightfeed.server.transforms.deferred import crop_name, flip_name, frame_params, params_arrays

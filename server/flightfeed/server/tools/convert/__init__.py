@@ -12,6 +12,6 @@ from __future__ import annotations
 
 from flightfeed.server.tools.convert.cli import add_arguments, run
 from flightfeed.server.tools.convert.pipeline import ConvertSettings, convert
-from flightfeed.server.tools.convert.splits import convert_splits
+from flightfeed.server.tools.convert.sources.splits import convert_splits
 
 __all__ = ["convert", "convert_splits", "ConvertSettings", "add_arguments", "run"]

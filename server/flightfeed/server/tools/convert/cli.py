@@ -21,11 +21,11 @@ from flightfeed.server.storage.cli_options import (
     storage_options_from_args,
 )
 from flightfeed.server.storage.manifest import Manifest
-from flightfeed.server.tools.convert.formats import FORMAT_KINDS
-from flightfeed.server.tools.convert.images import split_folders
 from flightfeed.server.tools.convert.pipeline import ConvertSettings, convert
-from flightfeed.server.tools.convert.splits import convert_splits, split_destination
-from flightfeed.server.tools.convert.token_sources import add_token_arguments
+from flightfeed.server.tools.convert.sources.formats import FORMAT_KINDS
+from flightfeed.server.tools.convert.sources.images import split_folders
+from flightfeed.server.tools.convert.sources.splits import convert_splits, split_destination
+from flightfeed.server.tools.convert.sources.token_sources import add_token_arguments
 from flightfeed.wire.errors import ConfigError, FlightFeedError
 
 __all__ = ["add_arguments", "run"]

@@ -16,11 +16,12 @@ from flightfeed.server.readers.blocks import BLOCK_BYTES
 from flightfeed.server.storage.manifest import Manifest
 from flightfeed.server.storage.options import StorageOptions
 from flightfeed.server.tools.convert.destination import open_destination
-from flightfeed.server.tools.convert.formats import FORMAT_KINDS, detect_format, open_format_source
-from flightfeed.server.tools.convert.images import ImageFolderSource, looks_like_image_folder, split_folders
-from flightfeed.server.tools.convert.records import RecordSource
 from flightfeed.server.tools.convert.shard_hasher import prompt_switches
-from flightfeed.server.tools.convert.sources import (
+from flightfeed.server.tools.convert.sources.formats import FORMAT_KINDS, detect_format, open_format_source
+from flightfeed.server.tools.convert.sources.images import ImageFolderSource, looks_like_image_folder, split_folders
+from flightfeed.server.tools.convert.sources.records import RecordSource
+from flightfeed.server.tools.convert.sources.split_files import refuse_mixed_splits
+from flightfeed.server.tools.convert.sources.tabular import (
     Hdf5Source,
     NumpySource,
     ParquetSource,
@@ -28,8 +29,7 @@ from flightfeed.server.tools.convert.sources import (
     find_files,
     require,
 )
-from flightfeed.server.tools.convert.split_files import refuse_mixed_splits
-from flightfeed.server.tools.convert.token_sources import TOKEN_KINDS, open_token_source, refuse_token_options
+from flightfeed.server.tools.convert.sources.token_sources import TOKEN_KINDS, open_token_source, refuse_token_options
 from flightfeed.server.tools.convert.writer import Compression, ShardWriter, rebatch
 from flightfeed.wire.errors import ConfigError, DatasetError, ShardError
 

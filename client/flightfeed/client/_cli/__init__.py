@@ -1,0 +1,1 @@
+"""The client's commands: ``flightfeed bench`` and ``flightfeed demo``."""

@@ -1,0 +1,1 @@
+"""Trainer-side images: decode on the trainer, normalisation and the JPEG decoders."""
