@@ -22,6 +22,7 @@ __all__ = [
     "StreamError",
     "StreamTruncated",
     "Unauthenticated",
+    "PermissionDenied",
     "ConfigError",
     "error_tag",
     "error_from_message",
@@ -81,6 +82,11 @@ class Unauthenticated(FlightFeedError):
     """Missing or wrong credentials."""
 
 
+class PermissionDenied(FlightFeedError):
+    """The credentials are valid but do not allow this call (a tenant reading a dataset it may
+    not read). The message never names or lists datasets the caller may not see."""
+
+
 _TAG = re.compile(r"\[flightfeed:(\w+)\]\s*")
 _BY_NAME: dict[str, type[FlightFeedError]] = {
     cls.__name__: cls
@@ -97,6 +103,7 @@ _BY_NAME: dict[str, type[FlightFeedError]] = {
         StreamError,
         StreamTruncated,
         Unauthenticated,
+        PermissionDenied,
     )
 }
 

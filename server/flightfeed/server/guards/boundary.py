@@ -31,6 +31,7 @@ import pyarrow.flight as flight
 from flightfeed.wire.errors import (
     FlightFeedError,
     InvalidRequest,
+    PermissionDenied,
     StaleState,
     StorageError,
     Unauthenticated,
@@ -75,6 +76,8 @@ def to_flight_error(exc: BaseException) -> Exception:
         text = clip_message(error_tag(exc))
         if isinstance(exc, Unauthenticated):
             return flight.FlightUnauthenticatedError(text)
+        if isinstance(exc, PermissionDenied):
+            return flight.FlightUnauthorizedError(text)
         if isinstance(exc, InvalidRequest | StaleState):
             return flight.FlightServerError(text)
         if isinstance(exc, StorageError):
