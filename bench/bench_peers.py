@@ -12,7 +12,7 @@ number of distinct 256-row blocks of the stored order in one batch (uniform rand
 least as good as the peer's.
 
 The peers are optional (the ``bench`` extra: ``pip install -c /work/wt/constraints.txt
---no-deps litdata mosaicml-streaming`` plus their light dependencies; see RESULTS.md). A peer that
+--no-deps litdata mosaicml-streaming`` plus their light dependencies; see bench/history.md). A peer that
 cannot be imported is skipped with a message. mosaicml-streaming imports its torchvision-based
 vision datasets at import time; where no torchvision matches the installed torch, this script
 installs an import stub for ``torchvision`` (the MDS writer and reader do not use it).

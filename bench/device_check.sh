@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The checks that need the lent GPU / many-core machine, in one prepared call (bench/RESULTS.md).
+# The checks that need the lent GPU / many-core machine, in one prepared call (bench/history.md).
 #
 # That machine has its own Python (3.12, a CUDA torch, torchvision) and no package index: the
-# packages it lacks travel as wheels in .whl/ (see the download command in bench/RESULTS.md).
+# packages it lacks travel as wheels in .whl/ (see the download command in bench/history.md).
 # Each step has its own time limit, so one that hangs still leaves the others' figures. Logs and
 # JSON go to $OUT (or bench/out/device when run by hand).
 #

@@ -3,7 +3,8 @@
 ``python bench/run_all.py [--only NAME ...]``: bench_throughput, bench_shuffle, bench_storage and
 bench_hdf5 when present, bench_gpu when this machine has a CUDA device, and bench_stragglers when
 run as root (it makes network namespaces). Each writes bench/out/*.json;
-the summary reads them back. The exit status is 1 when a benchmark failed to run (a missed
+the summary reads them back. ``--report`` runs nothing and draws the plots of docs/performance.md
+from the JSON already there (``bench/report.py``). The exit status is 1 when a benchmark failed to run (a missed
 target is reported, not an error: the figures depend on the machine).
 """
 
@@ -69,7 +70,14 @@ def summary_lines(data: dict[str, Any]) -> list[str]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--only", nargs="+", choices=sorted(SCRIPTS), help="run only these")
+    p.add_argument("--report", action="store_true", help="run nothing: plot bench/out/*.json (report.py)")
     args = p.parse_args()
+    if args.report:
+        if __package__ in (None, ""):
+            sys.path.insert(0, str(BENCH.parent))
+        from bench.report import main as report_main
+
+        return report_main([])
     chosen = [s for s in SCRIPTS if (BENCH / f"{s}.py").exists() and (not args.only or s in args.only)]
     if "bench_stragglers" in chosen and not _is_root():
         print("bench_stragglers: skipped (network namespaces need root: `sudo python bench/bench_stragglers.py`)")

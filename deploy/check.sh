@@ -17,7 +17,7 @@
 # Needs Docker and Compose v2 (`docker compose`). Downloads base images and wheels (torch's CPU
 # wheel: about 0.2 GB), so it is not part of .ci/run: run it before closing a change to deploy/,
 # the cluster or the client's failover (`./run deploy-check`), and record the result in
-# bench/RESULTS.md. Settings (environment):
+# bench/history.md. Settings (environment):
 #   DOCKER               the docker CLI (default: docker)
 #   PYTHON_IMAGE         base image of both images (default python:3.11-slim; a mirror or a local stand-in)
 #   TORCH_INDEX_URL      where the trainer's CPU torch comes from (default the PyTorch CPU index; set it

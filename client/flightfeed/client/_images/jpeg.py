@@ -5,7 +5,7 @@
   ``-cu13``, with ``nvidia-nvjpeg``), used where torchvision does not load beside this torch.
 
 :func:`default_decoder` takes torchvision's where it imports, else nvImageCodec on a CUDA device.
-Measured on the lent H200 machine (``bench/RESULTS.md``, 100 KB JPEGs, batches of 128): the
+Measured on the lent H200 machine (``bench/history.md``, 100 KB JPEGs, batches of 128): the
 decode call itself costs the client 0.05-0.08 ms of CPU per image with torchvision and 0.09 ms with
 nvImageCodec, and the whole trainer decode ran at 5,454 img/s with torchvision against 2,685 with
 nvImageCodec -- so torchvision first. Both return what torchvision returns: one ``(C, H, W)``

@@ -37,7 +37,7 @@ READY_PREFIX = "flight: "
 #: gather is ~60% GIL-free and JPEG decode + augment ~89%, so by Amdahl one process gets ~1.4x /
 #: ~1.8x from 2 cores but only ~1.8x / ~3.0x from 4. On the 16-core machine one process per 4
 #: cores kept 12.4 of 16 cores busy decoding JPEGs (the Amdahl figure: 4 x 3.0), and 8 processes
-#: x 2 threads decoded 1.5x the images of 4 x 4 (``bench/RESULTS.md``): one process per 2 cores.
+#: x 2 threads decoded 1.5x the images of 4 x 4 (``bench/history.md``): one process per 2 cores.
 #: More cores are put to work by more processes (each with its own GIL and h5py lock).
 CORES_PER_PROCESS = 2
 

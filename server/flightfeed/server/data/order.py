@@ -38,7 +38,7 @@ __all__ = ["EpochOrder", "Rows", "default_shuffle", "DEFAULT_BLOCK_ROWS", "BLOCK
 
 #: the block size of the first release (64 rows whatever their width); checkpoints made then carry it
 DEFAULT_BLOCK_ROWS = 64
-#: target bytes per block: one block is one random read of the shards (see bench/RESULTS.md)
+#: target bytes per block: one block is one random read of the shards (see bench/history.md)
 BLOCK_BYTES = 8 << 20
 #: a window holds at least this many blocks (mixing of a label-sorted dataset, bench_shuffle.py)
 MIN_BLOCKS_PER_WINDOW = 32

@@ -4,7 +4,7 @@ The server knows every epoch's block sequence (``order.py``), so a shuffled stre
 known: window ``w + 1``'s blocks (each a contiguous run of stored rows, ~8 MiB) are fetched while
 window ``w`` is being served, ``windows`` windows ahead of the stream. A stored-order stream reads
 its next ``messages`` messages ahead (sequential read-ahead; 0 by default: on the disk measured
-in bench/RESULTS.md the kernel's own readahead did better for stored order).
+in bench/history.md the kernel's own readahead did better for stored order).
 
 How a run of rows is fetched depends on the shard:
 

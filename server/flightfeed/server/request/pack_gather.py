@@ -23,7 +23,7 @@ subtraction from a ramp (a sequential scan such as ``np.maximum.accumulate`` cos
 Python per token or per window; Python per piece only. On the 2-core VM (shared, load 3-7), with
 documents of ~500 tokens (2,000 pieces per 10**6 tokens), packing costs 2.3-2.5 ms of CPU per 10**6
 tokens, against 7-10.5 ms for the previous numpy-slice/``np.repeat`` version (same process,
-alternating; ``bench/RESULTS.md``, seventh session).
+alternating; ``bench/history.md``, seventh session).
 """
 
 from __future__ import annotations

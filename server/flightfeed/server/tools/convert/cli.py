@@ -104,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--hash-thread",
         action="store_true",
         help="hash shards (sha256) on a second thread while the source is read: faster where a core is free, "
-        "slower on a busy machine (figures in bench/RESULTS.md)",
+        "slower on a busy machine (figures in bench/history.md)",
     )
     add_reader_arguments(parser)
     add_s3_arguments(parser)

@@ -9,7 +9,7 @@ the current block in the caller's thread (cheap) and sha256 — the costly part,
 on one worker thread when given a pool (``convert --hash-thread``; hashlib releases the GIL), so
 it overlaps with reading the source and encoding the next batch. That pays only where a core is
 free: on a busy machine every hand-over of the GIL may wait for the scheduler, and one thread is
-faster (bench/RESULTS.md). At most ``MAX_QUEUED_BYTES`` wait for it, then the
+faster (bench/history.md). At most ``MAX_QUEUED_BYTES`` wait for it, then the
 writer waits. The worker needs the GIL back after each buffer: :func:`prompt_switches` makes
 the interpreter hand it over within 1 ms instead of 5 (a source parsed in Python holds the GIL
 for long stretches). ``finish(size)`` waits for the last buffer and returns the digests: those
