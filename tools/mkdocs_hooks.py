@@ -1,18 +1,24 @@
-"""MkDocs hooks (mkdocs.yml ``hooks:``): the CLI reference is rendered from argparse at build time.
+"""MkDocs hooks (mkdocs.yml ``hooks:``): pages made from the repository at build time, so they cannot drift.
 
-``docs/cli.md`` holds the marker ``<!-- cli-reference -->``; the build replaces it with a table of
-the subcommands (their one-line help from ``flightfeed.server.cli.SUBCOMMANDS``) and each
-subcommand's ``--help``, so the page cannot drift from the parsers
-(``tests/architecture/test_doc_blocks.py`` checks the flags the other pages name).
+- ``docs/cli.md`` holds the marker ``<!-- cli-reference -->``; the build replaces it with a table of
+  the subcommands (their one-line help from ``flightfeed.server.cli.SUBCOMMANDS``) and each
+  subcommand's ``--help`` (``tests/architecture/test_doc_blocks.py`` checks the flags the other
+  pages name).
+- ``docs/index.md`` holds the marker ``<!-- readme -->``; the build replaces it with README.md, its
+  ``docs/`` links made relative to the site.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import re
+from pathlib import Path
 from typing import Any
 
 MARKER = "<!-- cli-reference -->"
+README_MARKER = "<!-- readme -->"
+ROOT = Path(__file__).resolve().parent.parent
 WIDTH = 100
 
 
@@ -41,7 +47,25 @@ def cli_reference() -> str:
     return "\n".join(lines) + "\n"
 
 
+def readme_for_site() -> str:
+    """README.md with its links into ``docs/`` made relative to the site, and its links to other files
+    of the repository shown as paths (the site holds only ``docs/``)."""
+
+    def link(m: re.Match[str]) -> str:
+        text, target = m.group(1), m.group(2)
+        if target.startswith(("http://", "https://")):
+            return m.group(0)
+        if target.startswith("docs/") and target != "docs/":
+            return f"[{text}]({target.removeprefix('docs/')})"
+        return f"`{target}`" if text.strip("`/") == target.strip("/") else f"{text} (`{target}`)"
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    return re.sub(r"\[([^\]]+)\]\(([^)]+)\)", link, text)
+
+
 def on_page_markdown(markdown: str, **_: Any) -> str:
     if MARKER in markdown:
-        return markdown.replace(MARKER, cli_reference())
+        markdown = markdown.replace(MARKER, cli_reference())
+    if README_MARKER in markdown:
+        markdown = markdown.replace(README_MARKER, readme_for_site())
     return markdown
