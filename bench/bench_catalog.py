@@ -1,4 +1,4 @@
-"""Datasets at their real size (issue 23): 10,000 and 100,000 shards behind one name.
+"""Datasets at their real size (docs/large-datasets.md, many shards): 10,000 and 100,000 shards behind one name.
 
 ``python bench/bench_catalog.py [--sizes 10000 100000] [--s3-sizes 10000 100000]`` writes
 ``bench/out/catalog.json``.

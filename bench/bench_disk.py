@@ -13,7 +13,7 @@ through a freshly started server process (pages a running server has mapped surv
 * with ``--block-mib 4,16``: shuffled with other block sizes (the choice of the default).
 
 Dropping the page cache needs root (``/proc/sys/vm/drop_caches`` is write-only here); without it
-the script refuses to run, since warm reads would mean nothing. Targets (issue 13): stored >= 0.9x
+the script refuses to run, since warm reads would mean nothing. Targets (docs/performance.md): stored >= 0.9x
 sequential, shuffled >= 0.8x stored. The data is deleted at the end. Never part of the test suite.
 """
 

@@ -4,9 +4,9 @@ One machine, one client process, a local flightfeed server (its own process(es))
 1. pinned and pageable H2D ceilings (``torch`` copies of a 256 MiB host buffer);
 2. raw pyarrow Flight -> CUDA: K streams, a FlightClient each, every message moved with ``.to(cuda)``;
 3. flightfeed -> CUDA: FlightDataset(device="cuda", streams=K), stored order and shuffled
-   (target: >= 10 GB/s on the H100 machine; DESIGN.md §6), each epoch interleaved with an epoch of
+   (target: >= 10 GB/s on the H100 machine; docs/design.md §6), each epoch interleaved with an epoch of
    the same client into host memory (device=None), so "into CUDA / into host" is one ratio of one
-   run (issue 30: >= 0.8x; shuffled -> CUDA >= 0.9x stored -> CUDA);
+   run (docs/performance.md: >= 0.8x; shuffled -> CUDA >= 0.9x stored -> CUDA);
 4. ResNet-50 (bf16 autocast, channels_last, SGD) fed by flightfeed vs the same loop on one
    synthetic batch already on the GPU (target: >= 95% of the synthetic img/s).
 torchvision's ResNet-50 is used when importable, else the compact copy below (same layers).

@@ -2,7 +2,7 @@
 served shuffled directly, against the same data converted to ``.arrow`` and served shuffled, in one
 run (one server process serves both; epochs alternate so load from others hits both alike).
 
-Targets (issue 24): direct HDF5 shuffled >= 0.5x the converted ``.arrow`` shuffled; each chunk
+Targets (docs/performance.md): direct HDF5 shuffled >= 0.5x the converted ``.arrow`` shuffled; each chunk
 decoded once per epoch (``flightfeed_chunk_decodes_total`` / chunks, from the ``stats`` action).
 
 Pixels (``--pixels``): ``noisy`` (the default, the issue's layout: gradients plus noise, gzip
@@ -77,7 +77,7 @@ PIXELS = {"noisy": noisy_images, "smooth": smooth_images}
 
 
 def write_stack(path: Path, rows: int, pixels: str = "noisy") -> None:
-    """Image rows (``PIXELS``), gzip level 4, 64-row chunks: the layout of issue 24."""
+    """Image rows (``PIXELS``), gzip level 4, 64-row chunks: the layout docs/performance.md measures."""
     rng = np.random.default_rng(0)
     with h5py.File(path, "w") as f:
         images = f.create_dataset(

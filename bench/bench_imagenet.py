@@ -60,7 +60,7 @@ from bench.common import OUT, flightfeed_server, machine, process_tree_cpu_s, wr
 from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.client._images.jpeg import backend_of, default_decoder
 
-TARGETS = {"train_vs_seed_img_per_s": 2.0}  # issue 17 (issue 9 asked 1.5)  # and the client: <= CLIENT_MS_PER_IMAGE
+TARGETS = {"train_vs_seed_img_per_s": 2.0}  # docs/performance.md; the client: <= CLIENT_MS_PER_IMAGE
 CLIENT_MS_PER_IMAGE = 0.1  # 10% of one core at 1,000 img/s
 
 

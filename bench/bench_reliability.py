@@ -1,4 +1,4 @@
-"""Reliability benchmark (issue 11): server memory under many concurrent clients and under one
+"""Reliability benchmark (docs/operations.md): server memory under many concurrent clients and under one
 hostile request. Writes bench/out/reliability.json and prints a table.
 
 Scenarios, each against a fresh ``flightfeed serve`` subprocess of a ~14 MB image-like dataset:

@@ -1,4 +1,4 @@
-"""Data nodes behind real, capped links (issue 19): a straggler, network-bound scale-out, autoscaling.
+"""Data nodes behind real, capped links (docs/cluster.md): a straggler, network-bound scale-out, autoscaling.
 
 Every node is ``flightfeed serve`` in its own network namespace, joined to a bridge by a veth
 pair whose node end is capped with ``tc qdisc ... tbf rate R`` (``tests/netns.py``); the client
@@ -8,7 +8,7 @@ network, not the 2-core machine's CPU, is the bottleneck. Needs root (namespaces
 * ``stragglers``: 4 nodes, then one of them capped at a quarter of the others' rate. The job's
   throughput with the straggler against all healthy (target >= 0.8; (3 + 1/4) / 4 = 0.8125 is
   the most the links allow), the same with the plan kept fixed (``move=False``: every message
-  on the node the plan put it on, the behaviour before issue 19), every row once per epoch.
+  on the node the plan put it on, the behaviour before work could move), every row once per epoch.
 * ``scaleout``: 1, 2, 3, 4 nodes with capped links, one client; n nodes against n x one node
   (target >= 0.85 at 4).
 * ``autoscale``: a trainer whose step needs ``--demand`` x what one node's link delivers, and an

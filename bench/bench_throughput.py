@@ -17,8 +17,8 @@
 (d) the seed recipe: one HDF5 file, a torch Dataset that opens it per item,
     DataLoader(num_workers=2, persistent_workers=True, batch_size=B).
 Both servers run in their own processes. (a) and (b) run interleaved, ``--rounds`` times; every
-figure is a median. Ratios and targets (DESIGN.md §6, issue 4): flightfeed >= 0.9x raw,
-shuffled >= 0.8x stored order, flightfeed >= 5x the seed recipe; issue 30: stored >= 0.95x raw,
+figure is a median. Ratios and targets (docs/design.md §6, docs/performance.md): flightfeed >= 0.9x raw,
+shuffled >= 0.8x stored order, flightfeed >= 5x the seed recipe; later: stored >= 0.95x raw,
 the client's CPU seconds per GB <= 1.1x raw Flight's (stored and shuffled; the server's is apart),
 device path >= 0.9x stored, staging copy 2-thread/1-thread >= 1.8x.
 """

@@ -1,5 +1,5 @@
 """The client's CPU around the trainer decode (``ReadOptions(decode_on="trainer")``), measured on
-a CPU machine through the same path a GPU trainer runs (issue 30).
+a CPU machine through the same path a GPU trainer runs (docs/images.md, decode on the trainer).
 
 The decode itself needs CUDA (nvJPEG), so a stand-in decoder with the decoder interface of
 ``_jpeg_decoders`` (bytes views -> CHW uint8 tensors) decodes with Pillow at 1/8 scale

@@ -155,7 +155,7 @@ def test_lanes_of_one_node_keep_their_stripes_whatever_their_speeds() -> None:
 
 
 def test_a_busy_lane_inside_a_wide_window_helps_with_a_frozen_lanes_messages() -> None:
-    """A lane measured as fast as the others that stops answering (a frozen node, issue 33): the
+    """A lane measured as fast as the others that stops answering (a frozen node, docs/cluster.md): the
     consumer waits for its message, so a lane in the middle of its own long run (inside a wide
     window: never at the gate) gives the run up, hedges that message, then steals what follows it
     -- the frozen lane's measured speed no longer shields its run."""

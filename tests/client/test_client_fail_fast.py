@@ -1,4 +1,4 @@
-"""A wrong address fails at once (issue 21): a location that never answered in this process, or that
+"""A wrong address fails at once (docs/operations.md): a location that never answered in this process, or that
 does not parse, is a ConfigError naming it and what to check; only a server that answered before and
 went away gets the per-outage retries, announced by one log line. Errors use the client's words."""
 

@@ -1,4 +1,4 @@
-"""What a torchvision-style training loop needs (issue 21): ``len(ds)`` (= ``len(loader)``) is the exact
+"""What a torchvision-style training loop needs (docs/client.md): ``len(ds)`` (= ``len(loader)``) is the exact
 number of batches the rank yields this epoch, and batches can come as tuples in a chosen column order."""
 
 from __future__ import annotations

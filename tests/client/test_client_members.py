@@ -1,5 +1,5 @@
-"""The members a reader knows (issue 25), as a pure object: given first, learned after, failed last until
-they answer again; and the retry count's floor (issue 22)."""
+"""The members a reader knows (docs/operations.md), as a pure object: given first, learned after, failed last until
+they answer again; and the retry count's floor (docs/operations.md, failure handling)."""
 
 from __future__ import annotations
 

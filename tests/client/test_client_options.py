@@ -1,4 +1,4 @@
-"""The regrouped constructor (issue 20): per-job settings flat, ``connect=ConnectOptions(...)`` and
+"""The regrouped constructor (docs/client.md, settings): per-job settings flat, ``connect=ConnectOptions(...)`` and
 ``options=ReadOptions(...)``; the former flat keywords refused with a ConfigError naming their new place."""
 
 from __future__ import annotations
@@ -35,12 +35,12 @@ def test_the_signature_is_the_designed_one() -> None:
     assert read == {
         "streams": 4, "prefetch": 1, "message_rows": 0, "block_rows": 0, "buffer_rows": 0, "compression": None,
         "on_decode_error": "raise", "report_interval": 5.0,
-        # issues 17 and 21: this wave's new knobs live in ReadOptions
+        # later knobs live in ReadOptions (docs/design.md §2)
         "normalize": None, "decode_on": "server", "as_tuple": False,
-        "window_bytes": None, "hedge": True, "move": True,  # issue 19: fetch ahead, hedging, moving work
-        "ragged": "nested", "pad_value": 0,  # issue 31: list columns
-        "pack": None,  # issue 31: token windows
-        "with_index": False,  # issue 34: the row_index column
+        "window_bytes": None, "hedge": True, "move": True,  # fetch ahead, hedging, moving work (docs/cluster.md)
+        "ragged": "nested", "pad_value": 0,  # list columns (docs/tokens.md)
+        "pack": None,  # token windows (docs/tokens.md)
+        "with_index": False,  # the row_index column (docs/client.md)
     }
     conn = {n: f.default for n, f in ConnectOptions.__dataclass_fields__.items()}
     assert conn == {"token": None, "tls_root_certs": None, "timeout": None, "retries": None, "retry_timeout": 30.0}

@@ -1,4 +1,4 @@
-"""The client against real `flightfeed serve` processes that die and come back (issues 22 and 25):
+"""The client against real `flightfeed serve` processes that die and come back (docs/operations.md, failure handling):
 a node restarted on its port mid-epoch is waited for even with ``retries=3``; a trainer pointed at one
 node of a tier survives that node's loss at its next epoch, and skips it until it answers again."""
 

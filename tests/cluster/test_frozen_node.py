@@ -1,4 +1,4 @@
-"""A frozen node (issue 33): not dead, not slow, it just stops answering (SIGSTOP of its process).
+"""A frozen node (docs/cluster.md, slow nodes): not dead, not slow, it just stops answering (SIGSTOP of its process).
 
 A real three-node tier of ``flightfeed serve`` processes on loopback; the trainer reads one epoch with
 a stand-in training step and a small window (so every stream is in flight through the epoch), and

@@ -1,4 +1,4 @@
-"""Data nodes in network namespaces behind tbf-capped links (``tests/netns.py``), issue 19.
+"""Data nodes in network namespaces behind tbf-capped links (``tests/netns.py``); docs/cluster.md, slow nodes.
 
 The helper itself (it builds, caps, serves and removes everything, also what a killed run left),
 and a slow link: three nodes, one capped at a quarter of the others' rate; the client in the

@@ -1,4 +1,4 @@
-"""Cluster proofs that cannot be relayed, reflected or replayed (issue 33): real nodes on
+"""Cluster proofs that cannot be relayed, reflected or replayed (docs/operations.md): real nodes on
 127.0.0.1 holding the cluster key, and a rogue without it that serves altered rows (its
 ``index`` values are shifted by ``FOREIGN``) and answers ``health`` by passing the challenge on
 with the data token every trainer holds. Each case reads an epoch through a member and counts

@@ -1,4 +1,4 @@
-"""Membership a client cannot write (issue 22 item 1): real nodes on 127.0.0.1; a rogue node
+"""Membership a client cannot write (docs/operations.md): real nodes on 127.0.0.1; a rogue node
 serving the very same data (same fingerprints) is the worst case."""
 
 from __future__ import annotations

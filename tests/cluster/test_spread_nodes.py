@@ -1,4 +1,4 @@
-"""Endpoints spread over every live node for every rank (issue 25): three real in-process nodes on
+"""Endpoints spread over every live node for every rank (docs/cluster.md): three real in-process nodes on
 loopback, two ranks of one stream each. Before, endpoint 0 of every rank went to the first node in
 order, so one node served everything and the other two none."""
 

@@ -1,4 +1,4 @@
-"""A slow node must not set the job's pace (issue 19), on loopback with in-process nodes.
+"""A slow node must not set the job's pace (docs/cluster.md, slow nodes), on loopback with in-process nodes.
 
 Three real Flight servers joined by membership; one of them is slowed (a sleep before each
 RecordBatch it sends) or hung (it sends nothing until the test ends). The client's streams pull

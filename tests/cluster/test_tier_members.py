@@ -1,4 +1,4 @@
-"""Members learned from a tier serve every dataset of that tier in the process (issue 34, item 2).
+"""Members learned from a tier serve every dataset of that tier in the process (docs/operations.md, remembered members).
 
 A script given one address reads *train* from a two-node tier; the node it dialed is SIGKILLed
 mid-epoch, and the epoch finishes exact on the other node. Then a *val* dataset, made with the same

@@ -1,4 +1,4 @@
-"""Data nodes bound to ``0.0.0.0`` with ``--peers`` naming themselves (issue 25), as compose and the
+"""Data nodes bound to ``0.0.0.0`` with ``--peers`` naming themselves (docs/cluster.md), as compose and the
 StatefulSet start them. A node's entry location under a wildcard bind is the address a peer found
 it under, read from its membership; the membership asked for it while holding its own lock, so the
 node hung for good as soon as a peer answered (before the ready line). Every other test binds

@@ -1,4 +1,4 @@
-"""The house's shape (issue 20): no import circles anywhere in the three code roots (type-only and
+"""The house's shape (docs/architecture.md): no import circles anywhere in the three code roots (type-only and
 function-level imports count), a small server package root whose subpackages say the flow, and
 a docstring on every subpackage."""
 

@@ -1,4 +1,4 @@
-"""Corrupt bytes never reach a trainer (issue 22 item 4): ``convert`` records block checksums and
+"""Corrupt bytes never reach a trainer (docs/large-datasets.md): ``convert`` records block checksums and
 the server verifies each block before any row in it leaves the node, from the first epoch on,
 with the default ``--verify lazy``."""
 
@@ -105,7 +105,7 @@ def test_a_flipped_byte_is_never_served_in_the_first_epoch(converted: Path, shuf
     storage = StorageOptions(verify="lazy", metrics=metrics)  # the default
     with running_server({"d": str(converted)}, storage=storage, metrics=metrics) as srv:
         delivered, error = _read(srv.location, shuffle=shuffle, seed=1, streams=1)
-        # named by dataset and shard (issue 33): never the server's path
+        # named by dataset and shard (docs/operations.md): never the server's path
         assert f"shard d/{shard.name}: block {block} " in error and "does not match its manifest checksum" in error
         assert str(converted) not in error
         assert row not in delivered  # 0 corrupt rows: every delivered row was checked above

@@ -1,4 +1,4 @@
-"""A shard truncated or overwritten in place while served (issue 11, item 6).
+"""A shard truncated or overwritten in place while served (docs/large-datasets.md, shards changed or corrupted).
 
 A memory-mapped shard that another process truncates raises SIGBUS on the next access, which
 killed the whole server. Now: the server process survives, the stream reading the dataset fails
@@ -87,7 +87,7 @@ def test_a_shard_changed_in_place_fails_its_stream_not_the_server(
         with pytest.raises((ShardError, StaleState)) as failed:
             for _ in it:  # the epoch must not end as if it were fine
                 pass
-        # the shard by dataset and relative name, never the server's path (issue 33)
+        # the shard by dataset and relative name, never the server's path (docs/operations.md)
         assert "big/part-00002.arrow" in str(failed.value) and str(big) not in str(failed.value)
         assert proc.poll() is None, "the server process died"
 

@@ -1,4 +1,4 @@
-"""A shard replaced on disk while the open-file bound had it closed (issue 23).
+"""A shard replaced on disk while the open-file bound had it closed (docs/large-datasets.md, many shards).
 
 With more shards than ``--max-open-shards``, a shard is closed after use and opened again when
 read. No read lease guards it while it is closed, so the check happens on reopening: the file's

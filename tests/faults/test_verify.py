@@ -1,4 +1,4 @@
-"""Local shards verified against manifest.json (issue 11, item 7): a flipped data byte is caught."""
+"""Local shards verified against manifest.json (docs/large-datasets.md): a flipped data byte is caught."""
 
 from __future__ import annotations
 

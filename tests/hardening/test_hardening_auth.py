@@ -1,5 +1,5 @@
 """Authentication that cannot silently switch off, and tokens that work however they are given
-(issue 11 item 1; issue 12's token rough edges)."""
+(docs/operations.md, security and limits)."""
 
 from __future__ import annotations
 

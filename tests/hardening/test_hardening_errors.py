@@ -1,5 +1,5 @@
 """Every RPC answers through the error boundary: a tagged class, a short message, no Python
-traceback or server path; every ticket field is range-checked (issue 11 item 5), and the
+traceback or server path; every ticket field is range-checked (docs/operations.md, security and limits), and the
 server's caps on message size and streams hold (item 4)."""
 
 from __future__ import annotations

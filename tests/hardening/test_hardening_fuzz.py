@@ -1,4 +1,4 @@
-"""Fuzzing the wire contract (issue 11, "Reliability"): 10,000+ seeded hostile ReadCommands,
+"""Fuzzing the wire contract (docs/design.md §5): 10,000+ seeded hostile ReadCommands,
 StreamTickets and ClientReports through the server's real handlers in-process (the same code and
 error boundary as over the network, without the gRPC round trip), and a smaller share through a
 real server over loopback. Every answer is either correct data (no row outside the dataset, no

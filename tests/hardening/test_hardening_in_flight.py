@@ -1,4 +1,4 @@
-"""The bytes-in-flight budget (issue 11 item 4): messages wait for room, a deadlock cannot last
+"""The bytes-in-flight budget (docs/operations.md, bytes in flight): messages wait for room, a deadlock cannot last
 (soft limits give way after ``wait_s``, never the hard limit), figures in /stats and /metrics."""
 
 from __future__ import annotations

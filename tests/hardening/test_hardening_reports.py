@@ -1,5 +1,5 @@
 """The ``report`` action is bounded: id length, number of tracked clients (oldest evicted and
-counted), and every field validated (issue 11 item 3)."""
+counted), and every field validated (docs/operations.md, caps per request)."""
 
 from __future__ import annotations
 

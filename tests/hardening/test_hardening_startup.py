@@ -1,4 +1,4 @@
-"""Errors that leaked or misled (issue 22 item 6; issue 21's port-in-use noise): get_schema
+"""Errors that leaked or misled (docs/errors.md; a port in use): get_schema
 refusals without a traceback, a TLS pair that does not match named as such, exposure warnings
 for TLS without a token and for the standalone sidecar, and a busy port without gRPC's log lines."""
 

@@ -1,4 +1,4 @@
-"""The epoch order of 10^9 rows costs memory per block, never per row (issue 23)."""
+"""The epoch order of 10^9 rows costs memory per block, never per row (docs/large-datasets.md, many shards)."""
 
 from __future__ import annotations
 

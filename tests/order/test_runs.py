@@ -1,4 +1,4 @@
-"""Runs of messages (``StreamSpan.message_count``) and message sizes that spread work (issue 19)."""
+"""Runs of messages (``StreamSpan.message_count``) and message sizes that spread work (docs/cluster.md)."""
 
 from __future__ import annotations
 

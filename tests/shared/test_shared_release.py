@@ -1,4 +1,4 @@
-"""The share window releases what no stream can use any more (issue 33): 64 trainers with
+"""The share window releases what no stream can use any more (docs/operations.md, shared jobs): 64 trainers with
 different seeds used to leave the window full (536 MB by default) with almost no reuse."""
 
 from __future__ import annotations

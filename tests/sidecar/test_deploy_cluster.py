@@ -218,7 +218,7 @@ def test_k8s_prometheus_job_sends_the_token_and_keeps_data_nodes() -> None:
 
 def test_k8s_autoscaler_follows_the_nodes_wanted_metric() -> None:
     """The HPA scales the data nodes' StatefulSet to max(flightfeed_nodes_wanted), through the
-    prometheus-adapter rule shipped beside it (issue 19)."""
+    prometheus-adapter rule shipped beside it (docs/cluster.md, how many nodes)."""
     (sts,) = _k8s("StatefulSet")
     (hpa,) = _k8s("HorizontalPodAutoscaler")
     assert hpa["apiVersion"] == "autoscaling/v2"

@@ -1,4 +1,4 @@
-"""How many data nodes the trainers need (issue 19): the rule, the tracker, the gauge and /stats."""
+"""How many data nodes the trainers need (docs/cluster.md): the rule, the tracker, the gauge and /stats."""
 
 from __future__ import annotations
 

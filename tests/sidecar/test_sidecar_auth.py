@@ -1,4 +1,4 @@
-"""The sidecar of a token-protected server wants the token too (issue 11 item 2): /metrics,
+"""The sidecar of a token-protected server wants the token too (docs/operations.md, security and limits): /metrics,
 /stats and / answer 401 without ``Authorization: Bearer``; /healthz and /readyz stay open; the
 dashboard asks for the token once and keeps it in the page."""
 

@@ -14,7 +14,7 @@ from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.observe.snapshot import metrics_snapshot
 from flightfeed.server.observe.window import RateWindow
 
-# DESIGN.md §2: the names tooling outside the package relies on
+# docs/design.md §2: the names tooling outside the package relies on
 DESIGN_NAMES = [
     "flightfeed_rows_sent_total",
     "flightfeed_bytes_sent_total",

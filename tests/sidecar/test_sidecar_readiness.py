@@ -1,6 +1,6 @@
-"""``/readyz`` means the node serves (issue 25): a node wedged in its request path is unready.
+"""``/readyz`` means the node serves (docs/cluster.md): a node wedged in its request path is unready.
 
-The wedge is the real one of issue 25: the cluster membership's lock held (the start-up deadlock
+The wedge is a real one, seen once: the cluster membership's lock held (the start-up deadlock
 held it forever), which every ``get_flight_info`` takes to spread its endpoints. The plain
 ``health`` action does not take it, so it kept answering ``ok`` and the sidecar said ready.
 """

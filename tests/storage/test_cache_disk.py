@@ -1,4 +1,4 @@
-"""The shard cache stays inside its disk (issue 22 items 2 and 3): evicted shards give their space
+"""The shard cache stays inside its disk (docs/large-datasets.md, the shard cache): evicted shards give their space
 back (files plus deleted-but-still-mapped bytes stay within ``--cache-size``), and a full disk is
 one clear, non-retried error that ``/readyz`` explains."""
 

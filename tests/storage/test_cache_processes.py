@@ -1,4 +1,4 @@
-"""One shard cache budget for every process sharing the directory (issue 33): downloads in flight
+"""One shard cache budget for every process sharing the directory (docs/large-datasets.md): downloads in flight
 and evicted-but-mapped files of all processes count against ``--cache-size``, a dead process's
 claim is reclaimed, and another process's eviction is a miss (fetched again), never an error."""
 

@@ -1,4 +1,4 @@
-"""``--hdf5-group`` per dataset (issue 21): one server serves an ``.arrow`` dataset and two groups of
+"""``--hdf5-group`` per dataset (docs/hdf5.md): one server serves an ``.arrow`` dataset and two groups of
 one HDF5 file; the plain form applies to the HDF5 datasets only; the config file's table form."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A dataset of thousands of shards under a small open-file limit (issue 23).
+"""A dataset of thousands of shards under a small open-file limit (docs/large-datasets.md, many shards).
 
 The server runs as a subprocess whose RLIMIT_NOFILE is 256 (soft and hard: it cannot raise it)
 and serves 3,000 tiny shards with ``--max-open-shards 64``: a shuffled epoch delivers every row

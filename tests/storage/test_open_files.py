@@ -1,4 +1,4 @@
-"""The bound on open shard files and what the catalog reads at start-up (issue 23), unit level:
+"""The bound on open shard files and what the catalog reads at start-up (docs/large-datasets.md), unit level:
 the LRU (``readers/open_files``), a memory map that outlives its closed reader while batches use
 it, the Arrow footer reader (``readers/ipc_footer``), and a start-up from ``manifest.json``."""
 

@@ -1,4 +1,4 @@
-"""Read-ahead of the order (issue 13): it never changes what is delivered, it is counted, and it
+"""Read-ahead of the order (docs/large-datasets.md): it never changes what is delivered, it is counted, and it
 stops when the consumer stops (no thread left behind)."""
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ def test_small_cache_evicts_and_refetches(
     opts = s3.options(tmp_path / "cache", cache_size=int(one_shard * 1.5), metrics=metrics)
     ds = open_dataset("ds", uri, opts)  # three shards, room for one
     # each chunk copied out as it is read: zero-copy views of every shard at once would hold three
-    # shards' bytes, and evicted files that are still mapped count against the cache (issue 22)
+    # shards' bytes, and evicted files that are still mapped count against the cache (docs/large-datasets.md)
     copies = [pa.ipc.read_record_batch(ds.chunk(c).serialize(), ds.schema) for c in range(ds.num_chunks)]
     assert pa.Table.from_batches(copies, schema=ds.schema).equals(table)
     assert count("cache_evictions", "ds") >= 2

@@ -1,4 +1,4 @@
-"""A transform's ``params_json`` is parsed with bounds (issue 33): a body nested thousands of
+"""A transform's ``params_json`` is parsed with bounds (docs/operations.md): a body nested thousands of
 levels deep is refused as InvalidRequest, not an internal RecursionError."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The README's port of pytorch/examples' imagenet ``main.py`` (issue 21), run on real JPEGs: tuples in
+"""The port of pytorch/examples' imagenet ``main.py`` (docs/images.md), run on real JPEGs: tuples in
 the order of ``columns`` through ``DataLoader(batch_size=None)``, ``len(loader)`` for the progress
 meter, the server's augmentation, normalisation on the client's device and a training step."""
 

@@ -1,7 +1,7 @@
 """Where this reader sits: rank/world size and DataLoader worker.
 
 Rank and world size default to ``torch.distributed`` when it is initialised, else to the
-``RANK``/``WORLD_SIZE`` variables torchrun sets (DESIGN.md §2) — the one place the client reads
+``RANK``/``WORLD_SIZE`` variables torchrun sets (docs/design.md §2) — the one place the client reads
 the environment — else to 0/1.
 """
 

@@ -34,7 +34,7 @@ _CLIENT_STRS = ("client_id", "dataset", "device")
 
 
 class ServerMetrics:
-    """Counters, gauges and histograms named ``flightfeed_*`` (DESIGN.md §2), labelled by dataset.
+    """Counters, gauges and histograms named ``flightfeed_*`` (docs/design.md §2), labelled by dataset.
 
     ``window_s``: the sliding window of the live throughput figures. A client counts as active
     while its last report is younger than ``client_active_s``; it is forgotten (its labels

@@ -1,6 +1,6 @@
 """When two requests are identical: the fields that decide a rank's rows, bytes for bytes.
 
-Tickets are pure functions of the request (DESIGN.md §4), so two trainers whose requests agree
+Tickets are pure functions of the request (docs/design.md §4), so two trainers whose requests agree
 on these fields need the same rank-local rows ``[0, rows)``, row for row and byte for byte, and
 any message ``[lo, hi)`` of them is the same RecordBatch whoever asks (:func:`request_identity`):
 

@@ -1,7 +1,7 @@
 """Readiness that means the node serves: :class:`ServingProbe`.
 
 A plain ``health`` action answers from a flag (draining, a worker down) and takes none of the
-locks a trainer's request takes, so a node wedged inside its request path (issue 25: a deadlock on
+locks a trainer's request takes, so a node wedged inside its request path (seen once: a deadlock on
 the cluster membership's lock) still answered it. ``/readyz`` asks what a trainer asks first,
 within one deadline (the probe's ``timeout_s`` for all calls together):
 

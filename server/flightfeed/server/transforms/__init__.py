@@ -1,4 +1,4 @@
-"""Server-side transforms: decode and seeded augmentation on the data node (issue 9).
+"""Server-side transforms: decode and seeded augmentation on the data node (docs/images.md).
 
 Modules: ``registry`` (named steps, parameters, custom transforms), ``defaults`` (the
 process-wide registry and its API: ``register_transform``, entry points), ``spec``

@@ -1,5 +1,5 @@
 """Decode on the trainer: the ``defer_decode`` step sends the encoded bytes plus each sample's
-crop box and flip instead of pixels (DESIGN.md third wave: GPU decode, opt-in).
+crop box and flip instead of pixels (docs/design.md §2: GPU decode, opt-in).
 
 ``defer_decode`` ends a column's steps (``[decode, random_resized_crop, hflip, defer_decode]``, or
 a preset followed by it). The steps before it run exactly as on the server path, on a frame

@@ -1,4 +1,4 @@
-"""Deterministic randomness for transforms (DESIGN.md §4 invariant 6).
+"""Deterministic randomness for transforms (docs/design.md §4 invariant 6).
 
 Every random draw of a transform step is a pure function of (dataset fingerprint, seed, epoch,
 STORED row index, step index): never of the stream, worker, node or position in a message. So a
