@@ -10,6 +10,7 @@ is ``_iteration``.
 
 from __future__ import annotations
 
+import inspect
 import json
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -85,6 +86,9 @@ class FlightDataset(Position, torch.utils.data.IterableDataset[Any]):
     #: the reader of a ``Mixture`` name (``_mixture`` sets it; ``flightfeed.client`` imports that)
     mixture_class: ClassVar[type[FlightDataset] | None] = None
 
+    #: what ``inspect.signature`` and ``help()`` show (``__new__``'s ``*args`` would hide it; set below)
+    __signature__: ClassVar[inspect.Signature]
+
     def __new__(cls, *args: Any, **kwargs: Any) -> FlightDataset:
         name = args[1] if len(args) > 1 else kwargs.get("name")
         if cls is FlightDataset and isinstance(name, Mixture):
@@ -93,11 +97,12 @@ class FlightDataset(Position, torch.utils.data.IterableDataset[Any]):
             cls = FlightDataset.mixture_class
         return super().__new__(cls)
 
-    @refuse_moved
+    @refuse_moved(positional=("location", "name"))
     def __init__(
         self,
         location: str,
         name: str | Mixture,
+        *,
         columns: str | Sequence[str] | None = None,
         batch_size: int = 256,
         shuffle: bool = True,
@@ -107,7 +112,6 @@ class FlightDataset(Position, torch.utils.data.IterableDataset[Any]):
         drop_last: bool = False,
         device: str | torch.device | None = None,
         transform: TransformSpec = None,
-        *,
         connect: ConnectOptions | None = None,
         options: ReadOptions | None = None,
     ) -> None:
@@ -303,3 +307,8 @@ class FlightDataset(Position, torch.utils.data.IterableDataset[Any]):
             if not path.busy:
                 path.close()
 
+
+_INIT = inspect.signature(FlightDataset.__init__)
+FlightDataset.__signature__ = _INIT.replace(
+    parameters=list(_INIT.parameters.values())[1:], return_annotation=inspect.Signature.empty
+)
