@@ -12,11 +12,10 @@ Every error a trainer can receive is exported here (the tree: ``flightfeed.wire.
 ``except FlightFeedError`` catches them all.
 """
 
-from flightfeed.client._datapipe import FlightDataPipe
+from flightfeed.client._adapters import FlightDataPipe, FlightNode
 from flightfeed.client._dataset import FlightDataset
 from flightfeed.client._mix_plan import Mixture
 from flightfeed.client._mixture import MixtureDataset
-from flightfeed.client._node import FlightNode
 from flightfeed.client._options import ConnectOptions, ReadOptions
 from flightfeed.client._tensors.pack import Pack
 from flightfeed.wire.errors import (

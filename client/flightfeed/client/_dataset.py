@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 import torch.utils.data
 
+from flightfeed.client._adapters import FlightDataPipe, FlightNode
 from flightfeed.client._connect.info import dataset_info
 from flightfeed.client._connect.info_helper import helper_needed, info_via_helper, windows_via_helper
 from flightfeed.client._connect.members import Members
@@ -25,13 +26,11 @@ from flightfeed.client._connect.pool import ConnectionPool
 from flightfeed.client._connect.report import _default_client_id
 from flightfeed.client._connect.request import ReadJob, columns_arg, open_readers, read_command
 from flightfeed.client._connect.streams import StreamReader
-from flightfeed.client._datapipe import FlightDataPipe
 from flightfeed.client._device.engines import CopyEngine
 from flightfeed.client._device.mover import DevicePath
 from flightfeed.client._images.stage import check_decode_on
 from flightfeed.client._iteration import iterate
 from flightfeed.client._mix_plan import Mixture
-from flightfeed.client._node import FlightNode
 from flightfeed.client._options import ConnectOptions, ReadOptions, checked_settings, refuse_moved
 from flightfeed.client._position import Position
 from flightfeed.client._receive.lanes import Lane, LaneSettings, join_lanes
