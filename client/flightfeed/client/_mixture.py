@@ -103,7 +103,7 @@ class MixtureDataset(FlightDataset):
         self._started = [False] * len(self.sources)
         for k, src in enumerate(self.sources):
             src.set_epoch(source_epoch(self._epoch, 0))
-            src._resume = None  # a fresh pass (set_epoch keeps a checkpoint of the same epoch)
+            src._cursor.resume = None  # a fresh pass (set_epoch keeps a checkpoint of the same epoch)
             self._started[k] = False
 
     @property
