@@ -89,6 +89,7 @@ class Position:
         Raises ConfigError in the main process while DataLoader workers read this dataset: the
         position lives in the workers (torchdata's StatefulDataLoader collects their states)."""
         in_main = torch.utils.data.get_worker_info() is None
+        self._shared.set(SharedSlots.CHECKPOINTS_USED, 1)
         if not in_main:
             self._cursor.states_asked = True  # StatefulDataLoader asks each worker before its first batch
         if in_main:
@@ -114,6 +115,7 @@ class Position:
         numbers a resumed epoch's batches as the whole epoch does, out of ``len(ds)``); 0 before an
         epoch starts; ``len(ds)`` when it is done. Like ``state_dict()``, it raises ConfigError in
         the main process while DataLoader workers read this dataset (the position lives in them)."""
+        self._shared.set(SharedSlots.CHECKPOINTS_USED, 1)
         if torch.utils.data.get_worker_info() is None:
             self._refuse_while_workers_read("position")
         return self._current().batches_done()
@@ -131,6 +133,7 @@ class Position:
         epoch's last batch leaves an epoch that ``set_epoch`` chose since as it is)."""
         topo = resolve_topology(self.rank, self.world_size)
         loaded = ReadState.from_dict(state, self._settings())
+        self._shared.set(SharedSlots.CHECKPOINTS_USED, 1)
         if topo.num_workers == 1:
             refuse_worker_state_here(loaded)
             self._cursor.worker_mark = self._shared.get(SharedSlots.WORKER_ITERATIONS)
