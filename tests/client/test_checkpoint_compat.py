@@ -8,10 +8,10 @@ from typing import Any
 
 from flightfeed.client import FlightDataset
 from flightfeed.server.testing import RunningServer
-from tests.client.support import NAME
+from tests.support.client import NAME
 
 #: saved by the client of commit 80e0e7f (the Reader protocol) after 3 batches of epoch 1 of the
-#: test dataset (``tests/client/support.LAYOUT``), and the next batch it delivered
+#: test dataset (``tests/support/client.LAYOUT``), and the next batch it delivered
 SAVED: dict[str, Any] = {
     "settings": {
         "dataset": "pics", "columns": ["index"], "seed": 3, "shuffle": True, "batch_size": 32,

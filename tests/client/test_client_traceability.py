@@ -17,7 +17,7 @@ import torch
 from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.testing import RunningServer
 from flightfeed.wire.errors import ConfigError, InvalidRequest
-from tests.client.support import NAME, ROWS, flat
+from tests.support.client import NAME, ROWS, flat
 
 MakeDs = Callable[..., FlightDataset]
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,8 +13,8 @@ import pytest
 from flightfeed.server.storage.cache.shard_cache import ShardCache
 from flightfeed.server.storage.cache.space import oversized_message
 from flightfeed.server.testing.local_s3 import LocalS3
-from tests.processes import start_serve
 from tests.storage.test_cache_disk import s3_dataset
+from tests.support.processes import start_serve
 
 PETABYTE = 10**15
 
