@@ -39,8 +39,8 @@ from bench.common import machine, write_json
 from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.testing.local_s3 import LocalS3
 from flightfeed.server.tools.convert import ConvertSettings, convert
-from tests.disk_probe import private_tmpfs, private_tmpfs_works, used_bytes
-from tests.processes import start_serve
+from tests.support.disk_probe import private_tmpfs, private_tmpfs_works, used_bytes
+from tests.support.processes import start_serve
 
 ROWS = 1500
 ROW_BYTES = 16 << 10

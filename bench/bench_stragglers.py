@@ -1,7 +1,7 @@
 """Data nodes behind real, capped links (docs/cluster.md): a straggler, network-bound scale-out, autoscaling.
 
 Every node is ``flightfeed serve`` in its own network namespace, joined to a bridge by a veth
-pair whose node end is capped with ``tc qdisc ... tbf rate R`` (``tests/netns.py``); the client
+pair whose node end is capped with ``tc qdisc ... tbf rate R`` (``tests/support/netns.py``); the client
 reads from the root namespace. The links are slow enough (default 100 Mbit/s per node) that the
 network, not the 2-core machine's CPU, is the bottleneck. Needs root (namespaces).
 
@@ -38,7 +38,7 @@ import pyarrow.flight as flight
 
 from bench.common import image_dataset, machine, median, write_json
 from flightfeed.client import FlightDataset, ReadOptions
-from tests.netns import Links, Served, unavailable
+from tests.support.netns import Links, Served, unavailable
 
 ROW_BYTES = 64 * 64 * 3
 

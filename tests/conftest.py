@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 
 from flightfeed.server.testing import RunningServer, running_server
-from tests.datasets import SMALL_LAYOUT, write_dataset
+from tests.support.datasets import SMALL_LAYOUT, write_dataset
+
+# the storage fixtures (moto S3, metrics, small Arrow datasets) for tests/storage, tests/convert, tests/readers, ...
+pytest_plugins = ["tests.support.storage_fixtures"]
 
 # Nothing in the tests may reach for instance credentials (a non-loopback address).
 os.environ["AWS_EC2_METADATA_DISABLED"] = "true"

@@ -11,8 +11,8 @@ import pytest
 
 from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.testing import RunningServer, running_server
-from tests.client.support import LAYOUT, NAME
-from tests.datasets import write_dataset
+from tests.support.client import LAYOUT, NAME
+from tests.support.datasets import write_dataset
 
 
 @pytest.fixture(scope="session")

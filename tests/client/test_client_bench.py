@@ -11,7 +11,7 @@ import pytest
 from flightfeed.client._cli import bench as _bench
 from flightfeed.server.observe.snapshot import metrics_snapshot
 from flightfeed.server.testing import RunningServer, running_server
-from tests.client.support import NAME, ROWS
+from tests.support.client import NAME, ROWS
 
 
 def parse(*argv: str) -> argparse.Namespace:

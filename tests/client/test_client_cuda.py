@@ -12,7 +12,7 @@ from flightfeed.client import FlightDataset
 from flightfeed.client._device.engines import CudaEngine, StagingRing
 from flightfeed.client._device.mover import Mover, device_batches
 from flightfeed.client._device.ring import PinnedRing, StagedMessage, stage_message
-from tests.client.support import ROWS, check_content, flat, indices
+from tests.support.client import ROWS, check_content, flat, indices
 
 MakeDs = Callable[..., FlightDataset]
 

@@ -27,7 +27,7 @@ from flightfeed.client import FlightDataset
 from flightfeed.client._state.state import ReadState
 from flightfeed.server.testing import RunningServer
 from flightfeed.wire.errors import ConfigError
-from tests.client.support import NAME, ROOT, ROWS, flat, indices, run_script
+from tests.support.client import NAME, ROOT, ROWS, flat, indices, run_script
 
 MakeDs = Callable[..., FlightDataset]
 

@@ -20,7 +20,7 @@ from flightfeed.client import (
 )
 from flightfeed.server.cli import main as cli_main
 from flightfeed.server.testing import RunningServer, running_server
-from tests.ports import dead_location
+from tests.support.ports import dead_location
 
 QUIET = ReadOptions(report_interval=None)
 

@@ -13,7 +13,7 @@ import torchdata.nodes
 
 from flightfeed.client import FlightDataPipe, FlightDataset, FlightNode
 from flightfeed.wire.errors import ConfigError
-from tests.client.support import ROWS, check_content, flat, indices
+from tests.support.client import ROWS, check_content, flat, indices
 
 MakeDs = Callable[..., FlightDataset]
 

@@ -11,7 +11,7 @@ import torch.utils.data
 
 from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.testing import RunningServer
-from tests.datasets import SMALL_ROWS
+from tests.support.datasets import SMALL_ROWS
 
 QUIET = ReadOptions(streams=2, report_interval=None)
 TUPLES = ReadOptions(streams=2, report_interval=None, as_tuple=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import pickle
+import pydoc
 import re
 from typing import Any
 
@@ -24,8 +25,9 @@ FLAT = [
 def test_the_signature_is_the_designed_one() -> None:
     params = inspect.signature(FlightDataset.__init__).parameters
     assert list(params) == FLAT
-    assert params["connect"].kind is inspect.Parameter.KEYWORD_ONLY
-    assert params["options"].kind is inspect.Parameter.KEYWORD_ONLY
+    kinds = {n: p.kind for n, p in params.items()}
+    assert [n for n, k in kinds.items() if k is inspect.Parameter.POSITIONAL_OR_KEYWORD] == ["self", "location", "name"]
+    assert all(kinds[n] is inspect.Parameter.KEYWORD_ONLY for n in FLAT[3:])
     defaults = {n: p.default for n, p in params.items() if p.default is not inspect.Parameter.empty}
     assert defaults == {
         "columns": None, "batch_size": 256, "shuffle": True, "seed": 0, "rank": None, "world_size": None,
@@ -45,6 +47,26 @@ def test_the_signature_is_the_designed_one() -> None:
     conn = {n: f.default for n, f in ConnectOptions.__dataclass_fields__.items()}
     assert conn == {"token": None, "tls_root_certs": None, "timeout": None, "retries": None, "retry_timeout": 30.0}
     assert {"ConnectOptions", "ReadOptions"} <= set(flightfeed.client.__all__)
+
+
+def test_inspect_and_help_show_the_parameters_not_args_kwargs() -> None:
+    shown = inspect.signature(FlightDataset)
+    assert list(shown.parameters) == FLAT[1:]
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in list(shown.parameters.values())[2:])
+    assert shown.return_annotation is inspect.Signature.empty
+    text = pydoc.render_doc(FlightDataset, renderer=pydoc.TextDoc())
+    assert "FlightDataset(location" in text and "*, columns" in text
+    assert "FlightDataset(*args, **kwargs)" not in text
+
+
+@pytest.mark.parametrize("cls", [FlightDataset, flightfeed.client.MixtureDataset])
+def test_positional_arguments_after_name_say_to_pass_keywords(cls: Any) -> None:
+    name: Any = "train" if cls is FlightDataset else flightfeed.client.Mixture({"a": 0.5, "b": 0.5})
+    with pytest.raises(ConfigError, match=re.escape("pass columns=..., batch_size=... as keywords")):
+        cls(LOCATION, name, ["x"], 32)
+    ds = cls(LOCATION, name, columns=["x"], batch_size=32)  # the keywords work
+    assert ds.batch_size == 32
+
 
 
 @pytest.mark.parametrize(

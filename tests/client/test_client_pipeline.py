@@ -17,8 +17,8 @@ from flightfeed.client._receive.lanes import WINDOW_MESSAGE_BYTES, Lanes
 from flightfeed.client._receive.stats import StallMeter
 from flightfeed.server.testing import RunningServer
 from flightfeed.wire.errors import ConfigError
-from tests.client.support import ROWS, active_streams, check_content, eventually, flat, indices, stream_threads
 from tests.client.test_client_ring import LazyEngine
+from tests.support.client import ROWS, active_streams, check_content, eventually, flat, indices, stream_threads
 
 MakeDs = Callable[..., FlightDataset]
 

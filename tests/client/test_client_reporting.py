@@ -12,7 +12,7 @@ import pytest
 from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.client._cli import bench as _bench
 from flightfeed.server.testing import RunningServer, running_server
-from tests.client.support import NAME, ROWS
+from tests.support.client import NAME, ROWS
 
 
 @pytest.fixture

@@ -19,9 +19,9 @@ from flightfeed.client import FlightDataset
 from flightfeed.client._device.engines import CopyEngine, CpuEngine
 from flightfeed.client._device.mover import DevicePath, Mover, device_batches
 from flightfeed.client._device.ring import PinnedRing, StagedMessage, stage_message
-from tests.client.support import ROWS, check_content, eventually, flat, indices
 from tests.client.test_board import board, claim, clock, receive
 from tests.client.test_client_ring import LazyEngine
+from tests.support.client import ROWS, check_content, eventually, flat, indices
 
 MakeDs = Callable[..., FlightDataset]
 

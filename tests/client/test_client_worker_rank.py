@@ -18,7 +18,7 @@ import torch.utils.data
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from flightfeed.client import FlightDataset
-from tests.client.support import flat, indices
+from tests.support.client import flat, indices
 
 MakeDs = Callable[..., FlightDataset]
 

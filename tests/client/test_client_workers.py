@@ -18,7 +18,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from flightfeed.client import FlightDataset
 from flightfeed.server.testing import RunningServer
 from flightfeed.wire.errors import ConfigError, StaleState
-from tests.client.support import NAME, ROOT, ROWS, check_content, flat, indices, run_script
+from tests.support.client import NAME, ROOT, ROWS, check_content, flat, indices, run_script
 
 MakeDs = Callable[..., FlightDataset]
 

@@ -16,8 +16,8 @@ import pytest
 from flightfeed.client import ConfigError, FlightDataset, Mixture, MixtureDataset, Pack, ReadOptions, StaleState
 from flightfeed.client._mix_plan import BLOCK, source_steps
 from flightfeed.server.testing import running_server
-from tests.datasets import write_dataset
-from tests.token_corpus import STRIDE, doc_tokens, write_token_corpus
+from tests.support.datasets import write_dataset
+from tests.support.token_corpus import STRIDE, doc_tokens, write_token_corpus
 
 SEQ = 8
 SOURCES = {"web": (0, [[120]]), "code": (10_000, [[40]]), "books": (20_000, [[12]])}

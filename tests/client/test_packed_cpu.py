@@ -17,7 +17,7 @@ from flightfeed.client import FlightDataset, Pack, ReadOptions
 from flightfeed.client._tensors.packed import Buffers, packed_batches, widen_message
 from flightfeed.server.testing import running_server
 from flightfeed.wire.errors import StreamError
-from tests.token_corpus import write_token_corpus
+from tests.support.token_corpus import write_token_corpus
 
 WIDTH = 5
 

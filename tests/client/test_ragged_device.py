@@ -16,7 +16,7 @@ from flightfeed.client import FlightDataset, Pack, ReadOptions
 from flightfeed.client._device.engines import CpuEngine
 from flightfeed.server.testing import RunningServer, running_server
 from tests.client.ragged_data import NAME, ROWS, check_batch, write_ragged
-from tests.token_corpus import write_token_corpus
+from tests.support.token_corpus import write_token_corpus
 
 
 @pytest.fixture(scope="module")

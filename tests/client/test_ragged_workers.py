@@ -15,7 +15,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.testing import RunningServer, running_server
 from tests.client.ragged_data import NAME, ROWS, check_batch, write_ragged
-from tests.client.support import run_script
+from tests.support.client import run_script
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from flightfeed.client import ConnectOptions, FlightDataset, ReadOptions
 from tests.cluster.conftest import BLOB_ROWS, action, eventually, free_port, live_peers, nodes
-from tests.processes import start_serve
+from tests.support.processes import start_serve
 
 
 def epoch_rows(ds: FlightDataset, epoch: int) -> list[int]:

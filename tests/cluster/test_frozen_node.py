@@ -19,7 +19,7 @@ from pathlib import Path
 
 from flightfeed.client import FlightDataset, ReadOptions
 from tests.cluster.conftest import BLOB_ROWS, eventually, free_port, live_peers, nodes
-from tests.processes import start_serve
+from tests.support.processes import start_serve
 
 FREEZE_S = 10.0
 BOUND_S = 4.0  # well under the freeze, well over the hedge delay (~0.1-1 s) on a loaded machine

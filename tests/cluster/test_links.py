@@ -1,4 +1,4 @@
-"""Data nodes in network namespaces behind tbf-capped links (``tests/netns.py``); docs/cluster.md, slow nodes.
+"""Data nodes in network namespaces behind tbf-capped links (``tests/support/netns.py``); docs/cluster.md, slow nodes.
 
 The helper itself (it builds, caps, serves and removes everything, also what a killed run left),
 and a slow link: three nodes, one capped at a quarter of the others' rate; the client in the
@@ -16,7 +16,7 @@ import pytest
 from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.testing import running_server
 from tests.cluster.conftest import action, eventually, write_blobs
-from tests.netns import PREFIX, Links, cleanup_leftovers, unavailable
+from tests.support.netns import PREFIX, Links, cleanup_leftovers, unavailable
 
 REASON = unavailable()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"needs network namespaces: {REASON}")

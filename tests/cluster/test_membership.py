@@ -13,8 +13,8 @@ from flightfeed.server.observe.snapshot import metrics_snapshot
 from flightfeed.wire.errors import ConfigError, StreamError
 from flightfeed.wire.messages import WIRE_VERSION, ReadCommand
 from tests.cluster.conftest import BLOB_ROWS, free_port, join, member_node
-from tests.datasets import write_dataset
-from tests.ports import dead_location
+from tests.support.datasets import write_dataset
+from tests.support.ports import dead_location
 
 
 def first_locations(location: str, streams: int = 4) -> list[list[str]]:

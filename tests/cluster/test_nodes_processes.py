@@ -12,7 +12,7 @@ import pyarrow.flight as flight
 
 from flightfeed.client import FlightDataset, ReadOptions
 from tests.cluster.conftest import BLOB_ROWS, action, eventually, free_port, gone, live_peers, nodes
-from tests.processes import start_serve
+from tests.support.processes import start_serve
 
 
 def reader(location: str, rank: int, streams: int) -> FlightDataset:

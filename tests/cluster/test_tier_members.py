@@ -14,7 +14,7 @@ from pathlib import Path
 
 from flightfeed.client import ConnectOptions, FlightDataset, ReadOptions
 from tests.cluster.conftest import BLOB_ROWS, eventually, free_port, live_peers, nodes
-from tests.processes import start_serve
+from tests.support.processes import start_serve
 
 
 def test_a_dataset_never_connected_uses_the_members_another_dataset_learned(blobs_dir: Path) -> None:

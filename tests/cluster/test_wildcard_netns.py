@@ -16,7 +16,7 @@ import httpx
 
 from flightfeed.client import ConnectOptions, FlightDataset, ReadOptions
 from tests.cluster.conftest import BLOB_ROWS, action, eventually
-from tests.cluster.netns import Namespace, listening, namespace, socket_inodes, start_in
+from tests.support.netns import Namespace, listening, namespace, socket_inodes, start_in
 
 READY = ("flight: ", "sidecar: ")
 

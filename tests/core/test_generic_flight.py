@@ -12,7 +12,7 @@ import pytest
 
 from flightfeed.server.request.streaming import StreamSettings
 from flightfeed.server.testing import RunningServer, running_server
-from tests.datasets import SMALL_ROWS, image_of, write_dataset
+from tests.support.datasets import SMALL_ROWS, image_of, write_dataset
 
 
 def read_path(location: str, name: str) -> pa.Table:

@@ -93,7 +93,7 @@ def test_whole_shard_hashes_run_in_parallel(tmp_path: Any, monkeypatch: pytest.M
     from flightfeed.server.storage import open_dataset, verify
     from flightfeed.server.storage.cache.files import sha256_file
     from flightfeed.server.storage.verify import ShardVerifier
-    from tests.datasets import write_dataset
+    from tests.support.datasets import write_dataset
 
     write_dataset(tmp_path, [[10], [10]])
     ds = open_dataset("two", str(tmp_path))

@@ -23,8 +23,8 @@ import pytest
 
 from flightfeed.client import FlightDataset, ReadOptions, StaleState
 from flightfeed.wire.errors import ShardError
-from tests.datasets import SMALL_LAYOUT, SMALL_ROWS, write_dataset
-from tests.processes import start_serve
+from tests.support.datasets import SMALL_LAYOUT, SMALL_ROWS, write_dataset
+from tests.support.processes import start_serve
 
 ROW_BYTES = 16 << 10
 

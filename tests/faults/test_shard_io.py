@@ -12,7 +12,7 @@ from flightfeed.server.readers.arrow.ipc_file import ArrowShard
 from flightfeed.server.readers.arrow.lease_watch import LeaseWatcher
 from flightfeed.server.readers.arrow.mapped import MappedFile
 from flightfeed.wire.errors import ConfigError, ShardError
-from tests.datasets import write_dataset
+from tests.support.datasets import write_dataset
 
 
 def _shard(tmp_path: Path, stream_format: bool = False) -> Path:

@@ -20,8 +20,8 @@ import pytest
 
 from flightfeed.client import FlightDataset, ReadOptions, StaleState
 from flightfeed.wire.errors import ShardError
-from tests.datasets import write_dataset
-from tests.processes import start_serve
+from tests.support.datasets import write_dataset
+from tests.support.processes import start_serve
 
 SHARDS = 40
 BOUND = 16

@@ -16,7 +16,7 @@ from flightfeed.server.storage.manifest import MANIFEST_NAME, Manifest, Manifest
 from flightfeed.server.testing import running_server
 from flightfeed.server.tools.inspect import inspect_dataset
 from flightfeed.wire.errors import DatasetError, ShardError
-from tests.datasets import SMALL_LAYOUT, SMALL_ROWS, write_dataset
+from tests.support.datasets import SMALL_LAYOUT, SMALL_ROWS, write_dataset
 
 
 def _dataset(root: Path, manifest: bool = True) -> list[Path]:

@@ -18,7 +18,7 @@ from flightfeed.server.storage import open_catalog
 from flightfeed.server.testing import running_server
 from flightfeed.wire.errors import ConfigError
 from flightfeed.wire.tokens import normalize_token
-from tests.datasets import SMALL_ROWS
+from tests.support.datasets import SMALL_ROWS
 
 
 @pytest.mark.parametrize("content", [b"", b"\n", b"  \t\n  "])
@@ -81,7 +81,7 @@ def test_exposure_warning_names_the_risk_and_insecure_silences_it() -> None:
 
 
 def test_serve_on_loopback_prints_no_warning(small_dir: Path) -> None:
-    from tests.processes import start_serve
+    from tests.support.processes import start_serve
 
     proc, location = start_serve(f"small={small_dir}")
     try:

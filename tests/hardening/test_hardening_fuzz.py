@@ -19,7 +19,7 @@ from flightfeed.wire.errors import DatasetNotFound, InvalidRequest, StaleState, 
 from flightfeed.wire.messages import WIRE_VERSION, ClientReport, ReadCommand, Shuffle, StreamTicket
 from tests.hardening.fuzz_cases import cases
 
-ROWS = 422  # tests.datasets.SMALL_ROWS
+ROWS = 422  # tests.support.datasets.SMALL_ROWS
 IN_PROCESS = {"command": 5000, "ticket": 4000, "report": 1000}
 OVER_LOOPBACK = {"command": 200, "ticket": 200}
 _EXPECTED = (InvalidRequest, DatasetNotFound, StaleState)  # what a bad request may be told

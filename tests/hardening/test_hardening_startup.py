@@ -18,7 +18,7 @@ from flightfeed.server.request.service import FlightFeedServer
 from flightfeed.server.storage import open_catalog
 from flightfeed.server.testing import RunningServer
 from flightfeed.wire.errors import ConfigError
-from tests.processes import start_serve
+from tests.support.processes import start_serve
 
 
 def _pem_pair() -> tuple[bytes, bytes]:

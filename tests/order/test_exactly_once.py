@@ -6,7 +6,7 @@ import pytest
 
 from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.testing import RunningServer
-from tests.datasets import SMALL_ROWS
+from tests.support.datasets import SMALL_ROWS
 
 
 @pytest.mark.parametrize("drop_last", [False, True])

@@ -17,7 +17,7 @@ from flightfeed.server.data.order import EpochOrder
 from flightfeed.server.data.packing import PackSpec, epoch_plan
 from flightfeed.server.request.pack_gather import pack_windows
 from flightfeed.server.storage.resolve import open_catalog
-from tests.token_corpus import doc_tokens, reference_positions, write_token_corpus
+from tests.support.token_corpus import doc_tokens, reference_positions, write_token_corpus
 
 
 @pytest.fixture(scope="module")

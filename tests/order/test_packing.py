@@ -1,7 +1,7 @@
 """Token packing (``ReadOptions(pack=Pack(...))``): windows of a shuffled, concatenated document
 stream, every token the input of exactly one window per epoch over 1, 3 and 8 ranks, exact resume
 (also after a server restart and from 2 to 3 ranks). Checked against the token ids themselves
-(``tests/token_corpus.py``: an id names its document and place) and a loop-based reference."""
+(``tests/support/token_corpus.py``: an id names its document and place) and a loop-based reference."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from flightfeed.server.data.packing import PackSpec, epoch_plan
 from flightfeed.server.data.token_index import token_index
 from flightfeed.server.storage.resolve import open_catalog
 from flightfeed.server.testing import running_server
-from tests.token_corpus import STRIDE, doc_tokens, reference_positions, write_token_corpus
+from tests.support.token_corpus import STRIDE, doc_tokens, reference_positions, write_token_corpus
 
 SEQ = 16
 BATCH = 3

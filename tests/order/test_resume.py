@@ -13,8 +13,8 @@ import pytest
 
 from flightfeed.client import FlightDataset, ReadOptions, StaleState
 from flightfeed.server.testing import RunningServer
-from tests.datasets import SMALL_ROWS, write_dataset
-from tests.processes import start_serve
+from tests.support.datasets import SMALL_ROWS, write_dataset
+from tests.support.processes import start_serve
 
 
 def indices(batches: Any) -> list[list[int]]:

@@ -15,7 +15,7 @@ from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.testing import RunningServer, running_server
 from flightfeed.server.transforms import Transformer
-from tests.datasets import SMALL_LAYOUT, write_dataset
+from tests.support.datasets import SMALL_LAYOUT, write_dataset
 from tests.transforms.images import write_images
 
 JPEG_ROWS = 240

@@ -15,8 +15,8 @@ from flightfeed.server.observe.snapshot import metrics_snapshot
 from flightfeed.server.testing import RunningServer, running_server
 from flightfeed.server.transforms import Transformer
 from tests.cluster.conftest import action
-from tests.processes import start_serve
 from tests.shared.conftest import counter, digests, job_messages, reader
+from tests.support.processes import start_serve
 
 NODES = [["grpc://n1:1", "grpc://n1:2"], ["grpc://n2:1"], ["grpc://n3:1", "grpc://n3:2", "grpc://n3:3"]]
 

@@ -15,9 +15,9 @@ import pyarrow.flight as flight
 
 from flightfeed.server.sidecar import RemoteSource
 from flightfeed.wire.messages import WIRE_VERSION, ReadCommand, Shuffle
-from tests.processes import start_serve
 from tests.sidecar.conftest import ROWS_PER_SHARD, SHARDS
 from tests.sidecar.test_sidecar_remote import _process, _value
+from tests.support.processes import start_serve
 
 TOTAL = SHARDS * ROWS_PER_SHARD
 TOKEN = "standalone-workers-token"

@@ -25,9 +25,9 @@ from flightfeed.server.storage.cache.files import CacheFiles, sha256_file
 from flightfeed.server.storage.cache.shard_cache import ShardCache
 from flightfeed.server.testing.local_s3 import LocalS3
 from tests.cluster.conftest import action, eventually
-from tests.disk_probe import private_tmpfs, private_tmpfs_works, used_bytes
-from tests.processes import start_serve
 from tests.storage.test_cache_disk import _files, _held_by, s3_dataset
+from tests.support.disk_probe import private_tmpfs, private_tmpfs_works, used_bytes
+from tests.support.processes import start_serve
 
 SHARD = 100
 _BOOKKEEPING = 256 << 10  # a tmpfs page per metadata, claim and journal file

@@ -24,8 +24,8 @@ import pyarrow.flight as flight
 import pytest
 
 from flightfeed.client import FlightDataset, ReadOptions
-from tests.datasets import write_dataset
-from tests.processes import start_serve
+from tests.support.datasets import write_dataset
+from tests.support.processes import start_serve
 
 SHARDS = 3000
 ROWS_PER_SHARD = 2

@@ -16,7 +16,7 @@ from flightfeed.server.data.readahead import ReadAhead
 from flightfeed.server.request.streaming import StreamSettings
 from flightfeed.server.storage import StorageOptions
 from flightfeed.server.testing import running_server
-from tests.datasets import SMALL_LAYOUT, SMALL_ROWS, write_dataset
+from tests.support.datasets import SMALL_LAYOUT, SMALL_ROWS, write_dataset
 
 # block_rows=8, buffer_rows=64: many windows in 422 rows, so read-ahead has work
 MAPPED = StorageOptions(small_shard_bytes=0)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from flightfeed.client import FlightDataset, ReadOptions
-from tests.processes import start_serve
+from tests.support.processes import start_serve
 from tests.transforms.conftest import CORRUPT, ROWS
 
 

@@ -7,40 +7,52 @@
         ds.set_epoch(epoch)
         for batch in ds:          # dict[str, torch.Tensor]
             ...
+
+Every error a trainer can receive is exported here (the tree: ``flightfeed.wire.errors``);
+``except FlightFeedError`` catches them all.
 """
 
-from flightfeed.client._datapipe import FlightDataPipe
+from flightfeed.client._adapters import FlightDataPipe, FlightNode
 from flightfeed.client._dataset import FlightDataset
 from flightfeed.client._mix_plan import Mixture
 from flightfeed.client._mixture import MixtureDataset
-from flightfeed.client._node import FlightNode
 from flightfeed.client._options import ConnectOptions, ReadOptions
 from flightfeed.client._tensors.pack import Pack
 from flightfeed.wire.errors import (
     ConfigError,
+    DatasetError,
     DatasetNotFound,
+    DiskFull,
     FlightFeedError,
     InvalidRequest,
+    PermissionDenied,
+    ShardError,
     StaleState,
+    StorageError,
     StreamError,
     StreamTruncated,
     Unauthenticated,
 )
 
 __all__ = [
-    "FlightDataset",
+    "ConfigError",
     "ConnectOptions",
-    "ReadOptions",
-    "Pack",
+    "DatasetError",
+    "DatasetNotFound",
+    "DiskFull",
+    "FlightDataPipe",
+    "FlightDataset",
+    "FlightFeedError",
+    "FlightNode",
+    "InvalidRequest",
     "Mixture",
     "MixtureDataset",
-    "FlightNode",
-    "FlightDataPipe",
-    "FlightFeedError",
-    "ConfigError",
-    "InvalidRequest",
-    "DatasetNotFound",
+    "Pack",
+    "PermissionDenied",
+    "ReadOptions",
+    "ShardError",
     "StaleState",
+    "StorageError",
     "StreamError",
     "StreamTruncated",
     "Unauthenticated",

@@ -10,13 +10,15 @@ is ``_iteration``.
 
 from __future__ import annotations
 
-import json
+import dataclasses
+import inspect
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
 import torch.utils.data
 
+from flightfeed.client._adapters import FlightDataPipe, FlightNode
 from flightfeed.client._connect.info import dataset_info
 from flightfeed.client._connect.info_helper import helper_needed, info_via_helper, windows_via_helper
 from flightfeed.client._connect.members import Members
@@ -24,15 +26,13 @@ from flightfeed.client._connect.pool import ConnectionPool
 from flightfeed.client._connect.report import _default_client_id
 from flightfeed.client._connect.request import ReadJob, columns_arg, open_readers, read_command
 from flightfeed.client._connect.streams import StreamReader
-from flightfeed.client._datapipe import FlightDataPipe
 from flightfeed.client._device.engines import CopyEngine
 from flightfeed.client._device.mover import DevicePath
 from flightfeed.client._images.stage import check_decode_on
-from flightfeed.client._iteration import iterate
+from flightfeed.client._iteration import Runtime, iterate
 from flightfeed.client._mix_plan import Mixture
-from flightfeed.client._node import FlightNode
 from flightfeed.client._options import ConnectOptions, ReadOptions, checked_settings, refuse_moved
-from flightfeed.client._position import Position
+from flightfeed.client._position import Cursor, Position
 from flightfeed.client._receive.lanes import Lane, LaneSettings, join_lanes
 from flightfeed.client._receive.stats import StallMeter
 from flightfeed.client._state.state import ReadState
@@ -40,7 +40,7 @@ from flightfeed.client._state.topology import Topology, for_child, resolve_topol
 from flightfeed.client._tensors.pack import set_pack
 from flightfeed.client._workers import SharedSlots, process_slots
 from flightfeed.wire.errors import ConfigError
-from flightfeed.wire.messages import INDEX_COLUMN, ReadCommand
+from flightfeed.wire.messages import ReadCommand
 from flightfeed.wire.transforms import TransformSpec, set_transform
 
 __all__ = ["FlightDataset"]
@@ -85,6 +85,9 @@ class FlightDataset(Position, torch.utils.data.IterableDataset[Any]):
     #: the reader of a ``Mixture`` name (``_mixture`` sets it; ``flightfeed.client`` imports that)
     mixture_class: ClassVar[type[FlightDataset] | None] = None
 
+    #: what ``inspect.signature`` and ``help()`` show (``__new__``'s ``*args`` would hide it; set below)
+    __signature__: ClassVar[inspect.Signature]
+
     def __new__(cls, *args: Any, **kwargs: Any) -> FlightDataset:
         name = args[1] if len(args) > 1 else kwargs.get("name")
         if cls is FlightDataset and isinstance(name, Mixture):
@@ -93,11 +96,12 @@ class FlightDataset(Position, torch.utils.data.IterableDataset[Any]):
             cls = FlightDataset.mixture_class
         return super().__new__(cls)
 
-    @refuse_moved
+    @refuse_moved(positional=("location", "name"))
     def __init__(
         self,
         location: str,
         name: str | Mixture,
+        *,
         columns: str | Sequence[str] | None = None,
         batch_size: int = 256,
         shuffle: bool = True,
@@ -107,7 +111,6 @@ class FlightDataset(Position, torch.utils.data.IterableDataset[Any]):
         drop_last: bool = False,
         device: str | torch.device | None = None,
         transform: TransformSpec = None,
-        *,
         connect: ConnectOptions | None = None,
         options: ReadOptions | None = None,
     ) -> None:
@@ -132,14 +135,10 @@ class FlightDataset(Position, torch.utils.data.IterableDataset[Any]):
         self._devices: list[DevicePath] = []  # the device path's engine + pinned ring, kept across epochs
         self._shared = SharedSlots()  # the epoch and worker activity, shared with DataLoader workers
         self._job_slots = process_slots()  # what is said once per job (all its datasets)
-        self._states_asked = False  # a DataLoader worker's copy: its loader collects states (StatefulDataLoader)
-        self._worker_mark = 0  # WORKER_ITERATIONS when this process last read or loaded a state itself
         self._client_id = _default_client_id()  # one identity in the server's metrics for all epochs
         self._info: dict[str, Any] | None = None
         self._windows: int | None = None  # with ReadOptions(pack=...): windows per epoch (``__len__``)
-        self._state = ReadState.fresh(self._settings())
-        self._resume: ReadState | None = None
-        self._pending = False  # an iteration was made (``iter``) and has not started yet
+        self._cursor = Cursor(ReadState.fresh(self._settings()))  # where the reader stands (``_position``)
         self._pool: ConnectionPool | None = None
         self._running: list[tuple[threading.Event, list[Lane]]] = []
         # how the streams share work (``_lanes``)
@@ -157,21 +156,12 @@ class FlightDataset(Position, torch.utils.data.IterableDataset[Any]):
         )
 
     def _settings(self) -> dict[str, Any]:
-        return {
-            "dataset": self.name,
-            "columns": self.columns,
-            "seed": self.seed,
-            "shuffle": self.shuffle,
-            "batch_size": self.batch_size,
-            "drop_last": self.drop_last,
-            "transform": json.loads(json.dumps(self.transform)),  # as a checkpoint stores it
-            "pack": self.options.pack.as_dict() if self.options.pack is not None else None,
-        }
+        return self.job().settings()
 
     @property
     def _tuple_columns(self) -> list[str]:
         """What ``as_tuple`` yields, in order: ``columns``, then ``row_index`` with ``with_index``."""
-        return [*self.columns, INDEX_COLUMN] if self.options.with_index else self.columns
+        return self.job().tuple_columns
 
     def info(self) -> dict[str, Any]:
         """What the server says about the dataset: ``name``, ``rows``, ``columns`` (name -> Arrow
@@ -261,8 +251,18 @@ class FlightDataset(Position, torch.utils.data.IterableDataset[Any]):
         return self._windows
 
     def __iter__(self) -> Iterator[Any]:
-        self._pending = True  # until the iteration's first ``next`` (``iterate``) takes its start
-        return iterate(self)
+        self._cursor.pending = True  # until the iteration's first ``next`` (``iterate``) takes its start
+        return iterate(self.job(), self._runtime(), self._cursor)
+
+    def _runtime(self) -> Runtime:
+        """What an iteration runs on: the parts this reader owns (``_iteration.Runtime``)."""
+        return Runtime(
+            rank=self.rank, world_size=self.world_size, device=self.device, connect=self.connect,
+            members=self._members, open_streams=self.open_streams, meter=self.meter, shared=self._shared,
+            job_slots=self._job_slots, client_id=self._client_id, lane_settings=self._lane_settings,
+            devices=self._devices, running=self._running, copy_engine=self._copy_engine,
+            image_decoder=self._image_decoder,
+        )
 
     # -- adapters -------------------------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -272,7 +272,7 @@ class FlightDataset(Position, torch.utils.data.IterableDataset[Any]):
         state["_running"] = []
         state["_info"] = None
         state["_devices"] = []
-        state["_pending"] = False
+        state["_cursor"] = dataclasses.replace(self._cursor, pending=False)
         state["rank"], state["world_size"] = for_child(self.rank, self.world_size)  # the group stays here
         return state
 
@@ -303,3 +303,8 @@ class FlightDataset(Position, torch.utils.data.IterableDataset[Any]):
             if not path.busy:
                 path.close()
 
+
+_INIT = inspect.signature(FlightDataset.__init__)
+FlightDataset.__signature__ = _INIT.replace(
+    parameters=list(_INIT.parameters.values())[1:], return_annotation=inspect.Signature.empty
+)

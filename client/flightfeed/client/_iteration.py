@@ -1,4 +1,6 @@
-"""One pass of a :class:`~flightfeed.client._dataset.FlightDataset` over its epoch.
+"""One pass of a :class:`~flightfeed.client._dataset.FlightDataset` over its epoch:
+``iterate(job, runtime, cursor)`` takes the reader's settings (``ReadJob``), what it runs on
+(:class:`Runtime`) and its position (``Cursor``), and moves only the position.
 
 The pipeline of an iteration, put together, run and taken apart: get_flight_info (``_request``)
 -> one lane thread per endpoint pulling runs of messages (``_lanes``; with a device, the lanes
@@ -16,20 +18,22 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from flightfeed.client._connect.members import Members
 from flightfeed.client._connect.report import start_reporter
+from flightfeed.client._connect.request import ReadJob
 from flightfeed.client._connect.streams import StreamReader
 from flightfeed.client._device.engines import CopyEngine, DeviceStage
 from flightfeed.client._device.mover import DevicePath, device_batches
 from flightfeed.client._images.normalize import normalize_option
 from flightfeed.client._images.stage import image_stage, trainer_columns
-from flightfeed.client._options import ConnectOptions, ReadOptions
-from flightfeed.client._position import start_state
+from flightfeed.client._options import ConnectOptions
+from flightfeed.client._position import Cursor, start_state
 from flightfeed.client._receive.assemble import split_batches
 from flightfeed.client._receive.lanes import Lane, Lanes, LaneSettings, join_lanes
 from flightfeed.client._receive.skips import positions_of
@@ -43,113 +47,112 @@ from flightfeed.client._tensors.ragged import tuple_of
 from flightfeed.client._workers import SharedSlots, drop_rows, hint_once, skip_delivered, worker_start
 from flightfeed.wire.errors import StreamError
 
-__all__ = ["Reader", "iterate"]
+__all__ = ["Runtime", "iterate"]
 
 
-class Reader(Protocol):
-    """What an iteration reads of its dataset (a ``FlightDataset``), and the position it moves."""
+@dataclass(frozen=True)
+class Runtime:
+    """What an iteration runs on besides its settings (``ReadJob``) and its position (``Cursor``):
+    the parts its reader owns and keeps across epochs, gathered by ``FlightDataset`` when it makes
+    an iteration.
 
-    name: Any
+    ``rank``/``world_size``/``device``: as given to the reader (the topology is resolved when the
+    iteration starts). ``members``/``connect``: the tier and how to reach it; ``open_streams``: the
+    reader's request (``_connect/request``: its pool, its retry counts). ``meter``: the consumer's
+    figures. ``shared``/``job_slots``: the slots shared with DataLoader workers (``_workers``).
+    ``client_id``: the reader's identity in the server's metrics. ``lane_settings``: how the streams
+    share work (``_receive/lanes``). ``devices``: the device paths (engine + pinned ring) kept across
+    epochs; ``running``: the iterations in progress (their stop event and lanes, for ``close()``);
+    an iteration appends to both. ``copy_engine``/``image_decoder``: tests' and benches' own copy
+    engine (``_device/engines``) and JPEG decoder (``_images``); None: the real ones."""
+
     rank: int | None
     world_size: int | None
-    batch_size: int
     device: torch.device | None
     connect: ConnectOptions
-    options: ReadOptions
+    members: Members
+    open_streams: Callable[[Topology, ReadState, threading.Event, int], list[StreamReader]]
     meter: StallMeter
-    _members: Members
-    _shared: SharedSlots
-    _job_slots: SharedSlots
-    _states_asked: bool
-    _worker_mark: int
-    _client_id: str
-    _lane_settings: LaneSettings
-    _image_decoder: Any
-    _copy_engine: Callable[[torch.device], CopyEngine] | None
-    _devices: list[DevicePath]
-    _running: list[tuple[threading.Event, list[Lane]]]
-    _state: ReadState
-    _resume: ReadState | None
-    _pending: bool
-
-    @property
-    def epoch(self) -> int: ...
-
-    @property
-    def _tuple_columns(self) -> Sequence[str]: ...
-
-    def _settings(self) -> dict[str, Any]: ...
-
-    def open_streams(
-        self, topo: Topology, start: ReadState, stop: threading.Event, epoch: int | None = None
-    ) -> list[StreamReader]: ...
+    shared: SharedSlots
+    job_slots: SharedSlots
+    client_id: str
+    lane_settings: LaneSettings
+    devices: list[DevicePath]
+    running: list[tuple[threading.Event, list[Lane]]]
+    copy_engine: Callable[[torch.device], CopyEngine] | None = None
+    image_decoder: Any = None
 
 
-def iterate(ds: Reader) -> Iterator[Any]:
-    """One pass of ``ds`` over its epoch (``FlightDataset.__iter__``)."""
-    ds._pending = False
-    topo = resolve_topology(ds.rank, ds.world_size)
-    epoch = ds.epoch  # read when the iteration starts: set_epoch reaches persistent workers
-    start = start_state(ds._resume, ds._settings, epoch)
-    ds._resume = None
+def iterate(job: ReadJob, runtime: Runtime, cursor: Cursor) -> Iterator[Any]:
+    """One pass of the reader of ``job`` over its epoch (``FlightDataset.__iter__``).
+
+    It reads the epoch from ``runtime.shared`` when it starts and moves ``cursor``: it takes the
+    start (``cursor.resume``, then None; ``pending`` False), marks the worker state
+    (``worker_mark``) and sets ``cursor.state`` as each batch is delivered. Nothing else of the
+    reader is written but the runtime's ``devices`` and ``running`` lists."""
+    cursor.pending = False
+    topo = resolve_topology(runtime.rank, runtime.world_size)
+    # the epoch is read when the iteration starts: set_epoch reaches persistent workers
+    epoch = runtime.shared.get(SharedSlots.EPOCH)
+    start = start_state(cursor.resume, job.settings, epoch)
+    cursor.resume = None
     in_worker = torch.utils.data.get_worker_info() is not None
     if topo.num_workers > 1:
         start = worker_start(start, topo)
     if in_worker:
-        ds._shared.bump(SharedSlots.WORKER_ITERATIONS)
-        hint_once(ds._shared, ds._job_slots, topo, ds.name, ds._states_asked)
+        runtime.shared.bump(SharedSlots.WORKER_ITERATIONS)
+        hint_once(runtime.shared, runtime.job_slots, topo, job.name, cursor.states_asked)
     else:
-        ds._worker_mark = ds._shared.get(SharedSlots.WORKER_ITERATIONS)
+        cursor.worker_mark = runtime.shared.get(SharedSlots.WORKER_ITERATIONS)
     stop = threading.Event()
-    readers = ds.open_streams(topo, start, stop, epoch)
-    ds._state = start.pinned(readers[0].ticket if readers else None, topo.rank, topo.world_size)
+    readers = runtime.open_streams(topo, start, stop, epoch)
+    cursor.state = start.pinned(readers[0].ticket if readers else None, topo.rank, topo.world_size)
     skip = skip_delivered(readers, start.worker_rows) if topo.num_workers > 1 else 0
-    path = _device_path(ds) if topo.num_workers == 1 else None
+    path = _device_path(runtime) if topo.num_workers == 1 else None
+    options, device, meter = job.options, runtime.device, runtime.meter
     # the trainer decode's JPEG column stays one Arrow array through ring, cut and join (no list of
     # bytes), and it reads the message's Arrow batch (its crop and flip columns)
-    arrow = trainer_columns(ds.options.decode_on)
+    arrow = trainer_columns(options.decode_on)
     keep_arrow = bool(arrow)
     convert = functools.partial(
-        batch_to_torch, ragged=ds.options.ragged, pad_value=ds.options.pad_value, arrow=arrow
+        batch_to_torch, ragged=options.ragged, pad_value=options.pad_value, arrow=arrow
     )
-    pack = ds.options.pack
+    pack = options.pack
     # packed windows on the CPU: each lane widens its whole message once (``_packed``)
-    packed_cpu = pack is not None and path is None and (ds.device is None or ds.device.type == "cpu")
+    packed_cpu = pack is not None and path is None and (device is None or device.type == "cpu")
     hooks: dict[str, Any] = {} if path is None else path.hooks(
-        readers, ds.options.prefetch, ds._lane_settings, ds.meter.spent, keep_arrow=keep_arrow,
-        convert=convert, pad_value=ds.options.pad_value,
+        readers, options.prefetch, runtime.lane_settings, meter.spent, keep_arrow=keep_arrow,
+        convert=convert, pad_value=options.pad_value,
     )
     if packed_cpu:
         assert pack is not None
         hooks["stage"] = functools.partial(widen_message, column=pack.column, buffers=Buffers())
     lanes = Lanes(
-        readers, prefetch=ds.options.prefetch, settings=ds._lane_settings, count=ds.meter.count, **hooks
+        readers, prefetch=options.prefetch, settings=runtime.lane_settings, count=meter.count, **hooks
     )
-    ds.meter.set("nodes", lanes.nodes)
+    meter.set("nodes", lanes.nodes)
     running = (stop, lanes.lanes)
-    ds._running.append(running)
-    mover = path.start(lanes, ds.meter.spent) if path is not None else None
+    runtime.running.append(running)
+    mover = path.start(lanes, meter.spent) if path is not None else None
     lanes.start()
     batches: Iterator[tuple[Any, Any, int]]
     if mover is not None:
-        batches = device_batches(mover, ds.batch_size)
+        batches = device_batches(mover, job.batch_size)
     elif packed_cpu:
         assert pack is not None
-        batches = packed_batches(lanes.messages(), ds.batch_size, pack.column, skip)
+        batches = packed_batches(lanes.messages(), job.batch_size, pack.column, skip)
     else:
-        batches = split_batches(drop_rows(lanes.messages(), skip), ds.batch_size)
-    stage = _device_stage(ds.device if path is None else None, ds.meter)
-    as_tuple = ds.options.as_tuple
-    post = image_stage(
-        ds.device, normalize_option(ds.options.normalize), ds.options.decode_on, ds._image_decoder
-    )
-    ds.meter.start()
+        batches = split_batches(drop_rows(lanes.messages(), skip), job.batch_size)
+    stage = _device_stage(device if path is None else None, meter)
+    as_tuple, tuple_columns = options.as_tuple, job.tuple_columns
+    post = image_stage(device, normalize_option(options.normalize), options.decode_on, runtime.image_decoder)
+    meter.start()
     reporter = start_reporter(  # to the member that answered this iteration's get_flight_info
-        ds._members.order()[0], ds.meter.figures, interval=ds.options.report_interval,
-        static={"dataset": ds.name, "rank": topo.rank, "world_size": topo.world_size,
-                "device": str(ds.device or "cpu")},
-        client_id=ds._client_id + (f"/worker{topo.worker}" if topo.num_workers > 1 else ""),
-        connect=ds.connect,
+        runtime.members.order()[0], meter.figures, interval=options.report_interval,
+        static={"dataset": job.name, "rank": topo.rank, "world_size": topo.world_size,
+                "device": str(device or "cpu")},
+        client_id=runtime.client_id + (f"/worker{topo.worker}" if topo.num_workers > 1 else ""),
+        connect=runtime.connect,
     )
     try:
         while True:
@@ -159,16 +162,16 @@ def iterate(ds: Reader) -> Iterator[Any]:
                 break
             rb, staged, nbytes = item
             t1 = time.perf_counter()
-            ds.meter.spent("fetch", t1 - t0)
+            meter.spent("fetch", t1 - t0)
             positions = positions_of(rb)
             if positions != rb.num_rows:
-                ds.meter.skipped(positions - rb.num_rows)
+                meter.skipped(positions - rb.num_rows)
                 if not rb.num_rows:  # every row of this batch was skipped
-                    ds._state = ds._state.advanced(positions)
+                    cursor.state = cursor.state.advanced(positions)
                     continue
             if staged is None:
                 tensors = convert(rb)
-                ds.meter.spent("convert", time.perf_counter() - t1)
+                meter.spent("convert", time.perf_counter() - t1)
                 out = stage(tensors)  # the device stage reports its own time
             else:  # on the device already (``_mover``), or packed windows widened by the lanes (``_packed``)
                 out = staged
@@ -177,14 +180,14 @@ def iterate(ds: Reader) -> Iterator[Any]:
             if post is not None:
                 t2 = time.perf_counter()
                 out = post(out, rb)
-                ds.meter.spent("images", time.perf_counter() - t2)
-            ds.meter.waited(time.perf_counter() - t0, rb.num_rows, nbytes)
-            ds._state = ds._state.advanced(positions)
-            yield tuple_of(out, ds._tuple_columns) if as_tuple else out
+                meter.spent("images", time.perf_counter() - t2)
+            meter.waited(time.perf_counter() - t0, rb.num_rows, nbytes)
+            cursor.state = cursor.state.advanced(positions)
+            yield tuple_of(out, tuple_columns) if as_tuple else out
     finally:
-        ds.meter.stop()
+        meter.stop()
         if reporter is not None:  # no last report to a node that failed meanwhile (it would wait its timeout)
-            reporter.close(final=not ds._members.suspect(reporter.location))
+            reporter.close(final=not runtime.members.suspect(reporter.location))
         stop.set()
         if mover is not None:
             lanes.board.fail(StreamError("the iteration was closed"))  # wakes the mover
@@ -195,16 +198,16 @@ def iterate(ds: Reader) -> Iterator[Any]:
         stage.close()
         if path is not None:
             path.finish(lanes)
-        if running in ds._running:
-            ds._running.remove(running)
+        if running in runtime.running:
+            runtime.running.remove(running)
 
 
-def _device_path(ds: Reader) -> DevicePath | None:
+def _device_path(runtime: Runtime) -> DevicePath | None:
     """The device path (lanes stage into a pinned ring: ``_mover``), or None: batches stay on
     Arrow memory (``device=None``/``"cpu"`` without a test engine)."""
-    if ds.device is None or (ds.device.type == "cpu" and ds._copy_engine is None):
+    if runtime.device is None or (runtime.device.type == "cpu" and runtime.copy_engine is None):
         return None
-    return _unused_path(ds._devices, ds.device, ds._copy_engine)
+    return _unused_path(runtime.devices, runtime.device, runtime.copy_engine)
 
 
 def _unused_path(paths: list[DevicePath], device: torch.device, make: Any) -> DevicePath:

@@ -28,7 +28,7 @@ import torch.utils.data
 
 from flightfeed.client._dataset import FlightDataset
 from flightfeed.client._mix_plan import BLOCK, Mixture, epoch_length, source_epoch, source_steps
-from flightfeed.client._options import ConnectOptions, ReadOptions
+from flightfeed.client._options import ConnectOptions, ReadOptions, refuse_moved
 from flightfeed.client._receive.stats import StallMeter
 from flightfeed.wire.errors import ConfigError, StaleState
 from flightfeed.wire.transforms import TransformSpec
@@ -41,10 +41,12 @@ MIXTURE_STATE_VERSION = 1
 class MixtureDataset(FlightDataset):
     """What ``FlightDataset(location, Mixture(...), ...)`` makes (see the module doc)."""
 
+    @refuse_moved(positional=("location", "name"))
     def __init__(  # the FlightDataset signature, with a Mixture for ``name``
         self,
         location: str,
         name: Any,
+        *,
         columns: str | Sequence[str] | None = None,
         batch_size: int = 256,
         shuffle: bool = True,
@@ -54,7 +56,6 @@ class MixtureDataset(FlightDataset):
         drop_last: bool = False,
         device: str | torch.device | None = None,
         transform: TransformSpec = None,
-        *,
         connect: ConnectOptions | None = None,
         options: ReadOptions | None = None,
     ) -> None:
@@ -64,7 +65,8 @@ class MixtureDataset(FlightDataset):
         self.seed, self.batch_size = seed, batch_size
         self.sources = [
             FlightDataset(
-                location, source, columns, batch_size, shuffle, seed, rank, world_size, drop_last, device, transform,
+                location, source, columns=columns, batch_size=batch_size, shuffle=shuffle, seed=seed, rank=rank,
+                world_size=world_size, drop_last=drop_last, device=device, transform=transform,
                 connect=connect, options=options,
             )
             for source in mix.names
@@ -101,7 +103,7 @@ class MixtureDataset(FlightDataset):
         self._started = [False] * len(self.sources)
         for k, src in enumerate(self.sources):
             src.set_epoch(source_epoch(self._epoch, 0))
-            src._resume = None  # a fresh pass (set_epoch keeps a checkpoint of the same epoch)
+            src._cursor.resume = None  # a fresh pass (set_epoch keeps a checkpoint of the same epoch)
             self._started[k] = False
 
     @property

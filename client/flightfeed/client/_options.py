@@ -11,6 +11,7 @@ fails where it is written. The constructor's former flat keywords are refused wi
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -225,17 +226,34 @@ def _moved_message(name: str, value: object) -> str:
     return f"{name}= moved: pass {MOVED[name]}({name}={shown})"
 
 
-def refuse_moved(init: Callable[Concatenate[S, P], None]) -> Callable[Concatenate[S, P], None]:
-    """Wrap a constructor so the former flat keywords fail with a ConfigError naming their new place
-    (the signature shown by ``help()`` and checked by mypy stays the new one)."""
+def refuse_moved(
+    *, positional: tuple[str, ...]
+) -> Callable[[Callable[Concatenate[S, P], None]], Callable[Concatenate[S, P], None]]:
+    """Wrap a constructor so the former flat keywords fail with a ConfigError naming their new place,
+    and so do positional arguments after ``positional`` (the parameters after them are keyword-only:
+    the error names them); the signature shown by ``help()`` and checked by mypy stays the new one."""
 
-    @functools.wraps(init)
-    def wrapper(self: S, /, *args: P.args, **kwargs: P.kwargs) -> None:
-        moved = [name for name in kwargs if name in MOVED]
-        if moved:
-            raise ConfigError(
-                f"{type(self).__name__}: " + "; ".join(_moved_message(n, kwargs[n]) for n in moved)
-            )
-        init(self, *args, **kwargs)
+    def decorate(init: Callable[Concatenate[S, P], None]) -> Callable[Concatenate[S, P], None]:
+        keyword_only = [
+            p.name for p in inspect.signature(init).parameters.values() if p.kind is p.KEYWORD_ONLY
+        ]
 
-    return wrapper
+        @functools.wraps(init)
+        def wrapper(self: S, /, *args: P.args, **kwargs: P.kwargs) -> None:
+            if len(args) > len(positional):
+                extra = keyword_only[: len(args) - len(positional)]
+                shown = ", ".join(f"{n}=..." for n in extra) or "the rest"
+                raise ConfigError(
+                    f"{type(self).__name__} takes {' and '.join(positional)} by position and every other "
+                    f"argument by keyword; {len(args)} were given by position: pass {shown} as keywords"
+                )
+            moved = [name for name in kwargs if name in MOVED]
+            if moved:
+                raise ConfigError(
+                    f"{type(self).__name__}: " + "; ".join(_moved_message(n, kwargs[n]) for n in moved)
+                )
+            init(self, *args, **kwargs)
+
+        return wrapper
+
+    return decorate

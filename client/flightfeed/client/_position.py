@@ -1,15 +1,18 @@
-"""A reader's position: the epoch it reads next (``set_epoch``, shared with DataLoader workers),
-its checkpoint (``state_dict()`` / ``load_state_dict()``) and ``position``.
+"""A reader's position: the epoch it reads next (``set_epoch``, shared with DataLoader workers), its
+checkpoint (``state_dict()`` / ``load_state_dict()``) and ``position``.
 
-``Position`` is mixed into ``FlightDataset``, which sets the attributes it declares. What a
-checkpoint says follows ``_current``: always the current epoch (StatefulDataLoader takes each
-worker's state when the worker's iteration is made, before its first batch, and loads states when
-its iterator starts, after the loop's ``set_epoch``; ``_workers`` says whose epoch stands).
+``Position`` is mixed into ``FlightDataset``, which sets the attributes it declares; where the
+reader stands is one :class:`Cursor` (``_cursor``): ``set_epoch`` and ``load_state_dict`` set it, an
+iteration (``_iteration.iterate``) moves it. What a checkpoint says follows ``_current``: always the
+current epoch (StatefulDataLoader takes each worker's state when the worker's iteration is made,
+before its first batch, and loads states when its iterator starts, after the loop's ``set_epoch``;
+``_workers`` says whose epoch stands).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch.utils.data
@@ -19,7 +22,7 @@ from flightfeed.client._state.topology import resolve_topology
 from flightfeed.client._workers import STATEFUL_HINT, SharedSlots, refuse_worker_state_here
 from flightfeed.wire.errors import ConfigError
 
-__all__ = ["Position", "start_state"]
+__all__ = ["Cursor", "Position", "start_state"]
 
 
 def start_state(resume: ReadState | None, settings: Callable[[], dict[str, Any]], epoch: int) -> ReadState:
@@ -30,6 +33,24 @@ def start_state(resume: ReadState | None, settings: Callable[[], dict[str, Any]]
     return resume
 
 
+@dataclass
+class Cursor:
+    """Where a reader stands; what an iteration moves (``_iteration.iterate``) and a checkpoint
+    says (``state_dict()``: ``state`` as a plain dict, the format saved checkpoints have).
+
+    ``state``: the last delivered batch's position. ``resume``: a loaded checkpoint the next
+    iteration starts from. ``pending``: an iteration was made (``iter``) and has not started yet.
+    ``states_asked``: this is a DataLoader worker's copy whose loader collects states
+    (StatefulDataLoader). ``worker_mark``: the shared ``WORKER_ITERATIONS`` count when this process
+    last read or loaded a state itself (``_workers``)."""
+
+    state: ReadState
+    resume: ReadState | None = None
+    pending: bool = False
+    states_asked: bool = False
+    worker_mark: int = 0
+
+
 class Position:
     """The position half of ``FlightDataset`` (see the module doc)."""
 
@@ -37,11 +58,7 @@ class Position:
     rank: int | None
     world_size: int | None
     _shared: SharedSlots  # the epoch and worker activity, shared with DataLoader workers
-    _state: ReadState  # the last delivered batch's position
-    _resume: ReadState | None  # a loaded checkpoint the next iteration starts from
-    _pending: bool  # an iteration was made (``iter``) and has not started yet
-    _states_asked: bool
-    _worker_mark: int
+    _cursor: Cursor  # where the reader stands
 
     def _settings(self) -> dict[str, Any]:
         raise NotImplementedError  # FlightDataset's: what a checkpoint must match
@@ -61,8 +78,8 @@ class Position:
         Reaches DataLoader workers too, also ``persistent_workers=True`` ones."""
         if epoch < 0:
             raise ConfigError(f"epoch is {epoch}; it must be >= 0")
-        if self._resume is not None and self._resume.epoch != epoch:
-            self._resume = None  # a checkpoint of another epoch does not apply
+        if self._cursor.resume is not None and self._cursor.resume.epoch != epoch:
+            self._cursor.resume = None  # a checkpoint of another epoch does not apply
         self._shared.set(SharedSlots.EPOCH, epoch)
         self._shared.set(SharedSlots.EPOCH_CHOSEN, 1)
 
@@ -72,8 +89,9 @@ class Position:
         Raises ConfigError in the main process while DataLoader workers read this dataset: the
         position lives in the workers (torchdata's StatefulDataLoader collects their states)."""
         in_main = torch.utils.data.get_worker_info() is None
+        self._shared.set(SharedSlots.CHECKPOINTS_USED, 1)
         if not in_main:
-            self._states_asked = True  # StatefulDataLoader asks each worker before its first batch
+            self._cursor.states_asked = True  # StatefulDataLoader asks each worker before its first batch
         if in_main:
             self._refuse_while_workers_read("state_dict()")
         return self._current().to_dict()
@@ -85,9 +103,9 @@ class Position:
         the last delivered batch's; after ``set_epoch`` to another epoch, that epoch's start (the
         previous epoch's state would resume the wrong epoch, or replay or skip a worker's share)."""
         epoch = self.epoch
-        if self._pending:
-            return start_state(self._resume, self._settings, epoch)
-        state = self._resume if self._resume is not None else self._state
+        if self._cursor.pending:
+            return start_state(self._cursor.resume, self._settings, epoch)
+        state = self._cursor.resume if self._cursor.resume is not None else self._cursor.state
         return state if state.epoch == epoch else ReadState.fresh(self._settings(), epoch=epoch)
 
     @property
@@ -97,12 +115,13 @@ class Position:
         numbers a resumed epoch's batches as the whole epoch does, out of ``len(ds)``); 0 before an
         epoch starts; ``len(ds)`` when it is done. Like ``state_dict()``, it raises ConfigError in
         the main process while DataLoader workers read this dataset (the position lives in them)."""
+        self._shared.set(SharedSlots.CHECKPOINTS_USED, 1)
         if torch.utils.data.get_worker_info() is None:
             self._refuse_while_workers_read("position")
         return self._current().batches_done()
 
     def _refuse_while_workers_read(self, what: str) -> None:
-        if self._shared.get(SharedSlots.WORKER_ITERATIONS) != self._worker_mark:
+        if self._shared.get(SharedSlots.WORKER_ITERATIONS) != self._cursor.worker_mark:
             raise ConfigError(
                 f"FlightDataset {self.name!r} is being read by DataLoader worker processes, so this "
                 f"process's {what} would not say what they delivered (resuming from it would replay "
@@ -114,15 +133,16 @@ class Position:
         epoch's last batch leaves an epoch that ``set_epoch`` chose since as it is)."""
         topo = resolve_topology(self.rank, self.world_size)
         loaded = ReadState.from_dict(state, self._settings())
+        self._shared.set(SharedSlots.CHECKPOINTS_USED, 1)
         if topo.num_workers == 1:
             refuse_worker_state_here(loaded)
-            self._worker_mark = self._shared.get(SharedSlots.WORKER_ITERATIONS)
+            self._cursor.worker_mark = self._shared.get(SharedSlots.WORKER_ITERATIONS)
         if self._shared.get(SharedSlots.EPOCH_CHOSEN) and loaded.epoch != self.epoch and loaded.finished():
             # saved after its epoch's last batch, loaded after set_epoch chose another epoch (StatefulDataLoader
             # loads when its iterator starts, after the loop's set_epoch): that epoch stands (``_workers``)
             return
-        self._resume = loaded.for_topology(topo.rank, topo.world_size)
-        self._state = self._resume
+        self._cursor.resume = loaded.for_topology(topo.rank, topo.world_size)
+        self._cursor.state = self._cursor.resume
         self._shared.set(SharedSlots.EPOCH, loaded.epoch)
         if topo.num_workers == 1:
             self._shared.set(SharedSlots.EPOCH_CHOSEN, 1)

@@ -70,8 +70,10 @@ class SharedSlots:
     """A few int64 slots in shared memory, shared by a dataset and its DataLoader workers' copies."""
 
     EPOCH, WORKER_ITERATIONS, HINTED, CHECKPOINT_NOTED, EPOCH_CHOSEN = 0, 1, 2, 3, 4
+    #: the program used this dataset's checkpoints (``state_dict``, ``load_state_dict``, ``position``)
+    CHECKPOINTS_USED = 5
 
-    def __init__(self, size: int = 5) -> None:
+    def __init__(self, size: int = 6) -> None:
         self.slots = torch.zeros(size, dtype=torch.int64).share_memory_()  # type: ignore[no-untyped-call]
 
     def __reduce_ex__(self, protocol: Any) -> Any:
@@ -178,15 +180,21 @@ def process_slots() -> SharedSlots:
 def hint_once(slots: SharedSlots, job: SharedSlots, topo: Topology, name: str, stateful: bool) -> None:
     """At the first worker iteration (worker 0), say in one warning: once per job (``job``: the
     :func:`process_slots`), that workers add nothing; once per dataset read by a plain DataLoader
-    (``stateful``: False), that its ``state_dict()`` in the main process will raise, so a
-    checkpoint needs StatefulDataLoader — now, not at the first checkpoint hours later."""
+    (``stateful``: False) whose checkpoints the program uses (``CHECKPOINTS_USED``: it called
+    ``state_dict()``, ``load_state_dict()`` or ``position``, e.g. at an epoch's end or to resume),
+    that its ``state_dict()`` in the main process raises while the workers read, so a mid-epoch
+    checkpoint needs StatefulDataLoader -- at the first worker batch after that use, not at the
+    first mid-epoch checkpoint hours later. A program that never takes a checkpoint of the dataset
+    (a validation set; a script that saves only the model at an epoch's end) is told nothing about
+    checkpoints; a mid-epoch ``state_dict()`` still raises, naming StatefulDataLoader."""
     if topo.worker != 0:
         return
     said = []
     if job.get(0) == 0:
         job.set(0, 1)
         said.append(WORKERS_HINT)
-    if not stateful and slots.get(SharedSlots.CHECKPOINT_NOTED) == 0:
+    used = slots.get(SharedSlots.CHECKPOINTS_USED) != 0
+    if not stateful and used and slots.get(SharedSlots.CHECKPOINT_NOTED) == 0:
         slots.set(SharedSlots.CHECKPOINT_NOTED, 1)
         said.append(
             f"FlightDataset {name!r} is read by the workers of a plain DataLoader: its state_dict() in the main "

@@ -3,7 +3,24 @@
 The server raises these and translates them to Flight errors in one place
 (``flightfeed.server.guards.boundary``); the client translates Flight errors back into
 these in one place (``flightfeed.client._connect.boundary``). The class travels in the
-message as a ``[flightfeed:ClassName]`` prefix, so both sides agree on the type.
+message as a ``[flightfeed:ClassName]`` prefix, so both sides agree on the type. Every class
+is exported from ``flightfeed.wire`` and from ``flightfeed.client`` (what a trainer catches).
+
+The tree::
+
+    FlightFeedError            every error flightfeed raises on purpose
+    ├── ConfigError            a setting, or a use of the API, is wrong
+    ├── InvalidRequest         a request field is wrong (``.field`` names it)
+    │   └── DatasetNotFound    the dataset name is not served here
+    ├── DatasetError           a dataset cannot be served as it is
+    │   └── ShardError         one shard is corrupt, truncated or unreadable
+    ├── StorageError           object storage or the local cache failed
+    ├── DiskFull               a node's shard cache disk is full (not retried)
+    ├── StaleState             a checkpoint or ticket does not match what is served now
+    ├── StreamError            a stream failed and retrying could not complete it
+    │   └── StreamTruncated    a stream ended before the rows its ticket promised
+    ├── Unauthenticated        missing or wrong credentials
+    └── PermissionDenied       valid credentials that may not make this call
 """
 
 from __future__ import annotations
@@ -11,21 +28,21 @@ from __future__ import annotations
 import re
 
 __all__ = [
+    "ConfigError",
+    "DatasetError",
+    "DatasetNotFound",
+    "DiskFull",
+    "error_from_message",
+    "error_tag",
     "FlightFeedError",
     "InvalidRequest",
-    "DatasetNotFound",
-    "DatasetError",
+    "PermissionDenied",
     "ShardError",
-    "StorageError",
-    "DiskFull",
     "StaleState",
+    "StorageError",
     "StreamError",
     "StreamTruncated",
     "Unauthenticated",
-    "PermissionDenied",
-    "ConfigError",
-    "error_tag",
-    "error_from_message",
 ]
 
 
@@ -34,7 +51,8 @@ class FlightFeedError(Exception):
 
 
 class ConfigError(FlightFeedError):
-    """A setting given at the command line or in a config file is wrong."""
+    """A setting, or a use of the API, is wrong (a command-line flag, a config file entry, a
+    constructor argument, a call made where it cannot be answered); the message names it."""
 
 
 class InvalidRequest(FlightFeedError):

@@ -8,12 +8,12 @@ from flightfeed.server.request.streaming import StreamSettings
 from flightfeed.server.storage import StorageOptions, open_dataset
 
 __all__ = [
-    "FlightFeedServer",
     "Catalog",
     "Dataset",
     "EpochOrder",
+    "FlightFeedServer",
+    "open_dataset",
     "ServerMetrics",
     "StorageOptions",
     "StreamSettings",
-    "open_dataset",
 ]

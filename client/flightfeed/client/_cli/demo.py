@@ -1,10 +1,15 @@
 """``flightfeed demo``: make a small image-like dataset (cached), serve it in a subprocess, read
 one shuffled epoch with FlightDataset, check every row arrived exactly once, print the figures.
+
+The server stops when the demo ends, so the demo prints its addresses only with
+``--keep-serving`` (then the server and its dashboard stay up until Ctrl-C): an address printed
+otherwise would be dead by the time it is read.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
@@ -32,6 +37,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--streams", type=int, default=2)
     p.add_argument("--data-dir", help="where to build the dataset (default: the user cache dir)")
+    p.add_argument(
+        "--keep-serving",
+        action="store_true",
+        help="after the epoch, keep the server and its dashboard up (their addresses printed) until Ctrl-C",
+    )
 
 
 def make_demo_dataset(root: Path, rows: int, size: int, shards: int, seed: int = 0) -> Path:
@@ -101,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     data = make_demo_dataset(cache, args.rows, args.size, args.shards)
     print(f"dataset: {data} ({args.rows} images {args.size}x{args.size}x3, {time.perf_counter() - t0:.1f}s)")
     proc, location, sidecar = _start_server(data)
-    print(f"server:  {location}" + (f"   dashboard: {sidecar}/" if sidecar else ""))
+    print("server:  flightfeed serve in a subprocess on 127.0.0.1 (it stops when the demo ends)")
     try:
         ds = FlightDataset(
             location,
@@ -130,7 +140,20 @@ def run(args: argparse.Namespace) -> int:
             f"figures: {figures['rows_per_s']:,.0f} rows/s   {figures['bytes_per_s'] / 1e9:.2f} GB/s   "
             f"stall {100 * figures['stall_ratio']:.1f}% (the loop did no work, so it waits on data by design)"
         )
+        if args.keep_serving:
+            _serve_until_interrupted(proc, location, sidecar)
+        else:
+            print(f"done:    the server has stopped; `flightfeed demo --keep-serving` keeps it and its dashboard up, "
+                  f"or serve the dataset yourself: flightfeed serve demo={data}")
         return 0
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def _serve_until_interrupted(proc: subprocess.Popen[str], location: str, sidecar: str | None) -> None:
+    """Print the live addresses and wait for Ctrl-C (or the server's own end)."""
+    shown = f"server:  {location}" + (f"   dashboard: {sidecar}/" if sidecar else "")
+    print(f"{shown}   (serving until Ctrl-C)", flush=True)
+    with contextlib.suppress(KeyboardInterrupt):
+        proc.wait()

@@ -15,7 +15,7 @@ import pyarrow.flight as flight
 
 from flightfeed.wire.errors import FlightFeedError, InvalidRequest, StorageError, StreamError, error_from_message
 
-__all__ = ["translate", "flight_call", "retryable", "reached_server", "user_words"]
+__all__ = ["translate", "flight_call", "retryable", "reached_server", "user_words", "first_line"]
 
 
 def retryable(err: BaseException) -> bool:
@@ -37,6 +37,13 @@ def reached_server(exc: BaseException) -> bool:
             return False
         seen = seen.__cause__
     return True
+
+
+def first_line(error: BaseException) -> str:
+    """An error's first line (gRPC appends detail lines), or its class name when it has no text:
+    how a retry, a failover or a dial names the error it gave up on."""
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
 
 
 # wire field names -> the names a FlightDataset user passed

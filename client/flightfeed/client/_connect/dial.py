@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from flightfeed.client._connect.boundary import reached_server, retryable, translate
+from flightfeed.client._connect.boundary import first_line, reached_server, retryable, translate
 from flightfeed.client._connect.members import Members
 from flightfeed.client._connect.retry import Outage, RetryPolicy
 from flightfeed.wire.errors import ConfigError, StreamError, Unauthenticated
@@ -82,7 +82,7 @@ def first_answer(
                     raise
                 raise err from exc
             members.failed(location)
-            errors.setdefault(location, _first_line(exc.__cause__ or err))
+            errors.setdefault(location, first_line(exc.__cause__ or err))
             if len(errors) == len(order) and not any(members.ever_answered(m) for m in order):
                 raise never_answered(what, errors) from exc
             outage = outage or Outage(policy, len(order))
@@ -104,11 +104,6 @@ def first_answer(
             if waiting and outage is not None:
                 log.warning("%s: %s answered after %.1fs", what, answered, outage.elapsed())
             return out
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__
 
 
 def _hedged(call: Callable[[str], T], first: str, others: Sequence[str], members: Members) -> tuple[str, T]:

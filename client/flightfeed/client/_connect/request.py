@@ -13,6 +13,7 @@ the node that answered.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from flightfeed.client._state.state import ReadState
 from flightfeed.client._state.topology import Topology
 from flightfeed.client._tensors.pack import set_pack
 from flightfeed.wire.errors import ConfigError
-from flightfeed.wire.messages import WIRE_VERSION, ReadCommand, StreamTicket
+from flightfeed.wire.messages import INDEX_COLUMN, WIRE_VERSION, ReadCommand, StreamTicket
 from flightfeed.wire.transforms import TransformSpec, defer_decode, set_transform
 
 __all__ = ["ReadJob", "columns_arg", "read_command", "open_readers"]
@@ -49,6 +50,25 @@ class ReadJob:
     drop_last: bool
     transform: TransformSpec
     options: ReadOptions
+
+    def settings(self) -> dict[str, Any]:
+        """What a checkpoint of this job records and must match (``ReadState``; saved checkpoints
+        are plain dicts of these keys)."""
+        return {
+            "dataset": self.name,
+            "columns": self.columns,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "batch_size": self.batch_size,
+            "drop_last": self.drop_last,
+            "transform": json.loads(json.dumps(self.transform)),  # as a checkpoint stores it
+            "pack": self.options.pack.as_dict() if self.options.pack is not None else None,
+        }
+
+    @property
+    def tuple_columns(self) -> list[str]:
+        """What ``as_tuple`` yields, in order: ``columns``, then ``row_index`` with ``with_index``."""
+        return [*self.columns, INDEX_COLUMN] if self.options.with_index else self.columns
 
 
 def columns_arg(columns: str | Sequence[str] | None) -> list[str]:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from flightfeed.client._connect.boundary import first_line
 from flightfeed.wire.errors import ConfigError
 
 __all__ = ["RetryPolicy", "Outage", "COUNT_FLOOR_S"]
@@ -61,7 +62,7 @@ class Outage:
         """Record a failure at ``location``; the pause before the next try, or None: give up."""
         if location not in self.tried:
             self.tried.append(location)
-        self.errors.append(f"{location}: {_first_line(error)}")
+        self.errors.append(f"{location}: {first_line(error)}")
         elapsed = self.elapsed()
         left = self.policy.timeout_s - elapsed
         if left <= 0 or self._counted_out(elapsed):
@@ -84,8 +85,3 @@ class Outage:
             f"{self.elapsed():.1f}s (retry_timeout={self.policy.timeout_s:g}s); locations tried: "
             f"{', '.join(self.tried)}; last error: {last}"
         )
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__

@@ -40,7 +40,7 @@ DEFAULT_SLOTS = 3  # copies in flight: one being consumed, one landing, one bein
 
 
 class Fence(Protocol):
-    """Completion of the copies issued from one ring slot."""
+    """Completion of the copies issued from one ring slot (``_device/ring`` retires the slot on it)."""
 
     def synchronize(self) -> None: ...  # block the host until the copies have read the slot
 

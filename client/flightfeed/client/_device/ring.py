@@ -22,26 +22,19 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import torch
 
+from flightfeed.client._device.engines import Fence
 from flightfeed.client._tensors.arrow import batch_to_torch
 
-__all__ = ["ALIGN", "Column", "Convert", "Fence", "PinnedRing", "StagedMessage", "concat_host", "stage_message"]
+__all__ = ["ALIGN", "Column", "Convert", "PinnedRing", "StagedMessage", "concat_host", "stage_message"]
 
 ALIGN = 64  # bytes: every staged buffer starts on a 64-byte boundary of its slot
 _HEADROOM = 1.25  # a slot holds this much more than the first message (later ones vary a little)
-
-
-class Fence(Protocol):
-    """Completion of one copy to the device."""
-
-    def synchronize(self) -> None: ...  # block the host until the copy has read its source
-
-    def query(self) -> bool: ...  # True once it has
 
 
 @dataclass

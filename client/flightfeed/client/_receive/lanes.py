@@ -31,7 +31,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.flight as flight
 
-from flightfeed.client._connect.boundary import reached_server, retryable, translate
+from flightfeed.client._connect.boundary import first_line, reached_server, retryable, translate
 from flightfeed.client._connect.members import Members
 from flightfeed.client._connect.pool import ConnectionPool
 from flightfeed.client._connect.retry import Outage, RetryPolicy
@@ -188,7 +188,7 @@ class Lane(threading.Thread):
                 log.log(
                     logging.WARNING if outage.attempts == 1 else logging.DEBUG,
                     "stream %d failed at %s (%s); retry %d of this outage on %s (up to %gs: retry_timeout)",
-                    self.slot, location, _first_line(err), outage.attempts, self.locations[at],
+                    self.slot, location, first_line(err), outage.attempts, self.locations[at],
                     self.policy.timeout_s,
                 )  # fmt: skip
                 if self.on_retry is not None:
@@ -347,8 +347,3 @@ def _final(err: BaseException, exc: BaseException, slot: int, outage: Outage | N
     if not isinstance(err, FlightFeedError):
         return StreamError(f"stream {slot}: {exc}")
     return err
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return text[0] if text else type(error).__name__

@@ -12,7 +12,7 @@ Both calls release the GIL, so a message's rows decode in parallel on the decode
   after its last row, ``jpeg_crop_scanline`` for its columns) is exposed by no maintained binding
   (simplejpeg, PyTurboJPEG 1.x/2.x, OpenCV, Pillow, imagecodecs); PyTurboJPEG's ``crop`` is a
   lossless transform that re-encodes the box, and crop + decode measured 1.5x *slower* than a full
-  decode. Through the C API it would save ~22% of the decode (``bench/bench_crop_decode.py``);
+  decode. Through the C API it would save ~22% of the decode (``bench/experiments/bench_crop_decode.py``);
 * **resample**: OpenCV ``resize`` (bilinear/bicubic/nearest; ``INTER_AREA`` where the box is still
   at least twice the output after the DCT scale) for boxes on whole pixels; a box that is a
   whole-pixel window of the image resized as a whole (``resize`` + ``center_crop``) is made exactly

@@ -54,7 +54,7 @@ from flightfeed.server.storage.cache.index import CacheIndex
 from flightfeed.server.storage.cache.keeper import start_keeper
 from flightfeed.server.storage.cache.report import CacheReport
 from flightfeed.server.storage.cache.room import Room
-from flightfeed.server.storage.cache.space import default_cache_size
+from flightfeed.server.storage.cache.space import default_cache_size, oversized_message
 from flightfeed.server.storage.cache.thrash import Redownloads
 
 __all__ = ["ShardCache", "CacheLease", "shared_cache", "default_cache_size"]
@@ -92,6 +92,8 @@ class ShardCache:
         self.redownloads = Redownloads(self.directory)
         if max_bytes is None:
             max_bytes = default_cache_size(directory, self.index.total)
+        elif (oversized := oversized_message(self.directory, max_bytes, self.index.total)) is not None:
+            log.warning("%s", oversized)
         #: the node's budget and the eviction policy (``cache_room``)
         self.room = Room(
             max_bytes, self.files, self.index, self.claims, self._held, self._entries, self._room, wait_for_room_s

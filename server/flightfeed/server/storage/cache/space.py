@@ -12,7 +12,14 @@ import errno
 import os
 import shutil
 
-__all__ = ["DEFAULT_FRACTION", "default_cache_size", "free_bytes", "is_disk_full", "disk_full_message"]
+__all__ = [
+    "DEFAULT_FRACTION",
+    "default_cache_size",
+    "free_bytes",
+    "is_disk_full",
+    "disk_full_message",
+    "oversized_message",
+]
 
 #: the default size: this fraction of (free disk + bytes already cached) at the cache directory
 DEFAULT_FRACTION = 0.5
@@ -29,6 +36,24 @@ def free_bytes(directory: str) -> int | None:
     with contextlib.suppress(OSError):
         return shutil.disk_usage(directory).free
     return None
+
+
+def oversized_message(directory: str, max_bytes: int, cached: int) -> str | None:
+    """One line when a cache limit is more than ``directory``'s disk can hold (its free space plus
+    what the cache already holds): the disk would fill (``DiskFull``) before the limit evicts
+    anything. None when the limit fits, or the disk cannot be asked."""
+    free = free_bytes(directory)
+    if free is None or max_bytes <= free + cached:
+        return None
+    return (
+        f"--cache-size {_size(max_bytes)} is more than the shard cache's disk holds at {directory} "
+        f"({_size(free)} free + {_size(cached)} cached): the disk fills before the cache evicts; "
+        f"lower --cache-size below {_size(free + cached)} or free space there"
+    )
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e9:,.1f} GB" if n >= 10**8 else f"{n:,} bytes"
 
 
 def is_disk_full(exc: BaseException | None) -> bool:

@@ -1,4 +1,5 @@
-"""Fixtures of the storage tests: an S3 service (moto in server mode on 127.0.0.1, explicit keys,
+"""Fixtures of the storage, convert and reader tests (a pytest plugin that ``tests/conftest.py``
+registers): an S3 service (moto in server mode on 127.0.0.1, explicit keys,
 ``AWS_EC2_METADATA_DISABLED=true``), metrics, and small Arrow datasets."""
 
 from __future__ import annotations

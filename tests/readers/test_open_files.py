@@ -23,7 +23,7 @@ from flightfeed.server.storage import StorageOptions
 from flightfeed.server.storage import local_shards as local_shards_module
 from flightfeed.server.storage.manifest import Manifest, ManifestShard
 from flightfeed.server.storage.resolve import open_dataset
-from tests.datasets import write_dataset
+from tests.support.datasets import write_dataset
 
 
 class _File:

@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from flightfeed.server.request.gather import _fixed_layout, contiguous, gather
 from flightfeed.server.storage import open_dataset
-from tests.datasets import IMAGE, image_of
+from tests.support.datasets import IMAGE, image_of
 
 
 def test_fixed_width_layouts() -> None:

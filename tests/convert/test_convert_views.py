@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from flightfeed.wire.errors import DatasetError
-from tests.storage.format_roundtrip import arrow_rows, convert_to
+from tests.convert.format_roundtrip import arrow_rows, convert_to
 
 lmdb = pytest.importorskip("lmdb", reason="lmdb is not installed (pip install lmdb msgpack)")
 msgpack = pytest.importorskip("msgpack", reason="msgpack is not installed (pip install msgpack)")

@@ -16,7 +16,7 @@ from flightfeed.server.storage import StorageOptions, open_dataset
 from flightfeed.server.testing import running_server
 from flightfeed.server.tools.convert import ConvertSettings, convert
 from flightfeed.server.tools.inspect import format_report, inspect_dataset
-from tests.storage.hdf5_layouts import CASES, ROWS, Case
+from tests.readers.hdf5_layouts import CASES, ROWS, Case
 
 
 def _values(column: pa.ChunkedArray[Any] | pa.Array[Any]) -> Any:

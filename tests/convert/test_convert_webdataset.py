@@ -14,7 +14,7 @@ import pytest
 
 from flightfeed.server.testing.local_s3 import LocalS3
 from flightfeed.wire.errors import ConfigError, DatasetError
-from tests.storage.format_roundtrip import convert_to, jpeg, served_rows
+from tests.convert.format_roundtrip import convert_to, jpeg, served_rows
 
 wds = pytest.importorskip("webdataset", reason="webdataset is not installed (pip install webdataset)")
 

@@ -14,7 +14,7 @@ own torchvision RandomResizedCrop(224) box and flip, drawn once from a seeded ge
   the recipe's Pillow sample (full decode, crop, bilinear resize, flip), PyTurboJPEG's lossless
   crop (``tjTransform`` + ``TJXOPT_CROP``: the only crop the maintained bindings expose) followed by
   a decode of the cropped JPEG, and libjpeg-turbo's own crop-aware decode through its C API
-  (``bench/crop_decode.c``: ``jpeg_skip_scanlines`` above the box, stop after its last row,
+  (``bench/experiments/crop_decode.c``: ``jpeg_skip_scanlines`` above the box, stop after its last row,
   ``jpeg_crop_scanline`` for the columns; compiled here when a C compiler and ``jpeglib.h`` exist).
   No maintained Python binding offers that last one (simplejpeg, PyTurboJPEG 1.x/2.x, OpenCV,
   Pillow, imagecodecs), so it is the reference for what a binding would buy, not an option.
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np
 from PIL import Image
@@ -225,7 +225,7 @@ def pyturbojpeg(items: Sequence[Sample], repeats: int) -> dict[str, Any]:
 
 
 def c_reference(items: Sequence[Sample], paths: Sequence[Path], repeats: int) -> dict[str, Any]:
-    """bench/crop_decode.c over the same boxes and DCT scales, or why not."""
+    """bench/experiments/crop_decode.c over the same boxes and DCT scales, or why not."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         return {"available": False, "reason": "no C compiler"}

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from flightfeed.server.testing import RunningServer
-from tests.datasets import image_of
+from tests.support.datasets import image_of
 
 #: 3 shards with uneven record batches (no batch lines up with a shard or chunk boundary)
 LAYOUT = [[50, 61, 33], [7, 90], [64, 64, 31]]

@@ -15,7 +15,7 @@ from flightfeed.server.storage import open_dataset
 from flightfeed.server.testing import RunningServer
 from flightfeed.wire.errors import DatasetError, ShardError
 from flightfeed.wire.messages import WIRE_VERSION, ReadCommand, StreamTicket
-from tests.datasets import write_dataset
+from tests.support.datasets import write_dataset
 
 
 def command(**overrides: Any) -> Any:

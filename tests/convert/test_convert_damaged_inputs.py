@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from flightfeed.wire.errors import DatasetError
-from tests.storage.format_roundtrip import convert_to
+from tests.convert.format_roundtrip import convert_to
 
 
 def cut(path: Path, keep: float) -> None:

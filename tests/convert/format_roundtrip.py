@@ -20,8 +20,8 @@ __all__ = ["jpeg", "convert_to", "served_rows", "arrow_rows", "import_hf_dataset
 
 
 def import_hf_datasets() -> Any:
-    """Hugging Face ``datasets``, or a skip: pytest puts tests/ on sys.path, where tests/datasets.py
-    (``tests.datasets``) would shadow it under the bare name."""
+    """Hugging Face ``datasets``, or a skip: pytest puts tests/ on sys.path, where tests/support/datasets.py
+    (``tests.support.datasets``) would shadow it under the bare name."""
     import importlib
     import os
     import sys

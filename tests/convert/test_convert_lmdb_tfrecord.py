@@ -14,7 +14,7 @@ import pytest
 
 from flightfeed.server.testing.local_s3 import LocalS3
 from flightfeed.wire.errors import ConfigError, DatasetError
-from tests.storage.format_roundtrip import arrow_rows, convert_to, jpeg, served_rows
+from tests.convert.format_roundtrip import arrow_rows, convert_to, jpeg, served_rows
 
 lmdb = pytest.importorskip("lmdb", reason="lmdb is not installed (pip install lmdb msgpack)")
 msgpack = pytest.importorskip("msgpack", reason="msgpack is not installed (pip install msgpack)")

@@ -7,7 +7,7 @@ then shuffled, from each server in turn (K streams, each on its own connection, 
 reads); server CPU is counted over the server's whole process tree. The figures: per server the
 median CPU seconds per GB of each order and, per round, shuffled / stored CPU and throughput.
 
-    python bench/bench_gather_ab.py --baseline /tmp/base [--rounds 6] [--epochs 6]
+    python bench/experiments/bench_gather_ab.py --baseline /tmp/base [--rounds 6] [--epochs 6]
 
 Writes bench/out/gather_ab.json.
 """
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.bench_scaling import flightfeed_tickets, read_all
 from bench.common import (

@@ -9,8 +9,8 @@ import pyarrow.flight as flight
 
 from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.wire.messages import WIRE_VERSION, ReadCommand
-from tests.datasets import SMALL_ROWS, write_dataset
-from tests.processes import start_serve
+from tests.support.datasets import SMALL_ROWS, write_dataset
+from tests.support.processes import start_serve
 
 
 def test_workers_serve_streams_behind_one_coordinator(small_dir: Path) -> None:

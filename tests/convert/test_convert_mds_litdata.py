@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 
 from flightfeed.wire.errors import ConfigError, DatasetError
-from tests.storage.format_roundtrip import arrow_rows, convert_to, jpeg, served_rows
+from tests.convert.format_roundtrip import arrow_rows, convert_to, jpeg, served_rows
 
 
 def mds_writer() -> Any:

@@ -20,9 +20,9 @@ from flightfeed.server.serve.args import add_arguments
 from flightfeed.server.serve.config_file import load_config, merge_config
 from flightfeed.wire.errors import ConfigError
 from flightfeed.wire.messages import WIRE_VERSION, ReadCommand
-from tests.datasets import SMALL_ROWS
-from tests.ports import free_port
-from tests.processes import start_serve
+from tests.support.datasets import SMALL_ROWS
+from tests.support.ports import free_port
+from tests.support.processes import start_serve
 
 
 def _flags(*argv: str) -> tuple[argparse.ArgumentParser, argparse.Namespace]:

@@ -1,22 +1,46 @@
-"""``ds.as_node()``: a FlightDataset as a ``torchdata.nodes`` source node.
+"""The adapters of a FlightDataset: ``ds.as_node()`` (a ``torchdata.nodes`` source node) and
+``ds.as_datapipe()`` (a ``torch.utils.data.IterDataPipe``), over :class:`EpochSource`: what they need
+of a dataset, an epoch-aware, resumable iterable of batches (a small protocol, so they depend on
+this shape and not on :class:`FlightDataset` itself: the dataset imports them, never the reverse).
 
-The node's state is the dataset's own checkpoint (``state_dict()``: a few hundred bytes, no
-sample ids) plus the epoch, so ``reset(state)`` restores the exact remaining sequence, also in
-a fresh process. Like ``torchdata.nodes.SamplerWrapper``, every ``reset(None)`` after an
+``FlightNode``: the node's state is the dataset's own checkpoint (``state_dict()``: a few hundred
+bytes, no sample ids) plus the epoch, so ``reset(state)`` restores the exact remaining sequence,
+also in a fresh process. Like ``torchdata.nodes.SamplerWrapper``, every ``reset(None)`` after an
 iteration has started moves on to the next epoch (a ``Loader`` resets once per epoch).
+
+``FlightDataPipe``: torchdata 0.11 has no DataPipes; ``torch.utils.data.IterDataPipe`` still exists.
+The pipe yields exactly the dataset's batches. DataLoader workers each get a copy of a pipe, and the
+dataset underneath splits its streams by worker itself, so no ``sharding_filter`` is needed (adding
+one would drop batches).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
+import torch.utils.data
 import torchdata.nodes
 
-from flightfeed.client._source import EpochSource
 from flightfeed.wire.errors import ConfigError
 
-__all__ = ["FlightNode"]
+__all__ = ["EpochSource", "FlightDataPipe", "FlightNode"]
+
+
+class EpochSource(Protocol):
+    """Batches of one epoch at a time, with an exact-resume checkpoint."""
+
+    @property
+    def epoch(self) -> int: ...
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
 
 _Base: Any = torchdata.nodes.BaseNode  # untyped (torchdata ships no type information)
 
@@ -79,3 +103,23 @@ class FlightNode(_Base):  # type: ignore[misc]
     def close(self) -> None:
         """Stop the current iteration's streams now (also done by the next ``reset``)."""
         self._close_iterator()
+
+
+class FlightDataPipe(torch.utils.data.IterDataPipe[dict[str, Any]]):
+    """Iterates ``dataset`` (batches as ``dict[str, torch.Tensor]``); state and epoch are the dataset's."""
+
+    def __init__(self, dataset: EpochSource) -> None:
+        super().__init__()
+        self.dataset = dataset
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.dataset)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.dataset.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.dataset.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.dataset.load_state_dict(state)

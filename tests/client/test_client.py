@@ -23,7 +23,7 @@ from flightfeed.client import (
 from flightfeed.server.request.service import FlightFeedServer
 from flightfeed.server.storage import open_catalog
 from flightfeed.server.testing import RunningServer, running_server
-from tests.datasets import SMALL_ROWS, image_of
+from tests.support.datasets import SMALL_ROWS, image_of
 
 
 def epoch_indices(ds: FlightDataset) -> list[int]:

@@ -5,7 +5,7 @@ core and on every core at once (threads: each releases the GIL while it inflates
 Chunks of 64 rows of 224x224x3 uint8 (9.6 MB each) in both pixel kinds of ``bench_hdf5``; libraries
 interleaved round by round, best round kept (other load on the machine only slows rounds down).
 
-``python bench/bench_inflate.py [--chunks 8] [--rounds 8]`` writes ``bench/out/inflate.json``.
+``python bench/experiments/bench_inflate.py [--chunks 8] [--rounds 8]`` writes ``bench/out/inflate.json``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import zlib
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import numpy as np
 

@@ -17,7 +17,7 @@ from flightfeed.server.storage.resolve import open_dataset
 from flightfeed.server.testing.local_s3 import LocalS3
 from flightfeed.server.tools.convert import writer as writer_module
 from flightfeed.wire.errors import ConfigError, DatasetError
-from tests.storage.format_roundtrip import convert_to
+from tests.convert.format_roundtrip import convert_to
 
 
 def parquet_source(path: Path, rows: int = 2000) -> Path:

@@ -1,5 +1,5 @@
 /* The crop-aware JPEG decode that no maintained Python binding exposes, measured as a reference
- * for bench/bench_crop_decode.py (which compiles it: `cc -O2 crop_decode.c -ljpeg`).
+ * for bench/experiments/bench_crop_decode.py (which compiles it: `cc -O2 crop_decode.c -ljpeg`).
  *
  * libjpeg-turbo's libjpeg API (>= 1.5, so Debian's 2.1.5 has it): decode at a DCT scale, then
  *   mode 0: every row, every column (what simplejpeg does);

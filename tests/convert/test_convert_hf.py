@@ -13,7 +13,7 @@ import pytest
 from flightfeed.server.testing import running_server
 from flightfeed.server.testing.local_s3 import LocalS3
 from flightfeed.wire.errors import DatasetError
-from tests.storage.format_roundtrip import (
+from tests.convert.format_roundtrip import (
     arrow_rows,
     convert_to,
     import_hf_datasets,

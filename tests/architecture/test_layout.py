@@ -123,3 +123,33 @@ def test_the_server_root_is_small_and_every_subpackage_says_what_it_is() -> None
 @pytest.mark.parametrize("package", ["request", "guards", "observe", "data"])
 def test_the_flow_packages_exist(package: str) -> None:
     assert (SERVER / package / "__init__.py").exists()
+
+
+CLIENT = ROOT / "client" / "flightfeed" / "client"
+#: the client's rooms (docs/architecture.md); ``_cli`` is the client's own user and may import the surface
+ROOMS = ("_state", "_connect", "_receive", "_tensors", "_device", "_images")
+#: what a room may import of the client besides the rooms: the settings
+ROOM_MAY_IMPORT = {"flightfeed.client._options"}
+
+
+def test_rooms_never_import_the_torch_surface() -> None:
+    """A room imports only ``_options``, ``flightfeed.wire`` and other rooms: never the torch surface
+    (``_dataset``, ``_iteration``, ``_position``, ``_workers``, ``_mixture``, ``_adapters``, ...)."""
+    rooms = tuple(f"flightfeed.client.{r}" for r in ROOMS)
+    wrong = sorted(
+        f"{mod} imports {target}"
+        for mod, targets in import_graph().items()
+        if mod.startswith(rooms)
+        for target in targets
+        if target.startswith("flightfeed.client")
+        and not target.startswith(rooms)
+        and target not in ROOM_MAY_IMPORT
+    )
+    assert wrong == [], f"a room imports the torch surface (move the shared piece into a room): {wrong}"
+
+
+def test_the_client_root_is_small() -> None:
+    flat = sorted(p.name for p in CLIENT.glob("*.py") if p.name != "__init__.py")
+    assert len(flat) <= 16, f"{len(flat)} modules flat in client/flightfeed/client/ (at most 16): {flat}"
+    rooms = sorted(p.name for p in CLIENT.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert rooms == sorted([*ROOMS, "_cli"]), rooms
