@@ -18,8 +18,8 @@ import pytest
 
 from flightfeed.server.cli import SUBCOMMANDS
 from flightfeed.server.testing import running_server
-from tests.datasets import write_dataset
-from tests.token_corpus import write_token_corpus
+from tests.support.datasets import write_dataset
+from tests.support.token_corpus import write_token_corpus
 from tools.mkdocs_hooks import subcommand_parser
 from tools.module_map import rooms
 
