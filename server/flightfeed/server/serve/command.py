@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 import threading
@@ -97,8 +98,8 @@ def run(args: argparse.Namespace) -> int:
     if workers < 1:
         raise ConfigError(f"--workers {workers}: must be >= 1")
     grace = float(setting(args, config, "grace", 30.0))
-    if grace < 0:
-        raise ConfigError(f"--grace {grace}: must be >= 0 seconds")
+    if not math.isfinite(grace) or grace < 0:  # inf crashed at SIGTERM (OverflowError), nan never drained
+        raise ConfigError(f"--grace {grace}: must be a finite number of seconds >= 0 (default 30)")
     peers = parse_peers(str(setting(args, config, "peers", "")))
     peers_dns = setting(args, config, "peers_dns", None)
     dns = parse_peers_dns(str(peers_dns)) if peers_dns else None
