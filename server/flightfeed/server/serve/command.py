@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import sys
 import threading
@@ -48,6 +47,9 @@ from flightfeed.wire.tokens import read_token_file
 __all__ = ["run"]
 
 log = logging.getLogger("flightfeed.server")
+
+#: the longest --grace (a week): a longer wait overflows the platform's time_t at SIGTERM
+MAX_GRACE_S = 7 * 24 * 3600
 
 
 def _open_catalog(datasets: dict[str, str], options: StorageOptions) -> Catalog:
@@ -98,8 +100,8 @@ def run(args: argparse.Namespace) -> int:
     if workers < 1:
         raise ConfigError(f"--workers {workers}: must be >= 1")
     grace = float(setting(args, config, "grace", 30.0))
-    if not math.isfinite(grace) or grace < 0:  # inf crashed at SIGTERM (OverflowError), nan never drained
-        raise ConfigError(f"--grace {grace}: must be a finite number of seconds >= 0 (default 30)")
+    if not 0 <= grace <= MAX_GRACE_S:  # inf (and 1e10) crashed at SIGTERM with OverflowError; nan is refused too
+        raise ConfigError(f"--grace {grace}: must be a finite number of seconds from 0 to {MAX_GRACE_S} (default 30)")
     peers = parse_peers(str(setting(args, config, "peers", "")))
     peers_dns = setting(args, config, "peers_dns", None)
     dns = parse_peers_dns(str(peers_dns)) if peers_dns else None
