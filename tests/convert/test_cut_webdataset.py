@@ -68,3 +68,15 @@ def test_an_empty_tar_is_named_and_a_whole_one_still_converts(tmp_path: Path) ->
     (tmp_path / "b.tar").write_bytes(b"")
     with pytest.raises(DatasetError, match=r"b\.tar at byte 0: empty file, not a tar archive"):
         convert_to(tmp_path, tmp_path / "out2", "webdataset")
+
+
+def test_a_tar_gz_whose_tar_was_cut_before_compressing_is_refused(tmp_path: Path) -> None:
+    """The gzip stream is whole, the tar inside it is not: the same refusal."""
+    import gzip
+
+    write_shard(tmp_path / "a.tar", samples=6)
+    offset = cut_before_member(tmp_path / "a.tar", 8)
+    (tmp_path / "a.tar.gz").write_bytes(gzip.compress((tmp_path / "a.tar").read_bytes()))
+    (tmp_path / "a.tar").unlink()
+    with pytest.raises(DatasetError, match=rf"a\.tar\.gz at byte {offset}: truncated: the file ends without"):
+        convert_to(tmp_path, tmp_path / "out", "webdataset")
