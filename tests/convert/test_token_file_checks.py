@@ -98,3 +98,16 @@ def test_good_files_still_convert_exactly(tmp_path: Path) -> None:
     assert manifest.rows == 500
     small = nanogpt(tmp_path / "s.bin", [1, 2, 3, EOT, 4, 5, 6, 7, EOT])  # tiny files: the end and rate checks
     assert convert(str(small), str(tmp_path / "o2"), ConvertSettings(kind="nanogpt", eot=EOT, progress=False)).rows == 2
+
+
+@pytest.mark.parametrize(("magic", "dtype"), [(20240520, "uint16"), (20240801, "uint32")])
+def test_an_llmc_shard_is_named_not_read_as_tokens(tmp_path: Path, magic: int, dtype: str) -> None:
+    """llm.c / modded-nanogpt shards: a 256-int32 header, then the id *before* each document (their
+    header was read as tokens)."""
+    header = np.zeros(256, np.int32)
+    header[:3] = [magic, 1, 4000]
+    body = np.concatenate([np.append(EOT, np.arange(1, 400) % 5000) for _ in range(10)]).astype(dtype)
+    path = tmp_path / "fineweb_train_000001.bin"
+    path.write_bytes(header.tobytes() + body.tobytes())
+    text = refused(path, EOT, dtype)
+    assert f"starts with the 1024-byte header of an llm.c / modded-nanogpt token shard (magic {magic})" in text

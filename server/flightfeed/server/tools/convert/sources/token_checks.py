@@ -6,6 +6,9 @@ document fewer tokens long. nanoGPT's ``prepare.py`` appends the end-of-text id 
 document, so each file is checked for what that layout promises, on the file's last token, a fixed
 sample and the document count the scan finds anyway (no measurable time on a 1 GB file):
 
+0. **header**: llm.c's and modded-nanogpt's ``fineweb_train_*.bin`` shards look like nanoGPT's but
+   start with a 1,024-byte header (256 int32, the first a magic number) and put the end-of-text id
+   *before* each document: a file starting with their magic is refused naming that layout;
 1. **width**: read as ``DTYPE``, a file of tokens twice as wide shows every other value as the
    high half of a token (little-endian), which is 0..3 for every vocabulary under 262,144 ids. If
    every odd-placed token of a sample is 0..3 while the even-placed ones are not, the file is refused
@@ -53,6 +56,9 @@ SPOT_TOKENS = 4096
 _MIN_PAIRS = 64
 #: the wider dtype a file read as DTYPE may really hold
 _WIDER = {"uint16": "uint32", "uint32": "int64", "int32": "int64"}
+#: llm.c's data files (dev/data/data_common.py): GPT-2 (uint16) and Llama 3 (uint32) magic numbers
+_LLMC_MAGIC = (20240520, 20240801)
+_LLMC_HEADER_BYTES = 1024
 _NANOGPT = "nanoGPT's prepare.py appends it after every document (GPT-2: --eot 50256 --token-dtype uint16)"
 
 
@@ -67,8 +73,18 @@ def _sample(tokens: npt.NDArray[Any]) -> npt.NDArray[Any]:
 
 
 def check_layout(path: str, tokens: npt.NDArray[Any], eot: int) -> None:
-    """The width and end checks: before the scan, from a sample and the last token."""
+    """The header, width and end checks: before the scan, from the first bytes, a sample and the
+    last token."""
     dtype = tokens.dtype
+    if tokens.nbytes >= _LLMC_HEADER_BYTES:
+        magic = int.from_bytes(tokens[: max(1, 4 // dtype.itemsize)].tobytes()[:4], "little", signed=True)
+        if magic in _LLMC_MAGIC:
+            raise DatasetError(
+                f"{path}: starts with the 1024-byte header of an llm.c / modded-nanogpt token shard (magic "
+                f"{magic}), not a headerless nanoGPT file; those shards put the end-of-text id before each "
+                "document: write the tokens without the header, each document followed by --eot, as nanoGPT's "
+                "prepare.py does"
+            )
     wide = _WIDER.get(dtype.name)
     if wide is not None:
         sample = _sample(tokens)
