@@ -80,3 +80,17 @@ def test_a_tar_gz_whose_tar_was_cut_before_compressing_is_refused(tmp_path: Path
     (tmp_path / "a.tar").unlink()
     with pytest.raises(DatasetError, match=rf"a\.tar\.gz at byte {offset}: truncated: the file ends without"):
         convert_to(tmp_path, tmp_path / "out", "webdataset")
+
+
+def test_a_shard_cut_inside_a_members_padding_is_refused(tmp_path: Path) -> None:
+    """The member's data is whole but the file ends inside the zero padding after it."""
+    write_shard(tmp_path / "a.tar")
+    with tarfile.open(tmp_path / "a.tar") as tar:
+        member = tar.getmembers()[9]  # k004.txt: the second member of sample k004
+    cut = member.offset_data + member.size + 5
+    (tmp_path / "a.tar").write_bytes((tmp_path / "a.tar").read_bytes()[:cut])
+    with pytest.raises(DatasetError, match=rf"a\.tar at byte {cut}: truncated: the file ends inside the padding "
+                                           r"after member k004\.txt"):
+        convert_to(tmp_path, tmp_path / "out", "webdataset")
+    manifest = convert_to(tmp_path, tmp_path / "out2", "webdataset", on_bad_record="skip")
+    assert manifest.rows == 4 and manifest.extra["bad_records"]["skipped"] == 2  # the cut, and k004 (in doubt)

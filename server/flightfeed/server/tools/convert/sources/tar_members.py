@@ -76,12 +76,12 @@ def _cut_short(offset: int, got: int) -> str:
     writer (tarfile, GNU tar, webdataset's TarWriter) ends the archive with zero blocks, so a file
     that ends without them was cut short, even exactly at a member boundary."""
     if got:
-        return "truncated tar header (the file is cut short); copy or write the shard again"
+        return "truncated tar header (the file is cut short)"
     if offset == 0:
-        return "empty file, not a tar archive; copy or write the shard again"
+        return "empty file, not a tar archive"
     return (
         "truncated: the file ends without the tar's end-of-archive blocks (cut short at a member "
-        "boundary; members after it are missing); copy or write the shard again"
+        "boundary; members after it are missing)"
     )
 
 
@@ -102,7 +102,6 @@ def tar_members(path: str, display: str) -> Iterator[Member | BadRecord]:
 def _members(path: str, display: str, at: list[int]) -> Iterator[Member | BadRecord]:
     with _open(path) as f:
         read = f.read
-        mapped = isinstance(f, MappedFile)
         take = f.view if isinstance(f, MappedFile) else f.read  # member data: views when mapped
         offset = 0
         long_name: str | None = None
@@ -131,10 +130,15 @@ def _members(path: str, display: str, at: list[int]) -> Iterator[Member | BadRec
                 )
                 return
             pad = -size % _BLOCK
-            if mapped:
-                f.skip(pad)  # type: ignore[union-attr]
-            elif pad:
-                read(pad)
+            padded = f.skip(pad) if isinstance(f, MappedFile) else (len(read(pad)) if pad else 0)
+            if padded < pad:
+                name = long_name if long_name is not None else _header_name(header)
+                yield BadRecord(
+                    f"{display} at byte {offset + _BLOCK + size + padded}",
+                    f"truncated: the file ends inside the padding after member {name} (cut short; members "
+                    "after it are missing)",
+                )
+                return
             if kind == b"L":
                 long_name = bytes(data).rstrip(b"\0").decode("utf-8", "replace")
             elif kind == b"x":
