@@ -109,11 +109,10 @@ def corpora(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RunningS
     def quiet(kind: SourceKind, eot: int | None = None) -> ConvertSettings:
         return ConvertSettings(kind=kind, eot=eot, progress=False, rows_per_batch=37)
 
-    # nanoGPT: documents end with EOT; a tail without one is a last document
-    tail = np.array([7, 8, 9], np.uint16)
-    ids = write_nanogpt(root / "train.bin", docs, tail)
+    # nanoGPT: documents end with EOT (a file cut inside its last one is refused: tests/convert/)
+    ids = write_nanogpt(root / "train.bin", docs)
     convert(str(root / "train.bin"), str(root / "nano"), quiet("nanogpt", EOT))
-    nano = [np.append(d, np.uint16(EOT)).tobytes() for d in docs] + [tail.tobytes()]
+    nano = [np.append(d, np.uint16(EOT)).tobytes() for d in docs]
     # Megatron, by hand (int32, some documents of several sentences) and, where it installs, by megatron-core
     mdocs = [[d.astype(np.int32)] if i % 5 else [d[:3], d[3:]] for i, d in enumerate(docs)]
     (root / "mega").mkdir()
@@ -252,12 +251,9 @@ def test_a_folder_of_nanogpt_splits_is_refused(tmp_path: Path) -> None:
     assert convert(str(tmp_path / "val.bin"), str(tmp_path / "val"), settings).rows == 5
 
 
-def test_a_nanogpt_file_without_one_end_of_text_token_is_named(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A wrong --eot converts a whole corpus as one document without a word: it is named."""
+def test_a_nanogpt_file_without_one_end_of_text_token_is_refused(tmp_path: Path) -> None:
+    """A wrong --eot converted a whole corpus as one document (a warning only): it is refused."""
     settings = ConvertSettings(kind="nanogpt", eot=65534, progress=False)
     (tmp_path / "train.bin").write_bytes(np.full(1 << 20, 7, np.uint16).tobytes())
-    with caplog.at_level("WARNING"):
-        assert convert(str(tmp_path / "train.bin"), str(tmp_path / "out"), settings).rows == 1
-    assert "no end-of-text token 65534 in its 1048576 tokens" in caplog.text and "is --eot right" in caplog.text
+    with pytest.raises(DatasetError, match=r"does not end with the end-of-text id --eot 65534 \(its last token is 7\)"):
+        convert(str(tmp_path / "train.bin"), str(tmp_path / "out"), settings)

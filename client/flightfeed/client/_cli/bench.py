@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -23,7 +24,7 @@ import torch
 
 from flightfeed.client._dataset import FlightDataset
 from flightfeed.client._options import ConnectOptions, ReadOptions
-from flightfeed.wire.errors import Unauthenticated
+from flightfeed.wire.errors import ConfigError, Unauthenticated
 from flightfeed.wire.tokens import read_token_file
 
 __all__ = ["add_arguments", "run", "measure_epoch", "summarize", "shared_counts"]
@@ -99,6 +100,8 @@ def _read(path: str | None) -> bytes | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not math.isfinite(args.step_ms) or args.step_ms < 0:
+        raise ConfigError(f"--step-ms {args.step_ms}: must be a finite number of milliseconds >= 0")
     token = read_token_file(args.auth_token_file) if args.auth_token_file else None
     connect = ConnectOptions(token=token, tls_root_certs=_read(args.tls_root_cert))
     ds = FlightDataset(

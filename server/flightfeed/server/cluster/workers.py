@@ -7,6 +7,11 @@ misses in a row). A dead worker is no longer listed (its endpoints go to the liv
 is restarted after a pause that doubles from ``backoff_s`` to ``backoff_cap_s`` (reset once a
 worker has run ``stable_s`` seconds).
 
+:meth:`WorkerPool.start` returns once every worker serves, and only then does the node print its
+``flight:`` line. A worker killed by a signal before it first serves (the OOM killer, an operator's
+``kill``) is restarted the same way; one that exits by itself before it first serves (a non-negative
+exit code: its settings, which are the coordinator's, do not work) fails the start.
+
 Workers watch their stdin, a pipe only the coordinator holds: when the coordinator dies, even by
 ``kill -9``, the pipe closes and the worker shuts itself down (``--exit-with-parent``).
 """
@@ -59,7 +64,7 @@ class _Worker:
     last_check: float | None = None
     misses: int = 0
     last_error: str | None = None
-    first_exit: int | None = None  # exit code of a worker that never served (bad settings)
+    first_exit: int | None = None  # exit code of a worker that exited by itself before it ever served
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -130,10 +135,15 @@ class WorkerPool:
                 if failed:
                     code = failed[0].first_exit
                     self._stop.set()
-                    raise ConfigError(f"worker process {failed[0].index} exited with code {code} before serving")
+                    raise ConfigError(
+                        f"worker process {failed[0].index} exited with code {code} before serving (its error is above)"
+                    )
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise ConfigError(f"worker processes did not start serving within {wait_s:g}s")
+                    self._stop.set()
+                    errors = "; ".join(f"worker {w.index}: {w.last_error}" for w in self._workers if w.last_error)
+                    why = f" ({errors})" if errors else ""
+                    raise ConfigError(f"worker processes did not start serving within {wait_s:g}s{why}")
                 self._changed.wait(min(left, 0.5))
 
     def stop(self, grace: float) -> None:
@@ -162,7 +172,7 @@ class WorkerPool:
     def _keep(self, w: _Worker) -> None:
         """Run worker ``w``, restarting it with backoff until the pool stops."""
         delay = self.backoff_s
-        first = True
+        served = False  # has this worker served once (then any death is restarted)
         while not self._stop.is_set():
             proc = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
             self._set(w, proc=proc, state="starting", location=None, misses=0)
@@ -180,13 +190,13 @@ class WorkerPool:
             if self._stop.is_set():
                 self._set(w, state="stopped", location=None)
                 return
-            if first and location is None:
+            served = served or location is not None
+            if not served and code >= 0:  # exited by itself before it ever served: its settings do not work
                 self._set(w, state="stopped", first_exit=code)
                 return
-            first = False
             if location is not None and time.monotonic() - w.started_at >= self.stable_s:
                 delay = self.backoff_s
-            error = f"exited with code {code}"
+            error = f"exited with code {code}" + ("" if location is not None else " before serving")
             log.warning("worker %d (pid %d) %s; restarting it in %.1fs", w.index, proc.pid, error, delay)
             self._set(w, state="restarting", location=None, last_error=error)
             if self._stop.wait(delay):

@@ -14,6 +14,15 @@ is ``traceback.format_exception`` of it: the Python traceback and the text again
 formatting it fails on purpose (its ``__notes__`` raises), and pyarrow then sends only the class
 name as the detail. The wrapper is also compiled under the pseudo file name ``<flightfeed>``, so
 no frame ever names a server file.
+
+pyarrow's *client* reads a ``get_schema`` status with ``check_status``, not ``check_flight_status``
+(apache/arrow#43556), so no Flight error class can reach it from ``get_schema``: the status's Arrow
+code picks the exception. The refusal is therefore raised as the :class:`SchemaRefused` subclass
+named after the Flight error ``get_flight_info`` sends for the same error, whose Python base gives
+the nearest Arrow code: a request refused (``FlightServerError``) arrives as ``pyarrow.ArrowInvalid``
+(a ``ValueError``), storage unavailable or a credential refused as ``OSError`` (as pyarrow's own
+unauthenticated ``get_schema`` does), an internal error as ``ArrowException``; each carries the same
+tagged text, then ``Detail: Python exception: <the Flight error's name>``.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ __all__ = [
     "flight_errors",
     "schema_errors",
     "SchemaRefused",
+    "schema_refusal",
     "guarded_stream",
     "to_flight_error",
     "clip_message",
@@ -134,8 +144,46 @@ class SchemaRefused(Exception):
         raise TypeError("a get_schema refusal carries no traceback")
 
 
+class FlightServerError(SchemaRefused, ValueError):
+    """A refused request: Arrow's ``Invalid`` (the client gets ``pyarrow.ArrowInvalid``)."""
+
+
+class FlightUnavailableError(SchemaRefused, OSError):
+    """Storage unavailable: Arrow's ``IOError`` (the client gets ``OSError``)."""
+
+
+class FlightUnauthenticatedError(SchemaRefused, OSError):
+    """No valid credential: Arrow's ``IOError``, as pyarrow's own unauthenticated refusal arrives."""
+
+
+class FlightUnauthorizedError(SchemaRefused, OSError):
+    """A credential that may not make this call: Arrow's ``IOError``."""
+
+
+class FlightInternalError(SchemaRefused):
+    """Anything else: Arrow's ``UnknownError`` (the client gets ``pyarrow.ArrowException``)."""
+
+
+_SCHEMA_REFUSALS: tuple[tuple[type[flight.FlightError], type[SchemaRefused]], ...] = (
+    (flight.FlightServerError, FlightServerError),
+    (flight.FlightUnavailableError, FlightUnavailableError),
+    (flight.FlightUnauthenticatedError, FlightUnauthenticatedError),
+    (flight.FlightUnauthorizedError, FlightUnauthorizedError),
+)
+
+
+def schema_refusal(exc: flight.FlightError) -> SchemaRefused:
+    """The :class:`SchemaRefused` that ``get_schema`` raises for ``exc``: its text, and the Flight
+    error's name and nearest Arrow code (see the module's docstring)."""
+    text = str(exc).split(". Detail:")[0]  # pyarrow's str() appends the Flight detail: sent once, by pyarrow
+    for flight_class, refused in _SCHEMA_REFUSALS:
+        if isinstance(exc, flight_class):
+            return refused(text)
+    return FlightInternalError(text)
+
+
 def schema_errors(fn: F) -> F:
-    """:func:`flight_errors` for ``get_schema``: errors leave as :class:`SchemaRefused`."""
+    """:func:`flight_errors` for ``get_schema``: errors leave as a :class:`SchemaRefused`."""
     guarded = flight_errors(fn)
 
     @functools.wraps(fn)
@@ -143,7 +191,7 @@ def schema_errors(fn: F) -> F:
         try:
             return guarded(*args, **kwargs)
         except flight.FlightError as exc:
-            refused = SchemaRefused(str(exc))
+            refused = schema_refusal(exc)
         raise refused from None
 
     return cast(F, wrapper)

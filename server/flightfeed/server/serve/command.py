@@ -48,6 +48,9 @@ __all__ = ["run"]
 
 log = logging.getLogger("flightfeed.server")
 
+#: the longest --grace (a week): a longer wait overflows the platform's time_t at SIGTERM
+MAX_GRACE_S = 7 * 24 * 3600
+
 
 def _open_catalog(datasets: dict[str, str], options: StorageOptions) -> Catalog:
     catalog = open_catalog(datasets, options)
@@ -97,8 +100,8 @@ def run(args: argparse.Namespace) -> int:
     if workers < 1:
         raise ConfigError(f"--workers {workers}: must be >= 1")
     grace = float(setting(args, config, "grace", 30.0))
-    if grace < 0:
-        raise ConfigError(f"--grace {grace}: must be >= 0 seconds")
+    if not 0 <= grace <= MAX_GRACE_S:  # inf (and 1e10) crashed at SIGTERM with OverflowError; nan is refused too
+        raise ConfigError(f"--grace {grace}: must be a finite number of seconds from 0 to {MAX_GRACE_S} (default 30)")
     peers = parse_peers(str(setting(args, config, "peers", "")))
     peers_dns = setting(args, config, "peers_dns", None)
     dns = parse_peers_dns(str(peers_dns)) if peers_dns else None

@@ -2,11 +2,12 @@
 (flags win).
 
 A setting's key is its flag's name without the dashes (``cache_size`` or ``cache-size`` for
-``--cache-size``), plus ``datasets`` (a table of NAME = URI) and ``transforms`` (presets). Every key
+``--cache-size``), plus ``datasets`` (a table of NAME = URI, checked as such) and ``transforms`` (presets). Every key
 is checked when the file is read: a key that is no setting (a typo) is an error naming it and the
 nearest setting, never silently ignored, and a value of the wrong kind is an error naming the key.
 ``merge_config`` then fills the flags the command line left unset with the file's values, converted
-as the flag's own parser converts them (sizes such as ``"8MiB"`` included), so every setting of the
+as the flag's own parser converts them (sizes such as ``"8MiB"`` included; a number must be finite:
+TOML's ``inf``/``nan`` and JSON's ``NaN`` or ``1e400`` are refused), so every setting of the
 file reaches the same code as its flag (TLS, S3, the shard cache, casts: all of them) and the
 ``--workers`` processes, which are given the merged flags.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import math
 import tomllib
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -65,6 +67,8 @@ def merge_config(args: argparse.Namespace, config: Mapping[str, Any], path: str 
         if key in seen:
             raise ConfigError(f"{where}: {seen[key]!r} and {raw_key!r} are the same setting; keep one")
         seen[key] = str(raw_key)
+        if key == "datasets":
+            _check_datasets(value, f"{where}: {raw_key}")
         if key in _EXTRA:
             continue
         action = actions.get(key)
@@ -81,6 +85,16 @@ def merge_config(args: argparse.Namespace, config: Mapping[str, Any], path: str 
         if not (given is None or given is False or given == []):  # (by identity: --port 0 is given)
             continue  # the flag was given: it wins
         setattr(args, key, _converted(action, value, f"{where}: {raw_key}"))
+
+
+def _check_datasets(value: Any, what: str) -> None:
+    """``datasets`` is a table of NAME = "URI" (a path or a list made an AttributeError traceback)."""
+    form = 'expected a table of NAME = "URI" (TOML: a [datasets] section with train = "/data/train")'
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{what} = {value!r}: {form}")
+    for name, uri in value.items():
+        if not isinstance(uri, str) or not uri:
+            raise ConfigError(f"{what}.{name} = {uri!r}: {form}")
 
 
 def _converted(action: argparse.Action, value: Any, what: str) -> Any:
@@ -110,7 +124,10 @@ def _converted(action: argparse.Action, value: Any, what: str) -> Any:
         raise ConfigError(f"{what} = {value!r}: expected a whole number")
     if kind is float:
         if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
+            if math.isfinite(value):
+                return float(value)
+            tail = " (a number past 1.8e308, e.g. 1e400, reads as inf)" if math.isinf(value) else ""
+            raise ConfigError(f"{what} = {value!r}: expected a finite number{tail}")
         raise ConfigError(f"{what} = {value!r}: expected a number")
     if isinstance(value, list) and all(isinstance(v, str) for v in value) and action.dest == "peers":
         value = ",".join(value)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import signal
 import sys
 import threading
@@ -54,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if not str(args.flight).startswith(("grpc://", "grpc+tcp://", "grpc+tls://", "grpc+unix://")):
         raise ConfigError(f"--flight {args.flight!r} is not a Flight location; write grpc://HOST:PORT")
+    if not math.isfinite(args.timeout) or args.timeout <= 0:
+        raise ConfigError(f"--timeout {args.timeout}: must be a finite number of seconds > 0 (default 2)")
     token = read_token_file(args.auth_token_file) if args.auth_token_file else None
     roots = _read(args.tls_root_cert, "--tls-root-cert")
     if not getattr(args, "insecure", False):

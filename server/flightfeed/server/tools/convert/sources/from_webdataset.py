@@ -14,8 +14,10 @@ webdataset's decoders do (``JPEG.cls``, from a key ``n0144_10026.JPEG``, is a ``
 
 A sample without one of these extensions, with an extra one, with the same extension twice, or
 with a value that does not parse is a bad record (``--on-bad-record``) named by shard and key; a
-truncated member or a damaged tar header is one named by shard and byte offset, and ends that
-shard. Brace patterns (``train-{000000..000146}.tar``) name many shards.
+truncated member, a damaged tar header or a shard that ends without its end-of-archive blocks (cut
+short, even at a member boundary) is one named by shard and byte offset, and ends that shard; the
+sample it cut is a bad record too (its members after the cut may be missing). Brace patterns
+(``train-{000000..000146}.tar``) name many shards.
 """
 
 from __future__ import annotations

@@ -34,8 +34,11 @@ class MappedFile:
         self._pos += len(data)
         return data
 
-    def skip(self, n: int) -> None:
-        self._pos = min(self._pos + n, len(self._map))
+    def skip(self, n: int) -> int:
+        """Move ``n`` bytes on (fewer at the end of the file); return how many."""
+        end = min(self._pos + n, len(self._map))
+        skipped, self._pos = end - self._pos, end
+        return skipped
 
     def __enter__(self) -> MappedFile:
         return self

@@ -3,7 +3,9 @@
 Faster than :mod:`tarfile` for the many small members of a WebDataset shard (one header parse
 and one read per member), and exact about damage: a header whose checksum does not match, or a
 member whose data ends early, yields a :class:`~.records.BadRecord` naming the file and the
-member's byte offset, after which the rest of that file is not read (its framing is lost).
+member's byte offset, after which the rest of that file is not read (its framing is lost). So does
+a file that ends without the end-of-archive zero blocks every tar writer puts last, even at a
+member boundary: it was cut short, and the members after the cut are missing.
 A regular member's data is a memoryview into the mapped shard (one copy later, into the record
 batch); the mapping is unmapped once the last view is gone.
 Understands ustar/GNU/pax headers (long names from ``L`` and ``x`` entries); ``.tar.gz``/
@@ -69,6 +71,20 @@ def _header_name(header: bytes) -> str:
     return name
 
 
+def _cut_short(offset: int, got: int) -> str:
+    """Why a tar that ends at ``offset`` (``got`` bytes of a header there) is damaged: every tar
+    writer (tarfile, GNU tar, webdataset's TarWriter) ends the archive with zero blocks, so a file
+    that ends without them was cut short, even exactly at a member boundary."""
+    if got:
+        return "truncated tar header (the file is cut short)"
+    if offset == 0:
+        return "empty file, not a tar archive"
+    return (
+        "truncated: the file ends without the tar's end-of-archive blocks (cut short at a member "
+        "boundary; members after it are missing)"
+    )
+
+
 def tar_members(path: str, display: str) -> Iterator[Member | BadRecord]:
     """The regular members of the tar at ``path`` in order (``display`` names it in errors); a
     ``.tar.gz`` whose gzip stream is damaged or cut short ends with a BadRecord at that point."""
@@ -86,7 +102,6 @@ def tar_members(path: str, display: str) -> Iterator[Member | BadRecord]:
 def _members(path: str, display: str, at: list[int]) -> Iterator[Member | BadRecord]:
     with _open(path) as f:
         read = f.read
-        mapped = isinstance(f, MappedFile)
         take = f.view if isinstance(f, MappedFile) else f.read  # member data: views when mapped
         offset = 0
         long_name: str | None = None
@@ -94,9 +109,8 @@ def _members(path: str, display: str, at: list[int]) -> Iterator[Member | BadRec
             at[0] = offset
             header = read(_BLOCK)
             if len(header) < _BLOCK:
-                if header:
-                    yield BadRecord(f"{display} at byte {offset}", "truncated tar header")
-                return  # a tar without its two zero blocks still ends cleanly at a member boundary
+                yield BadRecord(f"{display} at byte {offset}", _cut_short(offset, len(header)))
+                return
             if header == _ZERO:
                 return
             try:
@@ -116,10 +130,15 @@ def _members(path: str, display: str, at: list[int]) -> Iterator[Member | BadRec
                 )
                 return
             pad = -size % _BLOCK
-            if mapped:
-                f.skip(pad)  # type: ignore[union-attr]
-            elif pad:
-                read(pad)
+            padded = f.skip(pad) if isinstance(f, MappedFile) else (len(read(pad)) if pad else 0)
+            if padded < pad:
+                name = long_name if long_name is not None else _header_name(header)
+                yield BadRecord(
+                    f"{display} at byte {offset + _BLOCK + size + padded}",
+                    f"truncated: the file ends inside the padding after member {name} (cut short; members "
+                    "after it are missing)",
+                )
+                return
             if kind == b"L":
                 long_name = bytes(data).rstrip(b"\0").decode("utf-8", "replace")
             elif kind == b"x":

@@ -4,9 +4,11 @@ nanoGPT's ``prepare.py`` scripts write every token id of a split into one header
 ``np.uint16`` (``np.memmap(..., dtype=np.uint16, mode="w+")``), each document followed by the
 tokenizer's end-of-text id (GPT-2: 50256). ``flightfeed convert train.bin DST --from nanogpt
 --eot 50256`` cuts the stream after every end-of-text token: each document keeps its end-of-text
-token as its last token, and tokens after the last one (if any) form a final document, so the
-rows concatenated give back the file exactly. The file is scanned in chunks (no per-token Python;
-memory: one int64 per document plus one chunk).
+token as its last token, so the rows concatenated give back the file exactly. A file that does not
+end with the end-of-text id (cut inside its last document, or a wrong ``--eot`` / ``--token-dtype``),
+that reads as tokens twice as wide, or in which the id ends documents at no plausible rate is
+refused naming the flag (:mod:`.token_checks`). The file is scanned in chunks (no per-token
+Python; memory: one int64 per document plus one chunk).
 
 ``SRC`` is one file, a directory or a glob of ``.bin`` files (several files: their documents in
 path order; point SRC at ``train.bin`` to convert one split).
@@ -14,20 +16,17 @@ path order; point SRC at ``train.bin`` to convert one split).
 
 from __future__ import annotations
 
-import logging
 import os
 
 import numpy as np
 
+from flightfeed.server.tools.convert.sources.token_checks import check_layout, check_rate
 from flightfeed.server.tools.convert.sources.tokens import TokenDocuments, TokenPart, token_dtype
 from flightfeed.wire.errors import ConfigError, DatasetError
 
 __all__ = ["nanogpt_source", "document_bounds"]
 
 _SCAN_TOKENS = 1 << 24  # tokens compared with the end-of-text id per step
-#: a file of at least this many tokens without one end-of-text token is named (a wrong --eot?)
-_ONE_DOCUMENT_WARNING = 1 << 20
-_log = logging.getLogger(__name__)
 
 
 def document_bounds(tokens: np.ndarray, eot: int) -> np.ndarray:
@@ -64,11 +63,8 @@ def nanogpt_source(files: list[str], eot: int | None, dtype_name: str) -> TokenD
         if size == 0:
             raise DatasetError(f"{path}: the token file is empty")
         tokens = np.memmap(path, dtype=dtype, mode="r")
+        check_layout(path, tokens, eot)
         bounds = document_bounds(tokens, eot)
-        if len(bounds) == 2 and len(tokens) >= _ONE_DOCUMENT_WARNING and tokens[-1] != eot:
-            _log.warning(
-                "%s: no end-of-text token %d in its %d tokens: it converts as one document; is --eot right "
-                "(the id the tokenizer appended after each document)?", path, eot, len(tokens),
-            )
+        check_rate(path, len(tokens), len(bounds) - 1, eot, dtype)
         parts.append(TokenPart(path, tokens, bounds))
     return TokenDocuments(f"nanoGPT tokens ({len(files)} file(s), eot {eot})", parts)
