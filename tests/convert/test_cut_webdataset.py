@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from flightfeed.wire.errors import DatasetError
-from tests.storage.format_roundtrip import convert_to, served_rows
+from tests.convert.format_roundtrip import convert_to, served_rows
 
 wds = pytest.importorskip("webdataset", reason="webdataset is not installed (pip install webdataset)")
 
