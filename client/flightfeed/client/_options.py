@@ -109,7 +109,8 @@ class ReadOptions:
     always one batch, which keeps the batches in order); messages are what streams
     and data nodes share out, so fewer, larger messages spread a small epoch over fewer streams and
     nodes. ``block_rows`` / ``buffer_rows``:
-    the shuffle's block and window sizes (0: the server's defaults). ``compression``: ``"lz4"``,
+    the shuffle's block and window sizes (0: the server's defaults, sized by the dataset's whole row, so
+    the order is the same whatever ``columns`` are read). ``compression``: ``"lz4"``,
     ``"zstd"`` or None (IPC compression; slower on fast networks). ``on_decode_error``: ``"raise"``
     or ``"skip"`` (rows whose bytes do not decode are dropped). ``report_interval``: seconds between
     stall/throughput reports to the server (None or 0: never). ``normalize``: None (uint8 as
