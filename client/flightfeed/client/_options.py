@@ -133,7 +133,9 @@ class ReadOptions:
     (``(rows, longest, *inner)`` filled with ``pad_value``, plus an int64 column ``NAME_lengths``)
     or a ``{column: policy}`` mapping (columns not named are ``"nested"``); see ``_ragged``.
     ``pack``: ``Pack(column="tokens", seq_len=L)`` serves a document dataset's token column as fixed
-    windows: batches ``{column: int64 (B, L + 1), "position_ids": int32 (B, L + 1)}`` (``_pack``).
+    windows: batches ``{column: int64 (B, L + 1), "position_ids": int32 (B, L + 1)}``, or with
+    ``Pack(targets="shifted")`` contiguous ``{"inputs", "targets", "position_ids"}``, each ``(B, L)``
+    (``_tensors/pack``).
     ``with_index``: each batch also holds ``row_index``, an int64 tensor of every row's global stored
     row index (shards sorted by path, rows in file order: the row ``flightfeed inspect`` and h5py
     number), in the batch's order whatever the shuffle, streams, workers or resume; with
