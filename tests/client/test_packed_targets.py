@@ -83,6 +83,56 @@ def test_a_message_is_widened_into_shifted_inputs_and_targets_from_sliced_parts(
     assert torch.equal(joined["targets"], torch.cat([other.targets, msg.targets]))  # type: ignore[list-item]
 
 
+def _wide(batch: pa.RecordBatch) -> np.ndarray:
+    """The batch's windows as int64 ``(rows, L + 1)``."""
+    column: Any = batch.column("tokens")
+    return np.asarray(column.values).astype(np.int64).reshape(batch.num_rows, -1)
+
+
+def _windows(first: int, rows: int, step: int = WIDTH - 1) -> pa.RecordBatch:
+    """``rows`` consecutive windows of a stream ``first, first + 1, ...``: each shares its last token
+    with the next one's first, as the server cuts them."""
+    starts = first + np.arange(rows)[:, None] * step
+    tokens = (starts + np.arange(step + 1)).astype(np.uint16).ravel()
+    positions = np.tile(np.arange(step + 1, dtype=np.int16), rows)
+    return pa.record_batch({
+        "tokens": pa.FixedSizeListArray.from_arrays(pa.array(tokens), step + 1),
+        "position_ids": pa.FixedSizeListArray.from_arrays(pa.array(positions), step + 1),
+    })
+
+
+def test_consecutive_windows_share_one_array_and_runs_of_two_ranks_get_two() -> None:
+    """One run of windows (one rank's message): inputs and targets are views of one array of
+    ``rows * L + 1`` tokens (targets one token on), still contiguous; a message of two runs that do
+    not join (another rank's windows between them) gets two arrays; the values are the same."""
+    whole = _windows(100, 9)
+    msg = widen_message([whole.slice(0, 4), whole.slice(4, 5)], "tokens", shifted=True)
+    assert msg.targets is not None
+    wide = _wide(whole)
+    np.testing.assert_array_equal(msg.tokens.numpy(), wide[:, :-1])
+    np.testing.assert_array_equal(msg.targets.numpy(), wide[:, 1:])
+    assert msg.tokens.is_contiguous() and msg.targets.is_contiguous()
+    assert msg.targets.data_ptr() == msg.tokens.data_ptr() + 8  # one array, one token on
+    assert msg.held_bytes == (9 * (WIDTH - 1) + 1) * 8 + 9 * (WIDTH - 1) * 4
+    runs = widen_message([_windows(100, 3), _windows(200, 3)], "tokens", shifted=True)
+    assert runs.targets is not None and runs.targets.untyped_storage().data_ptr() != runs.tokens.data_ptr()
+    both = np.concatenate([_wide(_windows(100, 3)), _wide(_windows(200, 3))])
+    np.testing.assert_array_equal(runs.tokens.numpy(), both[:, :-1])
+    np.testing.assert_array_equal(runs.targets.numpy(), both[:, 1:])
+    assert runs.held_bytes == 6 * (WIDTH - 1) * (8 + 8 + 4)
+
+
+def test_two_ranks_read_the_same_shifted_windows(server: RunningServer) -> None:
+    """Ranks' messages hold runs of batches that do not join: the two-array copy, same values."""
+    def make(targets: str | None, rank: int) -> FlightDataset:
+        pack = Pack(column="tokens", seq_len=SEQ, targets=targets)
+        return FlightDataset(server.location, "tok", batch_size=3, seed=1, rank=rank, world_size=2,
+                             options=ReadOptions(pack=pack, report_interval=None, message_rows=6))
+
+    for rank in (0, 1):
+        _check_shifted(_read(make(None, rank)), _read(make("shifted", rank)))
+
+
 def test_shifted_batches_on_the_cpu_path(server: RunningServer) -> None:
     """Messages of 6 windows on 3 streams, batches of 3: row views of the widened messages."""
     default = _read(_reader(server, None, message_rows=6))

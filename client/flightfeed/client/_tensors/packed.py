@@ -22,6 +22,7 @@ and zeroed by the kernel for every message: ``perf`` on a packed read found the 
 
 from __future__ import annotations
 
+import itertools
 import sys
 import threading
 from collections.abc import Iterator
@@ -60,9 +61,14 @@ class PackedMessage:
 
     @property
     def held_bytes(self) -> int:
-        """What this message holds in memory (the board's window counts it)."""
-        extra = 0 if self.targets is None else self.targets.nbytes
-        return int(self.tokens.nbytes + self.positions.nbytes + extra)
+        """What this message holds in memory (the board's window counts it; shifted inputs and
+        targets may share one array: counted once)."""
+        tensors = [self.tokens, self.positions] + ([] if self.targets is None else [self.targets])
+        held, end = 0, 0
+        for lo, hi in sorted((t.data_ptr(), t.data_ptr() + t.nbytes) for t in tensors):  # the union of their bytes
+            held += max(0, hi - max(lo, end))
+            end = max(end, hi)
+        return held
 
     def views(self, lo: int, n: int, column: str) -> dict[str, torch.Tensor]:
         """Rows ``[lo, lo + n)`` as a batch (row slices: views, contiguous)."""
@@ -127,8 +133,8 @@ def widen_message(
 ) -> PackedMessage:
     """The message ``parts`` (one or more RecordBatches of windows) as int64 tokens and int32
     positions: one copy per column, straight from the received buffers into the wide tensors
-    (arrays from ``buffers`` where given). ``shifted``: the copy writes inputs, targets and the
-    inputs' positions, each ``(rows, L)`` (``Pack(targets="shifted")``)."""
+    (arrays from ``buffers`` where given). ``shifted``: inputs, targets and the inputs' positions,
+    each ``(rows, L)`` (``Pack(targets="shifted")``, see :func:`_shifted`)."""
     if not parts:
         raise StreamError("a packed message without RecordBatches")
     schema = parts[0].schema
@@ -137,30 +143,61 @@ def widen_message(
             raise StreamError(f"a packed message lacks the fixed-size list column {name!r} (got {schema})")
     width = schema.field(column).type.list_size
     rows = sum(rb.num_rows for rb in parts)
-    shape = (rows, width - 1 if shifted else width)
-
-    def empty(dtype: type[np.generic]) -> npt.NDArray[Any]:
-        return np.empty(shape, dtype) if buffers is None else buffers.empty(shape, dtype)
-
-    tokens, positions = empty(np.int64), empty(np.int32)
-    targets = empty(np.int64) if shifted else None
-    at = 0
-    for rb in parts:
-        n = rb.num_rows
-        if n:
-            src, pos = _fixed_rows(rb.column(column)), _fixed_rows(rb.column(POSITION_IDS))
-            if targets is None:
-                np.copyto(tokens[at : at + n], src, casting="unsafe")
-                np.copyto(positions[at : at + n], pos, casting="unsafe")
-            else:  # the same one pass over the narrow tokens, written as two shifted arrays
-                np.copyto(tokens[at : at + n], src[:, :-1], casting="unsafe")
-                np.copyto(targets[at : at + n], src[:, 1:], casting="unsafe")
-                np.copyto(positions[at : at + n], pos[:, :-1], casting="unsafe")
-        at += n
     meta = parts[0].select([]) if len(parts) == 1 else _concat_batches([rb.select([]) for rb in parts])
     wire = sum(rb.nbytes for rb in parts)
-    wide_targets = None if targets is None else torch.from_numpy(targets)
-    return PackedMessage(meta, torch.from_numpy(tokens), torch.from_numpy(positions), wire, wide_targets)
+    live = [rb for rb in parts if rb.num_rows]
+    tok_parts = [_fixed_rows(rb.column(column)) for rb in live]
+    pos_parts = [_fixed_rows(rb.column(POSITION_IDS)) for rb in live]
+
+    def empty(shape: tuple[int, int], dtype: type[np.generic]) -> npt.NDArray[Any]:
+        return np.empty(shape, dtype) if buffers is None else buffers.empty(shape, dtype)
+
+    if shifted:
+        inputs, targets = _shifted(tok_parts, rows, width - 1, empty)
+        positions = empty((rows, width - 1), np.int32)
+        _copy_rows(positions, [p[:, :-1] for p in pos_parts])
+        return PackedMessage(meta, inputs, torch.from_numpy(positions), wire, targets)
+    tokens, positions = empty((rows, width), np.int64), empty((rows, width), np.int32)
+    _copy_rows(tokens, tok_parts)
+    _copy_rows(positions, pos_parts)
+    return PackedMessage(meta, torch.from_numpy(tokens), torch.from_numpy(positions), wire)
+
+
+def _copy_rows(out: npt.NDArray[Any], parts: list[npt.NDArray[Any]]) -> None:
+    """The parts' rows, one after another, into ``out`` (widened by the copy; releases the GIL)."""
+    at = 0
+    for part in parts:
+        np.copyto(out[at : at + len(part)], part, casting="unsafe")
+        at += len(part)
+
+
+Empty = Any  # (shape, dtype) -> a fresh or reused array (``widen_message``)
+
+
+def _shifted(
+    parts: list[npt.NDArray[Any]], rows: int, step: int, empty: Empty
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs ``tokens[:, :-1]`` and targets ``tokens[:, 1:]`` of the windows ``parts``, int64,
+    contiguous. Consecutive windows of the epoch's stream share a token (``data/packing`` on the
+    server): where every window's last token is the next one's first -- a message of one run of
+    windows, as one rank reads them -- both are views of *one* flat array of ``rows * L + 1``
+    tokens (inputs from its start, targets one token on), written by a single copy of fewer tokens
+    than the default layout's. Otherwise (runs of several ranks' batches in one message) the copy
+    writes the two arrays."""
+    chained = all(np.array_equal(p[:-1, -1], p[1:, 0]) for p in parts) and all(
+        a[-1, -1] == b[0, 0] for a, b in itertools.pairwise(parts)
+    )
+    if chained:
+        flat = empty((1, rows * step + 1), np.int64)[0]
+        _copy_rows(flat[: rows * step].reshape(rows, step), [p[:, :-1] for p in parts])
+        if parts:
+            flat[rows * step] = parts[-1][-1, -1]
+        return (torch.from_numpy(flat[: rows * step].reshape(rows, step)),
+                torch.from_numpy(flat[1 : rows * step + 1].reshape(rows, step)))
+    inputs, targets = empty((rows, step), np.int64), empty((rows, step), np.int64)
+    _copy_rows(inputs, [p[:, :-1] for p in parts])
+    _copy_rows(targets, [p[:, 1:] for p in parts])
+    return torch.from_numpy(inputs), torch.from_numpy(targets)
 
 
 def packed_batches(
