@@ -17,9 +17,12 @@ Figures: input tokens per second after the first batch, client CPU seconds per 1
 (``time.process_time``: the client is one process, its streams' threads included; the server is
 another), the server's CPU per 10**6 tokens,
 medians over the repeats, and ``os.getloadavg()`` before and after (the box is shared). Writes
-``bench/out/shifted_targets_w{world_size}_s{streams}.json``. ``--world-size 2`` reads rank 0 of two
-(its messages hold runs of batches that do not join: the two-array copy), ``--streams 1`` one
-widening thread.
+``bench/out/shifted_targets_w{world_size}_s{streams}.json``. ``--micro``: the widening alone, in
+this process, no server (the figures the shared box's load blurs least): CPU per 10**6 input tokens
+of widening a message of one run of windows in each layout, and of the default layout followed by
+the loop's two ``.contiguous()`` per batch (``bench/out/shifted_targets_micro.json``).
+``--world-size 2`` reads rank 0 of two (its messages hold runs of batches that do not join: the
+two-array copy), ``--streams 1`` one widening thread.
 
     python bench/bench_shifted_targets.py --tokens 5e7 --read-tokens 3e7 --repeats 3 [--world-size 2] [--streams 1]
 """
@@ -92,6 +95,57 @@ def run_variant(variant: str, location: str, server_pid: int, args: argparse.Nam
     }
 
 
+def _message(rows: int, seq_len: int, run: int) -> Any:
+    """A packed message as the server sends it: uint16 tokens, int16 positions, ``rows`` windows in
+    runs of ``run`` consecutive windows of the stream, the runs apart (a rank of several: each run one
+    global batch; ``run=rows``: one rank)."""
+    import numpy as np
+    import pyarrow as pa
+
+    rng = np.random.default_rng(0)
+    stream = rng.integers(0, 50257, size=2 * rows * seq_len + 1, dtype=np.uint16)
+    window = np.arange(rows) + np.arange(rows) // run * run  # every other run skipped: another rank's
+    tokens = stream[window[:, None] * seq_len + np.arange(seq_len + 1)]
+    positions = (np.arange(rows * (seq_len + 1)) % 500).astype(np.int16)
+    return pa.record_batch({
+        "tokens": pa.FixedSizeListArray.from_arrays(pa.array(tokens.ravel()), seq_len + 1),
+        "position_ids": pa.FixedSizeListArray.from_arrays(pa.array(positions), seq_len + 1),
+    })
+
+
+def micro(args: argparse.Namespace) -> dict[str, Any]:
+    from flightfeed.client._tensors.packed import Buffers, packed_batches, widen_message
+
+    rows = max(args.batch_size, (16 << 20) // (2 * (args.seq_len + 1)) // args.batch_size * args.batch_size)
+    joined, apart = _message(rows, args.seq_len, rows), _message(rows, args.seq_len, args.batch_size)
+    cases = {
+        "default": (joined, False, False),
+        "default+contiguous_in_loop": (joined, False, True),
+        "shifted (one rank: one chain)": (joined, True, False),
+        "shifted (rank of 2: a chain per batch)": (apart, True, False),
+        "default+contiguous_in_loop (rank of 2)": (apart, False, True),
+    }
+    per: dict[str, list[float]] = {k: [] for k in cases}
+    buffers = Buffers()
+    for _ in range(args.repeats):
+        for name, (rb, shifted, contiguous) in cases.items():
+            t0 = time.process_time()
+            for _ in range(args.micro_iters):
+                msg = widen_message([rb], "tokens", buffers, shifted=shifted)
+                for _, b, _ in packed_batches(iter([msg]), args.batch_size, "tokens"):
+                    if contiguous:
+                        tok = b["tokens"]
+                        x, y = tok[:, :-1].contiguous(), tok[:, 1:].contiguous()
+                        del x, y
+                del msg, b
+            per[name].append((time.process_time() - t0) / (args.micro_iters * rows * args.seq_len) * 1e6)
+    med = {k: statistics.median(v) for k, v in per.items()}
+    return {
+        "message_rows": rows, "torch_threads": torch.get_num_threads(),
+        "cpu_s_per_1e6_tokens": med, "vs_default": {k: v / med["default"] for k, v in med.items()}, "runs": per,
+    }
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--tokens", type=float, default=5e7, help="tokens of the corpus")
@@ -105,7 +159,16 @@ def main() -> int:
                    help="read rank 0 of this many: > 1 puts runs of batches that do not join into one message")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     p.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "flightfeed-bench-tokens")
+    p.add_argument("--micro", action="store_true", help="the widening alone, no server (see the module doc)")
+    p.add_argument("--micro-iters", type=int, default=20)
     args = p.parse_args()
+    if args.micro:
+        load_before = os.getloadavg()
+        res = {"machine": machine(), "loadavg_before": load_before, **micro(args), "loadavg_after": os.getloadavg()}
+        for k, v in res["cpu_s_per_1e6_tokens"].items():
+            print(f"{k:40s} {v * 1e3:6.2f} ms CPU/1e6 tok  ({res['vs_default'][k]:.2f}x default)")
+        print(f"load {load_before} -> {res['loadavg_after']}; {write_json('shifted_targets_micro', res)}")
+        return 0
     corpus = write_arrow_corpus(args.data_dir / "arrow", int(args.tokens), args.mean_doc)
     load_before = os.getloadavg()
     runs: dict[str, list[dict[str, Any]]] = {v: [] for v in args.variants}

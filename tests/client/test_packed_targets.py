@@ -62,27 +62,6 @@ def _read(ds: FlightDataset) -> list[dict[str, torch.Tensor]]:
         ds.close()
 
 
-def test_a_message_is_widened_into_shifted_inputs_and_targets_from_sliced_parts() -> None:
-    tokens = np.arange(9 * WIDTH, dtype=np.uint16)
-    positions = (np.arange(9 * WIDTH) % 7 - 1).astype(np.int16)
-    whole = pa.record_batch({
-        "tokens": pa.FixedSizeListArray.from_arrays(pa.array(tokens), WIDTH),
-        "position_ids": pa.FixedSizeListArray.from_arrays(pa.array(positions), WIDTH),
-    })
-    parts = [whole.slice(0, 4), whole.slice(4, 5)]  # the second part starts at a list offset
-    msg = widen_message(parts, "tokens", shifted=True)
-    wide = tokens.astype(np.int64).reshape(9, WIDTH)
-    assert msg.targets is not None
-    np.testing.assert_array_equal(msg.tokens.numpy(), wide[:, :-1])
-    np.testing.assert_array_equal(msg.targets.numpy(), wide[:, 1:])
-    np.testing.assert_array_equal(msg.positions.numpy(), positions.astype(np.int32).reshape(9, WIDTH)[:, :-1])
-    assert msg.held_bytes == 9 * (WIDTH - 1) * (8 + 8 + 4)
-    other = widen_message([whole.slice(0, 2)], "tokens", shifted=True)
-    (_, joined, _), = packed_batches(iter([other, msg]), 11, "tokens")  # a batch spanning two messages
-    assert set(joined) == {"inputs", "targets", "position_ids"}
-    assert torch.equal(joined["targets"], torch.cat([other.targets, msg.targets]))  # type: ignore[list-item]
-
-
 def _wide(batch: pa.RecordBatch) -> np.ndarray:
     """The batch's windows as int64 ``(rows, L + 1)``."""
     column: Any = batch.column("tokens")
@@ -94,36 +73,79 @@ def _windows(first: int, rows: int, step: int = WIDTH - 1) -> pa.RecordBatch:
     with the next one's first, as the server cuts them."""
     starts = first + np.arange(rows)[:, None] * step
     tokens = (starts + np.arange(step + 1)).astype(np.uint16).ravel()
-    positions = np.tile(np.arange(step + 1, dtype=np.int16), rows)
+    positions = (np.arange(rows * (step + 1)) % 7 - 1).astype(np.int16)
     return pa.record_batch({
         "tokens": pa.FixedSizeListArray.from_arrays(pa.array(tokens), step + 1),
         "position_ids": pa.FixedSizeListArray.from_arrays(pa.array(positions), step + 1),
     })
 
 
-def test_consecutive_windows_share_one_array_and_runs_of_two_ranks_get_two() -> None:
-    """One run of windows (one rank's message): inputs and targets are views of one array of
-    ``rows * L + 1`` tokens (targets one token on), still contiguous; a message of two runs that do
-    not join (another rank's windows between them) gets two arrays; the values are the same."""
+def _check_views(msg: Any, wide: np.ndarray, positions: np.ndarray, lo: int, n: int) -> dict[str, torch.Tensor]:
+    got: dict[str, torch.Tensor] = msg.views(lo, n, "tokens")
+    assert set(got) == {"inputs", "targets", "position_ids"}
+    assert all(t.is_contiguous() and t.shape == (n, WIDTH - 1) for t in got.values())
+    np.testing.assert_array_equal(got["inputs"].numpy(), wide[lo : lo + n, :-1])
+    np.testing.assert_array_equal(got["targets"].numpy(), wide[lo : lo + n, 1:])
+    np.testing.assert_array_equal(got["position_ids"].numpy(), positions[lo : lo + n, :-1])
+    return got
+
+
+def test_one_run_of_windows_is_one_chain_and_its_batches_are_views() -> None:
+    """One rank's message (consecutive windows, sliced parts): inputs and targets are views of one
+    flat array of ``rows * L + 1`` tokens, targets one token on, contiguous, for any rows."""
     whole = _windows(100, 9)
     msg = widen_message([whole.slice(0, 4), whole.slice(4, 5)], "tokens", shifted=True)
-    assert msg.targets is not None
+    wide, positions = _wide(whole), (np.arange(9 * WIDTH) % 7 - 1).reshape(9, WIDTH)
+    assert msg.seams == (0,) and msg.rows == 9
+    assert msg.held_bytes == (9 * (WIDTH - 1) + 1) * 8 + 9 * (WIDTH - 1) * 4  # fewer than (L + 1) per row
+    for lo, n in ((0, 9), (2, 3), (8, 1)):
+        got = _check_views(msg, wide, positions, lo, n)
+        assert got["targets"].data_ptr() == got["inputs"].data_ptr() + 8  # one array, one token on
+        assert msg.tokens.data_ptr() <= got["inputs"].data_ptr() < msg.tokens.data_ptr() + msg.tokens.nbytes
+
+
+def test_runs_of_two_ranks_are_chains_of_their_own() -> None:
+    """A rank of two takes every other global batch: runs that do not join are chains of their own
+    (``rows * L + chains`` tokens); a batch within a chain is views, one across chains is joined;
+    any slicing of the message into parts gives the same values; arbitrary windows (no two join)
+    still come out right."""
+    runs = [_windows(100, 3), _windows(200, 3), _windows(300, 2)]
+    table = pa.Table.from_batches(runs)
+    wide = np.concatenate([_wide(b) for b in runs])
+    positions = np.concatenate([(np.arange(b.num_rows * WIDTH) % 7 - 1).reshape(-1, WIDTH) for b in runs])
+    for cut in ([8], [1, 7], [4, 4], [3, 3, 2], [2, 5, 1]):
+        parts, at = [], 0
+        for n in cut:
+            parts.append(table.slice(at, n).combine_chunks().to_batches()[0])
+            at += n
+        msg = widen_message(parts, "tokens", shifted=True)
+        assert msg.seams == (0, 3, 6), cut
+        assert msg.held_bytes == (8 * (WIDTH - 1) + 3) * 8 + 8 * (WIDTH - 1) * 4
+        views = _check_views(msg, wide, positions, 3, 3)  # the second run: views
+        assert views["targets"].data_ptr() == views["inputs"].data_ptr() + 8
+        for lo, n in ((0, 8), (2, 3), (5, 3), (0, 1), (7, 1)):
+            _check_views(msg, wide, positions, lo, n)
+    loose = pa.record_batch({
+        "tokens": pa.FixedSizeListArray.from_arrays(pa.array(np.arange(6 * WIDTH, dtype=np.uint16)), WIDTH),
+        "position_ids": pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(6 * WIDTH, np.int16)), WIDTH),
+    })
+    msg = widen_message([loose], "tokens", shifted=True)
+    assert msg.seams == tuple(range(6))
+    _check_views(msg, _wide(loose), np.zeros((6, WIDTH), np.int32), 0, 6)
+
+
+def test_a_batch_spanning_two_messages_is_joined() -> None:
+    whole = _windows(100, 9)
+    first = widen_message([whole.slice(0, 2)], "tokens", shifted=True)
+    second = widen_message([whole.slice(2, 7)], "tokens", shifted=True)
+    (_, joined, _), = packed_batches(iter([first, second]), 9, "tokens")
     wide = _wide(whole)
-    np.testing.assert_array_equal(msg.tokens.numpy(), wide[:, :-1])
-    np.testing.assert_array_equal(msg.targets.numpy(), wide[:, 1:])
-    assert msg.tokens.is_contiguous() and msg.targets.is_contiguous()
-    assert msg.targets.data_ptr() == msg.tokens.data_ptr() + 8  # one array, one token on
-    assert msg.held_bytes == (9 * (WIDTH - 1) + 1) * 8 + 9 * (WIDTH - 1) * 4
-    runs = widen_message([_windows(100, 3), _windows(200, 3)], "tokens", shifted=True)
-    assert runs.targets is not None and runs.targets.untyped_storage().data_ptr() != runs.tokens.data_ptr()
-    both = np.concatenate([_wide(_windows(100, 3)), _wide(_windows(200, 3))])
-    np.testing.assert_array_equal(runs.tokens.numpy(), both[:, :-1])
-    np.testing.assert_array_equal(runs.targets.numpy(), both[:, 1:])
-    assert runs.held_bytes == 6 * (WIDTH - 1) * (8 + 8 + 4)
+    assert torch.equal(joined["inputs"], torch.from_numpy(wide[:, :-1]))
+    assert torch.equal(joined["targets"], torch.from_numpy(wide[:, 1:]))
 
 
 def test_two_ranks_read_the_same_shifted_windows(server: RunningServer) -> None:
-    """Ranks' messages hold runs of batches that do not join: the two-array copy, same values."""
+    """Ranks' messages hold runs of batches that do not join: chains of their own, same values."""
     def make(targets: str | None, rank: int) -> FlightDataset:
         pack = Pack(column="tokens", seq_len=SEQ, targets=targets)
         return FlightDataset(server.location, "tok", batch_size=3, seed=1, rank=rank, world_size=2,

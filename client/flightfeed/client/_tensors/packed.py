@@ -8,9 +8,9 @@ whole message into one int64 ``(rows, L + 1)`` token tensor and one int32 positi
 lanes widen in parallel with each other and with the consumer) and drops the received Arrow
 buffers at once (only a column-less RecordBatch stays: rows and metadata). The consumer then cuts
 each batch as two tensor slices (:func:`packed_batches`): no conversion, no per-column Python,
-no copy per batch. With ``Pack(targets="shifted")`` the same copy writes the contiguous inputs
-``tokens[:, :-1]``, targets ``tokens[:, 1:]`` and the inputs' position ids, each ``(rows, L)``,
-and the batches are row slices of those (still contiguous). The board's window counts the widened
+no copy per batch. With ``Pack(targets="shifted")`` the same copy writes the tokens once as
+chains whose views are the contiguous inputs ``tokens[:, :-1]`` and targets ``tokens[:, 1:]``
+(``_tensors/shifted``), and the inputs' position ids ``(rows, L)``. The board's window counts the widened
 bytes (``held_bytes``), so the memory bound holds for what is actually kept.
 
 The wide arrays are reused (:class:`Buffers`, one per iteration): an array goes back into use only
@@ -22,7 +22,6 @@ and zeroed by the kernel for every message: ``perf`` on a packed read found the 
 
 from __future__ import annotations
 
-import itertools
 import sys
 import threading
 from collections.abc import Iterator
@@ -35,6 +34,7 @@ import pyarrow as pa
 import torch
 
 from flightfeed.client._tensors.pack import INPUTS, POSITION_IDS, TARGETS
+from flightfeed.client._tensors.shifted import chain_rows, chain_views
 from flightfeed.wire.errors import StreamError
 
 __all__ = ["Buffers", "PackedMessage", "widen_message", "packed_batches"]
@@ -46,36 +46,31 @@ _concat_batches: Any = pa.concat_batches  # type: ignore[attr-defined]
 class PackedMessage:
     """One message of windows, widened: ``meta`` (the message's rows and schema metadata, no
     columns), int64 ``tokens`` and int32 ``positions`` of shape ``(rows, L + 1)``, and the bytes
-    it took on the wire. Shifted (``targets`` given): ``tokens`` holds the inputs, ``targets`` the
-    next tokens and ``positions`` the inputs' position ids, each ``(rows, L)``."""
+    it took on the wire. Shifted (``seams`` given: ``Pack(targets="shifted")``): ``tokens`` is the
+    flat array of the message's chains (``_tensors/shifted``), ``seams`` the first row of each
+    chain, and ``positions`` the inputs' position ids ``(rows, L)``."""
 
     meta: pa.RecordBatch
     tokens: torch.Tensor
     positions: torch.Tensor
     wire_bytes: int
-    targets: torch.Tensor | None = None
+    seams: tuple[int, ...] | None = None
 
     @property
     def rows(self) -> int:
-        return int(self.tokens.shape[0])
+        return int(self.positions.shape[0])
 
     @property
     def held_bytes(self) -> int:
-        """What this message holds in memory (the board's window counts it; shifted inputs and
-        targets may share one array: counted once)."""
-        tensors = [self.tokens, self.positions] + ([] if self.targets is None else [self.targets])
-        held, end = 0, 0
-        for lo, hi in sorted((t.data_ptr(), t.data_ptr() + t.nbytes) for t in tensors):  # the union of their bytes
-            held += max(0, hi - max(lo, end))
-            end = max(end, hi)
-        return held
+        """What this message holds in memory (the board's window counts it)."""
+        return int(self.tokens.nbytes + self.positions.nbytes)
 
     def views(self, lo: int, n: int, column: str) -> dict[str, torch.Tensor]:
-        """Rows ``[lo, lo + n)`` as a batch (row slices: views, contiguous)."""
-        if self.targets is None:
+        """Rows ``[lo, lo + n)`` as a batch (views, contiguous; shifted ones that cross chains joined)."""
+        if self.seams is None:
             return {column: self.tokens[lo : lo + n], POSITION_IDS: self.positions[lo : lo + n]}
-        return {INPUTS: self.tokens[lo : lo + n], TARGETS: self.targets[lo : lo + n],
-                POSITION_IDS: self.positions[lo : lo + n]}
+        inputs, targets = chain_views(self.tokens, self.seams, int(self.positions.shape[1]), lo, n)
+        return {INPUTS: inputs, TARGETS: targets, POSITION_IDS: self.positions[lo : lo + n]}
 
 
 class Buffers:
@@ -133,8 +128,8 @@ def widen_message(
 ) -> PackedMessage:
     """The message ``parts`` (one or more RecordBatches of windows) as int64 tokens and int32
     positions: one copy per column, straight from the received buffers into the wide tensors
-    (arrays from ``buffers`` where given). ``shifted``: inputs, targets and the inputs' positions,
-    each ``(rows, L)`` (``Pack(targets="shifted")``, see :func:`_shifted`)."""
+    (arrays from ``buffers`` where given). ``shifted``: the tokens as chains whose views are the
+    inputs and targets (``_tensors/shifted``) and the inputs' positions ``(rows, L)``."""
     if not parts:
         raise StreamError("a packed message without RecordBatches")
     schema = parts[0].schema
@@ -153,10 +148,10 @@ def widen_message(
         return np.empty(shape, dtype) if buffers is None else buffers.empty(shape, dtype)
 
     if shifted:
-        inputs, targets = _shifted(tok_parts, rows, width - 1, empty)
+        flat, seams = chain_rows(tok_parts, rows, empty)
         positions = empty((rows, width - 1), np.int32)
         _copy_rows(positions, [p[:, :-1] for p in pos_parts])
-        return PackedMessage(meta, inputs, torch.from_numpy(positions), wire, targets)
+        return PackedMessage(meta, torch.from_numpy(flat), torch.from_numpy(positions), wire, seams)
     tokens, positions = empty((rows, width), np.int64), empty((rows, width), np.int32)
     _copy_rows(tokens, tok_parts)
     _copy_rows(positions, pos_parts)
@@ -169,35 +164,6 @@ def _copy_rows(out: npt.NDArray[Any], parts: list[npt.NDArray[Any]]) -> None:
     for part in parts:
         np.copyto(out[at : at + len(part)], part, casting="unsafe")
         at += len(part)
-
-
-Empty = Any  # (shape, dtype) -> a fresh or reused array (``widen_message``)
-
-
-def _shifted(
-    parts: list[npt.NDArray[Any]], rows: int, step: int, empty: Empty
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inputs ``tokens[:, :-1]`` and targets ``tokens[:, 1:]`` of the windows ``parts``, int64,
-    contiguous. Consecutive windows of the epoch's stream share a token (``data/packing`` on the
-    server): where every window's last token is the next one's first -- a message of one run of
-    windows, as one rank reads them -- both are views of *one* flat array of ``rows * L + 1``
-    tokens (inputs from its start, targets one token on), written by a single copy of fewer tokens
-    than the default layout's. Otherwise (runs of several ranks' batches in one message) the copy
-    writes the two arrays."""
-    chained = all(np.array_equal(p[:-1, -1], p[1:, 0]) for p in parts) and all(
-        a[-1, -1] == b[0, 0] for a, b in itertools.pairwise(parts)
-    )
-    if chained:
-        flat = empty((1, rows * step + 1), np.int64)[0]
-        _copy_rows(flat[: rows * step].reshape(rows, step), [p[:, :-1] for p in parts])
-        if parts:
-            flat[rows * step] = parts[-1][-1, -1]
-        return (torch.from_numpy(flat[: rows * step].reshape(rows, step)),
-                torch.from_numpy(flat[1 : rows * step + 1].reshape(rows, step)))
-    inputs, targets = empty((rows, step), np.int64), empty((rows, step), np.int64)
-    _copy_rows(inputs, [p[:, :-1] for p in parts])
-    _copy_rows(targets, [p[:, 1:] for p in parts])
-    return torch.from_numpy(inputs), torch.from_numpy(targets)
 
 
 def packed_batches(
