@@ -231,3 +231,20 @@ def test_nanogpt_get_batch(server: RunningServer) -> None:
     assert data["train"].epoch == 2 and data["val"].epoch == 1
     for ds in data.values():
         ds.close()
+
+
+def test_as_tuple_yields_inputs_and_targets(server: RunningServer) -> None:
+    """``ReadOptions(as_tuple=True)`` with shifted targets: ``for x, y in ds`` (it raised KeyError
+    'tokens' with columns=['tokens'], and columns=None was refused)."""
+    shifted = _read(_reader(server, "shifted"))
+    for columns in (None, ["tokens"]):
+        pack = Pack(column="tokens", seq_len=SEQ, pad_tail=True, pad_id=-100, targets="shifted")
+        ds = FlightDataset(server.location, "tok", batch_size=3, seed=1, columns=columns,
+                           options=ReadOptions(pack=pack, report_interval=None, as_tuple=True))
+        try:
+            pairs = [(x.clone(), y.clone()) for x, y in ds]
+        finally:
+            ds.close()
+        assert len(pairs) == len(shifted)
+        for (x, y), b in zip(pairs, shifted, strict=True):
+            assert torch.equal(x, b["inputs"]) and torch.equal(y, b["targets"])

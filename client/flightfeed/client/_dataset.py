@@ -37,7 +37,7 @@ from flightfeed.client._receive.lanes import Lane, LaneSettings, join_lanes
 from flightfeed.client._receive.stats import StallMeter
 from flightfeed.client._state.state import ReadState
 from flightfeed.client._state.topology import Topology, for_child, resolve_topology
-from flightfeed.client._tensors.pack import set_pack
+from flightfeed.client._tensors.pack import INPUTS, TARGETS, set_pack
 from flightfeed.client._workers import SharedSlots, process_slots
 from flightfeed.wire.errors import ConfigError
 from flightfeed.wire.messages import INDEX_COLUMN, ReadCommand
@@ -170,7 +170,10 @@ class FlightDataset(Position, torch.utils.data.IterableDataset[Any]):
 
     @property
     def _tuple_columns(self) -> list[str]:
-        """What ``as_tuple`` yields, in order: ``columns``, then ``row_index`` with ``with_index``."""
+        """What ``as_tuple`` yields, in order: ``columns``, then ``row_index`` with ``with_index``;
+        with ``Pack(targets="shifted")``: ``inputs, targets`` (``for x, y in ds``)."""
+        if self.options.pack is not None and self.options.pack.targets == "shifted":
+            return [INPUTS, TARGETS]
         return [*self.columns, INDEX_COLUMN] if self.options.with_index else self.columns
 
     def info(self) -> dict[str, Any]:

@@ -204,7 +204,8 @@ def checked_settings(
         raise ConfigError(f"options is a {type(options).__name__}; pass options=ReadOptions(...)")
     read = options if options is not None else ReadOptions()
     check_ragged(read.ragged, read.pad_value, columns)
-    if read.as_tuple and not columns:
+    shifted = read.pack is not None and read.pack.targets == "shifted"  # the tuple is (inputs, targets)
+    if read.as_tuple and not columns and not shifted:
         raise ConfigError(
             "ReadOptions(as_tuple=True) yields the columns in the order of columns=[...]: name them, "
             "e.g. FlightDataset(..., columns=['image', 'label'], options=ReadOptions(as_tuple=True))"

@@ -68,6 +68,9 @@ class Pack:
       target goes unused) or read the default layout and pass ``tokens`` as both;
     * ``position_ids``: those of the inputs (0 where a document starts, -1 on padding).
 
+    With ``ReadOptions(as_tuple=True)`` a shifted batch is the tuple ``(inputs, targets)``:
+    ``for x, y in ds``.
+
     With ``pad_tail=True`` padded targets are ``pad_id``: ``pad_id=-100`` is what
     ``F.cross_entropy`` ignores by default. ``targets`` is not part of a checkpoint: the windows and
     their order are the same either way, so a checkpoint resumes with either layout."""
