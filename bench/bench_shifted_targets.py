@@ -9,7 +9,7 @@ CPU path:
   what reading costs, with no usable ``y.view(-1)``;
 * ``contiguous_in_loop``: the same plus ``x = tokens[:, :-1].contiguous(); y = tokens[:, 1:].contiguous()``
   in the loop (the README's example made usable by nanoGPT), torch's default intra-op threads;
-* ``contiguous_in_loop_1thread``: the same with ``torch.set_num_threads(1)`` (the issue's
+* ``contiguous_in_loop_1thread``: the same with ``torch.set_num_threads(1)`` (as under
   ``OMP_NUM_THREADS=1`` figure);
 * ``shifted``: ``Pack(targets="shifted")``: ``x, y = b["inputs"], b["targets"]``, contiguous already.
 
