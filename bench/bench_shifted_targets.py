@@ -10,7 +10,7 @@ CPU path:
 * ``contiguous_in_loop``: the same plus ``x = tokens[:, :-1].contiguous(); y = tokens[:, 1:].contiguous()``
   in the loop (the README's example made usable by nanoGPT), torch's default intra-op threads;
 * ``contiguous_in_loop_1thread``: the same with ``torch.set_num_threads(1)`` (as under
-  ``OMP_NUM_THREADS=1`` figure);
+  ``OMP_NUM_THREADS=1``);
 * ``shifted``: ``Pack(targets="shifted")``: ``x, y = b["inputs"], b["targets"]``, contiguous already.
 
 Figures: input tokens per second after the first batch, client CPU seconds per 10**6 input tokens
