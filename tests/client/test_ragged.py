@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flightfeed.client import FlightDataset, ReadOptions
+from flightfeed.client._device.engines import CpuEngine
 from flightfeed.client._tensors.arrow import batch_to_torch
 from flightfeed.server.testing import RunningServer, running_server
 from flightfeed.wire.errors import ConfigError, DatasetError
@@ -284,7 +285,7 @@ def test_null_rows_of_fixed_size_columns_fail_naming_the_column() -> None:
 
 def test_a_served_null_box_fails_naming_the_column(tmp_path: Path) -> None:
     """End to end: a stored null row of a fixed_size_list column and a null box inside a list column
-    reach the trainer as a DatasetError naming the column."""
+    reach the trainer as a DatasetError naming the column, on the host and the device path."""
     import pyarrow.ipc as ipc
 
     boxes: Any = pa.ListArray.from_arrays(pa.array([0, 2, 4], pa.int32()), _boxes(3))
@@ -292,9 +293,11 @@ def test_a_served_null_box_fails_naming_the_column(tmp_path: Path) -> None:
     with ipc.new_file(str(tmp_path / "b.arrow"), table.schema) as writer:
         writer.write_table(table)
     with running_server({"b": str(tmp_path)}) as srv:
-        for column in ("box", "boxes"):
+        for column, device in (("box", None), ("boxes", None), ("box", "cpu"), ("boxes", "cpu")):
             ds = FlightDataset(srv.location, "b", batch_size=2, shuffle=False, columns=[column, "id"],
-                               options=ReadOptions(report_interval=None))
+                               device=device, options=ReadOptions(report_interval=None))
+            if device is not None:  # the device path: the streams' ring, CPU engine
+                ds._copy_engine = CpuEngine
             with pytest.raises(DatasetError, match=rf"column '{column}' .* has 1 null"):
                 list(ds)
             ds.close()
