@@ -34,7 +34,7 @@ import pyarrow as pa
 import torch
 
 from flightfeed.client._tensors.pack import INPUTS, POSITION_IDS, TARGETS
-from flightfeed.client._tensors.shifted import chain_rows, chain_views
+from flightfeed.client._tensors.shifted import Chains, chain_rows, chain_tensors, chain_views
 from flightfeed.wire.errors import StreamError
 
 __all__ = ["Buffers", "PackedMessage", "widen_message", "packed_batches"]
@@ -48,13 +48,15 @@ class PackedMessage:
     columns), int64 ``tokens`` and int32 ``positions`` of shape ``(rows, L + 1)``, and the bytes
     it took on the wire. Shifted (``seams`` given: ``Pack(targets="shifted")``): ``tokens`` is the
     flat array of the message's chains (``_tensors/shifted``), ``seams`` the first row of each
-    chain, and ``positions`` the inputs' position ids ``(rows, L)``."""
+    chain, ``chains`` each chain's inputs and targets views, and ``positions`` the inputs' position
+    ids ``(rows, L)``."""
 
     meta: pa.RecordBatch
     tokens: torch.Tensor
     positions: torch.Tensor
     wire_bytes: int
     seams: tuple[int, ...] | None = None
+    chains: Chains = ()
 
     @property
     def rows(self) -> int:
@@ -69,7 +71,7 @@ class PackedMessage:
         """Rows ``[lo, lo + n)`` as a batch (views, contiguous; shifted ones that cross chains joined)."""
         if self.seams is None:
             return {column: self.tokens[lo : lo + n], POSITION_IDS: self.positions[lo : lo + n]}
-        inputs, targets = chain_views(self.tokens, self.seams, int(self.positions.shape[1]), lo, n)
+        inputs, targets = chain_views(self.chains, self.seams, lo, n)
         return {INPUTS: inputs, TARGETS: targets, POSITION_IDS: self.positions[lo : lo + n]}
 
 
@@ -151,7 +153,9 @@ def widen_message(
         flat, seams = chain_rows(tok_parts, rows, empty)
         positions = empty((rows, width - 1), np.int32)
         _copy_rows(positions, [p[:, :-1] for p in pos_parts])
-        return PackedMessage(meta, torch.from_numpy(flat), torch.from_numpy(positions), wire, seams)
+        wide = torch.from_numpy(flat)
+        chains = chain_tensors(wide, seams, rows, width - 1)
+        return PackedMessage(meta, wide, torch.from_numpy(positions), wire, seams, chains)
     tokens, positions = empty((rows, width), np.int64), empty((rows, width), np.int32)
     _copy_rows(tokens, tok_parts)
     _copy_rows(positions, pos_parts)

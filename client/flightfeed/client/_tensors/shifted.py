@@ -31,7 +31,7 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-__all__ = ["chain_rows", "chain_views"]
+__all__ = ["Chains", "chain_rows", "chain_tensors", "chain_views"]
 
 #: ``(shape, dtype) -> array``: a fresh array or one reused from ``_tensors.packed.Buffers``
 Empty = Callable[[tuple[int, int], type[np.generic]], npt.NDArray[Any]]
@@ -100,21 +100,35 @@ def _copy_pieces(
     one(k1)
 
 
-def chain_views(
-    flat: torch.Tensor, seams: tuple[int, ...], step: int, lo: int, n: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inputs and targets, ``(n, L)`` each, of rows ``[lo, lo + n)`` of a message stored by
-    :func:`chain_rows` as ``flat`` (a tensor of it): views within one chain, joined across chains."""
-    k = bisect.bisect_right(seams, lo) - 1
-    last = bisect.bisect_right(seams, lo + n - 1) - 1 if n else k
-    if k == last:
-        a = lo * step + k
-        return flat[a : a + n * step].view(n, step), flat[a + 1 : a + 1 + n * step].view(n, step)
-    inputs, targets = [], []
-    for c in range(k, last + 1):
-        r0 = max(lo, seams[c])
-        r1 = min(lo + n, seams[c + 1] if c + 1 < len(seams) else lo + n)
-        a = r0 * step + c
-        inputs.append(flat[a : a + (r1 - r0) * step].view(r1 - r0, step))
-        targets.append(flat[a + 1 : a + 1 + (r1 - r0) * step].view(r1 - r0, step))
-    return torch.cat(inputs), torch.cat(targets)
+Chains = tuple[tuple[torch.Tensor, torch.Tensor], ...]
+
+
+def chain_tensors(flat: torch.Tensor, seams: tuple[int, ...], rows: int, step: int) -> Chains:
+    """Each chain's inputs and targets, ``(n, L)`` views of ``flat`` (made once per message, on the
+    lane's thread, so that cutting a batch is a row slice, as for the default layout)."""
+    out = []
+    for k, first in enumerate(seams):
+        n = (seams[k + 1] if k + 1 < len(seams) else rows) - first
+        a = first * step + k
+        out.append((flat[a : a + n * step].view(n, step), flat[a + 1 : a + 1 + n * step].view(n, step)))
+    return tuple(out)
+
+
+def chain_views(chains: Chains, seams: tuple[int, ...], lo: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and targets, ``(n, L)`` each, of message rows ``[lo, lo + n)``: row slices of one
+    chain's views, joined when the rows cross chains."""
+    k = bisect.bisect_right(seams, lo) - 1 if len(seams) > 1 else 0
+    inputs, targets = chains[k]
+    r = lo - seams[k]
+    if r == 0 and n == len(inputs):  # a whole chain (a rank of several: each batch is one)
+        return inputs, targets
+    if r + n <= len(inputs):
+        return inputs[r : r + n], targets[r : r + n]
+    parts_in, parts_tg = [], []
+    while n > 0:
+        inputs, targets = chains[k]
+        take = min(n, len(inputs) - r)
+        parts_in.append(inputs[r : r + take])
+        parts_tg.append(targets[r : r + take])
+        n, k, r = n - take, k + 1, 0
+    return torch.cat(parts_in), torch.cat(parts_tg)
