@@ -44,3 +44,23 @@ def test_flightfeed_bench_reports(server: RunningServer) -> None:
     assert _bench.run(args) == 0
     (report,) = server.metrics.clients().values()
     assert report["dataset"] == NAME and report["rows_total"] == 2 * ROWS
+
+
+def test_stats_counts_are_ints_and_rates_floats(server: RunningServer) -> None:
+    """``ds.stats()`` gives counts as ints (``139``, not ``139.0``: they were floats) and durations,
+    rates and ratios as floats; what the reports send is unchanged."""
+    ds = FlightDataset(server.location, NAME, batch_size=64, options=ReadOptions(report_interval=30.0))
+    try:
+        assert sum(len(b["index"]) for b in ds) == ROWS
+        stats = ds.stats()
+    finally:
+        ds.close()
+    counts = ("rows", "bytes", "batches", "rows_skipped", "retries", "failovers", "moved", "hedged", "duplicates",
+              "nodes")
+    for name in counts:
+        assert type(stats[name]) is int, (name, stats[name])
+    assert stats["rows"] == ROWS and stats["batches"] == -(-ROWS // 64) and stats["nodes"] == 1
+    for name in ("wait_s", "elapsed_s", "stall_ratio", "rows_per_s", "bytes_per_s"):
+        assert type(stats[name]) is float, (name, stats[name])
+    (report,) = server.metrics.clients().values()
+    assert report["rows_total"] == ROWS

@@ -169,6 +169,8 @@ def test_image_rows_mix_by_budget(tmp_path: Path) -> None:
         batches = list(ds)
         assert len(ds) == len(batches) == 20
         stats = ds.stats()
+        assert all(type(stats[f"{n}.{c}"]) is int for n in "ab" for c in ("batches", "rows", "passes"))
+        assert type(stats["rows"]) is int and type(stats["stall_ratio"]) is float
         assert stats["a.batches"] + stats["b.batches"] == 20
         assert stats["a.rows"] + stats["b.rows"] == 100
         assert all(b["image"].shape[1:] == (4, 4, 3) for b in batches)

@@ -117,11 +117,13 @@ def test_wide_arrays_are_reused_only_once_nothing_refers_to_them() -> None:
     assert widen_message([_message(0, 3)], "tokens", pool).rows == 3  # another shape: a new array
 
 
-def test_batches_kept_across_an_epoch_are_not_overwritten(tmp_path: Path) -> None:
+@pytest.mark.parametrize("targets", [None, "shifted"])
+def test_batches_kept_across_an_epoch_are_not_overwritten(tmp_path: Path, targets: str | None) -> None:
     """Reused arrays never hold a batch that the trainer still has: an epoch's batches kept as they
-    came (no clone) equal a cloned read at the end, with small messages so arrays turn over."""
+    came (no clone) equal a cloned read at the end, with small messages so arrays turn over (also
+    shifted inputs and targets: views of one flat array per message)."""
     write_token_corpus(tmp_path, [[40, 25], [7], [60, 1, 30]], seed=3, max_len=45)
-    pack = Pack(column="tokens", seq_len=16, pad_id=-7)
+    pack = Pack(column="tokens", seq_len=16, pad_id=-7, targets=targets)
     with running_server({"tok": str(tmp_path)}) as srv:
         ds = FlightDataset(srv.location, "tok", batch_size=3, options=ReadOptions(
             pack=pack, report_interval=None, streams=2, message_rows=3))

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flightfeed.client import FlightDataset, ReadOptions
+from flightfeed.client._device.engines import CpuEngine
 from flightfeed.client._tensors.arrow import batch_to_torch
 from flightfeed.server.testing import RunningServer, running_server
 from flightfeed.wire.errors import ConfigError, DatasetError
@@ -250,3 +251,53 @@ def test_lists_of_fixed_shape_tensors_keep_their_shape() -> None:
     padded = batch_to_torch(rb, "padded", -1)
     assert padded["m"].shape == (2, 2, 2, 2) and padded["m_lengths"].tolist() == [0, 2]
     assert bool((padded["m"][0] == -1).all())
+
+
+def _boxes(null_row: int | None) -> Any:
+    """Four boxes of ``fixed_size_list<float32, 4>``; ``null_row`` null (its values still stored)."""
+    mask = None if null_row is None else pa.array([r == null_row for r in range(4)])
+    return pa.FixedSizeListArray.from_arrays(pa.array(np.arange(16, dtype=np.float32)), 4, mask=mask)
+
+
+def test_null_rows_of_fixed_size_columns_fail_naming_the_column() -> None:
+    """A null row of a fixed_size_list column (also a null box of list<fixed_size_list<float32, 4>>,
+    a null row of a fixed-shape tensor column, a null inside a row, a null number) is refused naming
+    the column, like null lists; before, the values of the other rows were reshaped
+    ("shape '[4, 4]' is invalid for input of size 12")."""
+    with pytest.raises(DatasetError, match=r"column 'box' of type fixed_size_list<item: float>\[4\] has 1 null row"):
+        batch_to_torch(pa.record_batch([_boxes(1)], names=["box"]))
+    boxes: Any = pa.ListArray.from_arrays(pa.array([0, 2, 4], pa.int32()), _boxes(2))
+    for ragged in ("nested", "padded"):
+        with pytest.raises(DatasetError, match=r"column 'boxes' .* has 1 null item\(s\) of type fixed_size_list"):
+            batch_to_torch(pa.record_batch([boxes], names=["boxes"]), ragged)
+    matrix = pa.ExtensionArray.from_storage(pa.fixed_shape_tensor(pa.float32(), [2, 2]), _boxes(0))
+    with pytest.raises(DatasetError, match=r"column 'm' .* has 1 null row"):
+        batch_to_torch(pa.record_batch([matrix], names=["m"]))
+    inner = pa.FixedSizeListArray.from_arrays(pa.array([1.0, None, 3.0, 4.0], pa.float32()), 2)
+    with pytest.raises(DatasetError, match=r"column 'v' .* has 1 null value.* inside its rows"):
+        batch_to_torch(pa.record_batch([inner], names=["v"]))
+    with pytest.raises(DatasetError, match="column 'x' of type double has 1 null row"):
+        batch_to_torch(pa.record_batch([pa.array([1.0, None])], names=["x"]))
+    # rows after a null one, sliced off it, still convert (the slice offset is honoured)
+    rest = batch_to_torch(pa.record_batch([_boxes(1).slice(2)], names=["box"]))["box"]
+    assert rest.tolist() == np.arange(8, 16, dtype=np.float32).reshape(2, 4).tolist()
+
+
+def test_a_served_null_box_fails_naming_the_column(tmp_path: Path) -> None:
+    """End to end: a stored null row of a fixed_size_list column and a null box inside a list column
+    reach the trainer as a DatasetError naming the column, on the host and the device path."""
+    import pyarrow.ipc as ipc
+
+    boxes: Any = pa.ListArray.from_arrays(pa.array([0, 2, 4], pa.int32()), _boxes(3))
+    table = pa.table({"box": _boxes(1).slice(0, 2), "boxes": boxes, "id": pa.array([0, 1])})
+    with ipc.new_file(str(tmp_path / "b.arrow"), table.schema) as writer:
+        writer.write_table(table)
+    with running_server({"b": str(tmp_path)}) as srv:
+        for column, device in (("box", None), ("boxes", None), ("box", "cpu"), ("boxes", "cpu")):
+            ds = FlightDataset(srv.location, "b", batch_size=2, shuffle=False, columns=[column, "id"],
+                               device=device, options=ReadOptions(report_interval=None))
+            if device is not None:  # the device path: the streams' ring, CPU engine
+                ds._copy_engine = CpuEngine
+            with pytest.raises(DatasetError, match=rf"column '{column}' .* has 1 null"):
+                list(ds)
+            ds.close()

@@ -23,6 +23,7 @@ from flightfeed.server.data.packing import PackSpec, epoch_plan
 from flightfeed.server.data.token_index import token_index
 from flightfeed.server.storage.resolve import open_catalog
 from flightfeed.server.testing import running_server
+from flightfeed.wire.errors import DatasetError
 from tests.support.token_corpus import STRIDE, doc_tokens, reference_positions, write_token_corpus
 
 SEQ = 16
@@ -296,3 +297,28 @@ def test_a_corpus_shorter_than_one_window_is_refused_not_an_empty_epoch(tmp_path
         ds = FlightDataset(srv.location, "tok", batch_size=BATCH, shuffle=False, options=opts)
         (batch,) = list(ds)
         assert batch["tokens"][0, :6].tolist() == [5, 6, 7, 8, 9, 10] and len(ds) == 1
+
+
+def test_null_documents_are_refused_naming_the_column(tmp_path: Path) -> None:
+    """A null row of the token column (a null list: a null document) is refused, naming the column,
+    in stored and shuffled order, as the same column read as rows is; it served the values its
+    offsets span (666, 667 here) before."""
+    import pyarrow.ipc as ipc
+
+    values = pa.array([1, 2, 3, 666, 667, 7, 8, 9, 10, 11, 12], pa.int32())
+    tokens = pa.ListArray.from_arrays(pa.array([0, 3, 5, 9, 11], pa.int32()), values,
+                                      mask=pa.array([False, True, False, False]))
+    table = pa.table({"tokens": tokens})
+    with ipc.new_file(str(tmp_path / "t.arrow"), table.schema) as writer:
+        writer.write_table(table)
+    with running_server({"tok": str(tmp_path)}) as srv:
+        for shuffle in (False, True):
+            opts = ReadOptions(pack=Pack(column="tokens", seq_len=2), report_interval=None)
+            ds = FlightDataset(srv.location, "tok", batch_size=2, shuffle=shuffle, options=opts)
+            with pytest.raises(DatasetError, match=r"column 'tokens' has 1 null list\(s\) \(null documents\) "
+                                                   r"in chunk 0 .*store empty lists instead"):
+                list(ds)
+        plain = ReadOptions(report_interval=None)
+        rows = FlightDataset(srv.location, "tok", batch_size=2, shuffle=False, options=plain)
+        with pytest.raises(DatasetError, match=r"column 'tokens' has 1 null list\(s\) in this batch"):
+            list(rows)

@@ -50,7 +50,7 @@ def test_blocks_are_chunks_and_windows_fit_the_cache(stack: Path) -> None:
         chunk_rows = int(ds.chunk_starts[1])
         assert chunk_rows == 256  # four 64-row HDF5 chunks: 1 MiB
         assert all(int(s) % chunk_rows == 0 for s in ds.chunk_starts)
-        block, buffer = shuffle_defaults(ds, ["label"], readahead_windows=1)
+        block, buffer = shuffle_defaults(ds, readahead_windows=1)
         assert block == chunk_rows
         assert buffer % chunk_rows == 0
         window_bytes = buffer * ds.row_bytes()

@@ -160,7 +160,8 @@ class FlightDataset(Position, torch.utils.data.IterableDataset[Any]):
 
     @property
     def _tuple_columns(self) -> list[str]:
-        """What ``as_tuple`` yields, in order: ``columns``, then ``row_index`` with ``with_index``."""
+        """What ``as_tuple`` yields, in order: ``columns``, then ``row_index`` with ``with_index``;
+        with ``Pack(targets="shifted")``: ``inputs, targets`` (``for x, y in ds``)."""
         return self.job().tuple_columns
 
     def info(self) -> dict[str, Any]:
@@ -182,8 +183,9 @@ class FlightDataset(Position, torch.utils.data.IterableDataset[Any]):
         classes: list[str] | None = self.info()["classes"]
         return classes
 
-    def stats(self) -> dict[str, float]:
-        """Consumer-side figures: rows, bytes, wait_s, elapsed_s, stall_ratio, rows_per_s, bytes_per_s,
+    def stats(self) -> dict[str, int | float]:
+        """Consumer-side figures (counts are ints; durations, rates and ratios floats): rows, bytes,
+        wait_s, elapsed_s, stall_ratio, rows_per_s, bytes_per_s,
         rows_skipped (rows the server could not decode, with ``on_decode_error="skip"``), retries
         (stream retries after a failure), failovers (retries that moved to another location), moved
         (messages another data node delivered than the one the plan put them on: work moved off a

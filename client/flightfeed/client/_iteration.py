@@ -126,7 +126,9 @@ def iterate(job: ReadJob, runtime: Runtime, cursor: Cursor) -> Iterator[Any]:
     )
     if packed_cpu:
         assert pack is not None
-        hooks["stage"] = functools.partial(widen_message, column=pack.column, buffers=Buffers())
+        hooks["stage"] = functools.partial(
+            widen_message, column=pack.column, buffers=Buffers(), shifted=pack.targets == "shifted"
+        )
     lanes = Lanes(
         readers, prefetch=options.prefetch, settings=runtime.lane_settings, count=meter.count, **hooks
     )
@@ -176,7 +178,7 @@ def iterate(job: ReadJob, runtime: Runtime, cursor: Cursor) -> Iterator[Any]:
             else:  # on the device already (``_mover``), or packed windows widened by the lanes (``_packed``)
                 out = staged
             if pack is not None and not packed_cpu:
-                out = widen(out, pack.column)  # int64 tokens, int32 positions (``_pack``)
+                out = widen(out, pack)  # int64 tokens, int32 positions (``_tensors/pack``)
             if post is not None:
                 t2 = time.perf_counter()
                 out = post(out, rb)

@@ -159,14 +159,15 @@ class MixtureDataset(FlightDataset):
         ]
         return epoch_length(self.mixture, self.seed, self._epoch, per_pass)
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> dict[str, int | float]:
         """The mixture's own figures (rows, bytes, wait, stall) plus ``<source>.batches``,
-        ``<source>.rows`` and ``<source>.passes`` (passes started this epoch, the first included)."""
+        ``<source>.rows`` and ``<source>.passes`` (passes started this epoch, the first included);
+        counts are ints."""
         out = self.meter.figures()
         for k, n in enumerate(self.mixture.names):
-            out[f"{n}.batches"] = float(self._counts[n]["batches"])
-            out[f"{n}.rows"] = float(self._counts[n]["rows"])
-            out[f"{n}.passes"] = float(self._passes[k] + 1)
+            out[f"{n}.batches"] = int(self._counts[n]["batches"])
+            out[f"{n}.rows"] = int(self._counts[n]["rows"])
+            out[f"{n}.passes"] = int(self._passes[k] + 1)
         return out
 
     def info(self) -> dict[str, Any]:

@@ -110,7 +110,8 @@ class ReadOptions:
     always one batch, which keeps the batches in order); messages are what streams
     and data nodes share out, so fewer, larger messages spread a small epoch over fewer streams and
     nodes. ``block_rows`` / ``buffer_rows``:
-    the shuffle's block and window sizes (0: the server's defaults). ``compression``: ``"lz4"``,
+    the shuffle's block and window sizes (0: the server's defaults, sized by the dataset's whole row, so
+    the order is the same whatever ``columns`` are read). ``compression``: ``"lz4"``,
     ``"zstd"`` or None (IPC compression; slower on fast networks). ``on_decode_error``: ``"raise"``
     or ``"skip"`` (rows whose bytes do not decode are dropped). ``report_interval``: seconds between
     stall/throughput reports to the server (None or 0: never). ``normalize``: None (uint8 as
@@ -133,7 +134,9 @@ class ReadOptions:
     (``(rows, longest, *inner)`` filled with ``pad_value``, plus an int64 column ``NAME_lengths``)
     or a ``{column: policy}`` mapping (columns not named are ``"nested"``); see ``_ragged``.
     ``pack``: ``Pack(column="tokens", seq_len=L)`` serves a document dataset's token column as fixed
-    windows: batches ``{column: int64 (B, L + 1), "position_ids": int32 (B, L + 1)}`` (``_pack``).
+    windows: batches ``{column: int64 (B, L + 1), "position_ids": int32 (B, L + 1)}``, or with
+    ``Pack(targets="shifted")`` contiguous ``{"inputs", "targets", "position_ids"}``, each ``(B, L)``
+    (``_tensors/pack``).
     ``with_index``: each batch also holds ``row_index``, an int64 tensor of every row's global stored
     row index (shards sorted by path, rows in file order: the row ``flightfeed inspect`` and h5py
     number), in the batch's order whatever the shuffle, streams, workers or resume; with
@@ -202,7 +205,8 @@ def checked_settings(
         raise ConfigError(f"options is a {type(options).__name__}; pass options=ReadOptions(...)")
     read = options if options is not None else ReadOptions()
     check_ragged(read.ragged, read.pad_value, columns)
-    if read.as_tuple and not columns:
+    shifted = read.pack is not None and read.pack.targets == "shifted"  # the tuple is (inputs, targets)
+    if read.as_tuple and not columns and not shifted:
         raise ConfigError(
             "ReadOptions(as_tuple=True) yields the columns in the order of columns=[...]: name them, "
             "e.g. FlightDataset(..., columns=['image', 'label'], options=ReadOptions(as_tuple=True))"

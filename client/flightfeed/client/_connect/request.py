@@ -30,7 +30,7 @@ from flightfeed.client._connect.streams import StreamReader
 from flightfeed.client._options import ConnectOptions, ReadOptions
 from flightfeed.client._state.state import ReadState
 from flightfeed.client._state.topology import Topology
-from flightfeed.client._tensors.pack import set_pack
+from flightfeed.client._tensors.pack import INPUTS, TARGETS, set_pack
 from flightfeed.wire.errors import ConfigError
 from flightfeed.wire.messages import INDEX_COLUMN, WIRE_VERSION, ReadCommand, StreamTicket
 from flightfeed.wire.transforms import TransformSpec, defer_decode, set_transform
@@ -67,7 +67,10 @@ class ReadJob:
 
     @property
     def tuple_columns(self) -> list[str]:
-        """What ``as_tuple`` yields, in order: ``columns``, then ``row_index`` with ``with_index``."""
+        """What ``as_tuple`` yields, in order: ``columns``, then ``row_index`` with ``with_index``;
+        with ``Pack(targets="shifted")``: ``inputs, targets`` (``for x, y in ds``)."""
+        if self.options.pack is not None and self.options.pack.targets == "shifted":
+            return [INPUTS, TARGETS]
         return [*self.columns, INDEX_COLUMN] if self.options.with_index else self.columns
 
 

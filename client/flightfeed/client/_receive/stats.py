@@ -1,4 +1,8 @@
-"""Data-stall accounting: how long the consumer waited for batches, out of the time it ran."""
+"""Data-stall accounting: how long the consumer waited for batches, out of the time it ran.
+
+:meth:`StallMeter.figures` gives counts (rows, bytes, batches, events, nodes) as ``int`` and
+durations, rates and ratios as ``float``.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ class StallMeter:
     counts: dict[str, int] = field(  # events; moved/hedged/duplicates: work between streams (``_board``)
         default_factory=lambda: {"retries": 0, "failovers": 0, "moved": 0, "hedged": 0, "duplicates": 0}
     )
-    levels: dict[str, float] = field(default_factory=dict)  # current values (e.g. nodes read from)
+    levels: dict[str, int | float] = field(default_factory=dict)  # current values (e.g. nodes read from)
     _start: float | None = None
     _offset: float = 0.0
     _end: float | None = None
@@ -56,8 +60,8 @@ class StallMeter:
         with self._lock:
             self.counts[event] = self.counts.get(event, 0) + n
 
-    def set(self, name: str, value: float) -> None:
-        """Report ``name`` as ``value`` from now on (a level, not a count)."""
+    def set(self, name: str, value: int | float) -> None:
+        """Report ``name`` as ``value`` from now on (a level, not a count; an int stays an int)."""
         with self._lock:
             self.levels[name] = value
 
@@ -73,23 +77,24 @@ class StallMeter:
         end = self._end if self._end is not None else time.perf_counter()
         return self._offset + (end - self._start)
 
-    def figures(self) -> dict[str, float]:
+    def figures(self) -> dict[str, int | float]:
+        """Counts as ints, durations (``*_s``), rates and ratios as floats."""
         elapsed = self.elapsed_s
         with self._lock:
             stages = dict(self.stages)
             counts = dict(self.counts)
             levels = dict(self.levels)
         return {
-            "rows": float(self.rows),
-            "bytes": float(self.bytes),
-            "batches": float(self.batches),
-            "rows_skipped": float(self.rows_skipped),
+            "rows": int(self.rows),
+            "bytes": int(self.bytes),
+            "batches": int(self.batches),
+            "rows_skipped": int(self.rows_skipped),
             "wait_s": self.wait_s,
             "elapsed_s": elapsed,
             "stall_ratio": self.wait_s / elapsed if elapsed > 0 else 0.0,
             "rows_per_s": self.rows / elapsed if elapsed > 0 else 0.0,
             "bytes_per_s": self.bytes / elapsed if elapsed > 0 else 0.0,
             **{f"{stage}_s": seconds for stage, seconds in stages.items()},
-            **{event: float(n) for event, n in counts.items()},
+            **{event: int(n) for event, n in counts.items()},
             **levels,
         }

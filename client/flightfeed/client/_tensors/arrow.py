@@ -10,7 +10,10 @@
 * ``list`` / ``large_list`` columns -> jagged nested tensors or padded tensors + ``NAME_lengths``
   (``_ragged``, chosen by ``ReadOptions(ragged=..., pad_value=...)``)
 
-The tensors alias Arrow memory: treat them as read-only.
+The tensors alias Arrow memory: treat them as read-only. Nulls have no tensor form: a null row of
+a fixed-size (tensor) column, a null value inside one, or a null in a numeric column raise a
+:class:`DatasetError` naming the column, as null lists do (``_tensors/ragged``); nothing is
+reshaped around them.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ import pyarrow as pa
 import torch
 import torch.utils.dlpack
 
+from flightfeed.client._tensors.nulls import NullValues
 from flightfeed.client._tensors.ragged import RaggedSpec, check_mapping, is_ragged, policy_of, ragged_to_torch
-from flightfeed.wire.errors import ConfigError
+from flightfeed.wire.errors import ConfigError, DatasetError
 
 _Arr = Any  # pyarrow arrays/fields (the stubs type them per scalar type)
 
@@ -49,24 +53,26 @@ def tensor_shape(field: _Arr) -> tuple[int, ...] | None:
 
 
 def _leaf(arr: _Arr) -> _Arr:
+    """The flat values of a (nested) fixed-size list / tensor extension array; NullValues when a
+    row at any level is null (a null row has values under it that would be served, or none at all,
+    so the rows would no longer line up with the shape)."""
     while True:
         if isinstance(arr, pa.ExtensionArray):
             arr = arr.storage
         elif isinstance(arr, pa.FixedSizeListArray):
             if arr.null_count:
-                arr = arr.flatten()  # honours the slice offset (.values does not)
-            else:  # the same, without a compute call per column per batch
-                size = arr.type.list_size
-                arr = arr.values.slice(arr.offset * size, len(arr) * size)
+                raise NullValues(int(arr.null_count), arr.type)
+            size = arr.type.list_size  # honours the slice offset (.values does not)
+            arr = arr.values.slice(arr.offset * size, len(arr) * size)
         else:
             return arr
 
 
 def _primitive(arr: _Arr) -> torch.Tensor:
+    if arr.null_count:
+        raise NullValues(int(arr.null_count), arr.type)
     if pa.types.is_boolean(arr.type):
         return torch.from_numpy(arr.to_numpy(zero_copy_only=False).copy())
-    if arr.null_count:
-        raise ValueError(f"column of type {arr.type} has {arr.null_count} nulls; tensors cannot hold nulls")
     return torch.utils.dlpack.from_dlpack(arr.__dlpack__(max_version=(1, 0)))
 
 
@@ -89,6 +95,20 @@ def column_to_torch(field: _Arr, arr: _Arr) -> Any:
     )
 
 
+def _column(field: _Arr, arr: _Arr) -> Any:
+    """``column_to_torch`` of a batch's column, its nulls refused naming the column."""
+    try:
+        return column_to_torch(field, arr)
+    except NullValues as exc:
+        top = field.type.storage_type if isinstance(field.type, pa.BaseExtensionType) else field.type
+        what = "null row(s)" if exc.at == top else f"null value(s) of type {exc.at} inside its rows"
+        raise DatasetError(
+            f"column {field.name!r} of type {field.type} has {exc.count} {what} in this batch; "
+            "nulls have no tensor form: store a value in every row instead (e.g. zeros and a mask column), "
+            "or select other columns with columns=[...]"
+        ) from None
+
+
 def batch_to_torch(
     batch: pa.RecordBatch, ragged: RaggedSpec = "nested", pad_value: float = 0, arrow: Collection[str] = ()
 ) -> dict[str, Any]:
@@ -100,7 +120,7 @@ def batch_to_torch(
             out[f.name] = batch.column(i)
             continue
         if not is_ragged(f.type):
-            out[f.name] = column_to_torch(f, batch.column(i))
+            out[f.name] = _column(f, batch.column(i))
             continue
         policy = policy_of(ragged, f.name)
         for key, value in ragged_to_torch(f, batch.column(i), policy, pad_value, column_to_torch).items():

@@ -8,8 +8,10 @@ whole message into one int64 ``(rows, L + 1)`` token tensor and one int32 positi
 lanes widen in parallel with each other and with the consumer) and drops the received Arrow
 buffers at once (only a column-less RecordBatch stays: rows and metadata). The consumer then cuts
 each batch as two tensor slices (:func:`packed_batches`): no conversion, no per-column Python,
-no copy per batch. The board's window counts the widened bytes (``held_bytes``), so the memory
-bound holds for what is actually kept.
+no copy per batch. With ``Pack(targets="shifted")`` the same copy writes the tokens once as
+chains whose views are the contiguous inputs ``tokens[:, :-1]`` and targets ``tokens[:, 1:]``
+(``_tensors/shifted``), and the inputs' position ids ``(rows, L)``. The board's window counts the widened
+bytes (``held_bytes``), so the memory bound holds for what is actually kept.
 
 The wide arrays are reused (:class:`Buffers`, one per iteration): an array goes back into use only
 when nothing but the pool refers to it -- no message, batch, view or ``.numpy()`` of it is alive
@@ -31,7 +33,8 @@ import numpy.typing as npt
 import pyarrow as pa
 import torch
 
-from flightfeed.client._tensors.pack import POSITION_IDS
+from flightfeed.client._tensors.pack import INPUTS, POSITION_IDS, TARGETS
+from flightfeed.client._tensors.shifted import Chains, chain_rows, chain_tensors, chain_views
 from flightfeed.wire.errors import StreamError
 
 __all__ = ["Buffers", "PackedMessage", "widen_message", "packed_batches"]
@@ -43,21 +46,33 @@ _concat_batches: Any = pa.concat_batches  # type: ignore[attr-defined]
 class PackedMessage:
     """One message of windows, widened: ``meta`` (the message's rows and schema metadata, no
     columns), int64 ``tokens`` and int32 ``positions`` of shape ``(rows, L + 1)``, and the bytes
-    it took on the wire."""
+    it took on the wire. Shifted (``seams`` given: ``Pack(targets="shifted")``): ``tokens`` is the
+    flat array of the message's chains (``_tensors/shifted``), ``seams`` the first row of each
+    chain, ``chains`` each chain's inputs and targets views, and ``positions`` the inputs' position
+    ids ``(rows, L)``."""
 
     meta: pa.RecordBatch
     tokens: torch.Tensor
     positions: torch.Tensor
     wire_bytes: int
+    seams: tuple[int, ...] | None = None
+    chains: Chains = ()
 
     @property
     def rows(self) -> int:
-        return int(self.tokens.shape[0])
+        return int(self.positions.shape[0])
 
     @property
     def held_bytes(self) -> int:
         """What this message holds in memory (the board's window counts it)."""
         return int(self.tokens.nbytes + self.positions.nbytes)
+
+    def views(self, lo: int, n: int, column: str) -> dict[str, torch.Tensor]:
+        """Rows ``[lo, lo + n)`` as a batch (views, contiguous; shifted ones that cross chains joined)."""
+        if self.seams is None:
+            return {column: self.tokens[lo : lo + n], POSITION_IDS: self.positions[lo : lo + n]}
+        inputs, targets = chain_views(self.chains, self.seams, lo, n)
+        return {INPUTS: inputs, TARGETS: targets, POSITION_IDS: self.positions[lo : lo + n]}
 
 
 class Buffers:
@@ -110,10 +125,13 @@ def _fixed_rows(arr: Any) -> npt.NDArray[Any]:
     return flat[lo : lo + len(arr) * width].reshape(len(arr), width)
 
 
-def widen_message(parts: list[pa.RecordBatch], column: str, buffers: Buffers | None = None) -> PackedMessage:
+def widen_message(
+    parts: list[pa.RecordBatch], column: str, buffers: Buffers | None = None, shifted: bool = False
+) -> PackedMessage:
     """The message ``parts`` (one or more RecordBatches of windows) as int64 tokens and int32
     positions: one copy per column, straight from the received buffers into the wide tensors
-    (arrays from ``buffers`` where given)."""
+    (arrays from ``buffers`` where given). ``shifted``: the tokens as chains whose views are the
+    inputs and targets (``_tensors/shifted``) and the inputs' positions ``(rows, L)``."""
     if not parts:
         raise StreamError("a packed message without RecordBatches")
     schema = parts[0].schema
@@ -122,18 +140,34 @@ def widen_message(parts: list[pa.RecordBatch], column: str, buffers: Buffers | N
             raise StreamError(f"a packed message lacks the fixed-size list column {name!r} (got {schema})")
     width = schema.field(column).type.list_size
     rows = sum(rb.num_rows for rb in parts)
-    tokens = np.empty((rows, width), np.int64) if buffers is None else buffers.empty((rows, width), np.int64)
-    positions = np.empty((rows, width), np.int32) if buffers is None else buffers.empty((rows, width), np.int32)
-    at = 0
-    for rb in parts:
-        n = rb.num_rows
-        if n:
-            np.copyto(tokens[at : at + n], _fixed_rows(rb.column(column)), casting="unsafe")
-            np.copyto(positions[at : at + n], _fixed_rows(rb.column(POSITION_IDS)), casting="unsafe")
-        at += n
     meta = parts[0].select([]) if len(parts) == 1 else _concat_batches([rb.select([]) for rb in parts])
     wire = sum(rb.nbytes for rb in parts)
+    live = [rb for rb in parts if rb.num_rows]
+    tok_parts = [_fixed_rows(rb.column(column)) for rb in live]
+    pos_parts = [_fixed_rows(rb.column(POSITION_IDS)) for rb in live]
+
+    def empty(shape: tuple[int, int], dtype: type[np.generic]) -> npt.NDArray[Any]:
+        return np.empty(shape, dtype) if buffers is None else buffers.empty(shape, dtype)
+
+    if shifted:
+        flat, seams = chain_rows(tok_parts, rows, empty)
+        positions = empty((rows, width - 1), np.int32)
+        _copy_rows(positions, [p[:, :-1] for p in pos_parts])
+        wide = torch.from_numpy(flat)
+        chains = chain_tensors(wide, seams, rows, width - 1)
+        return PackedMessage(meta, wide, torch.from_numpy(positions), wire, seams, chains)
+    tokens, positions = empty((rows, width), np.int64), empty((rows, width), np.int32)
+    _copy_rows(tokens, tok_parts)
+    _copy_rows(positions, pos_parts)
     return PackedMessage(meta, torch.from_numpy(tokens), torch.from_numpy(positions), wire)
+
+
+def _copy_rows(out: npt.NDArray[Any], parts: list[npt.NDArray[Any]]) -> None:
+    """The parts' rows, one after another, into ``out`` (widened by the copy; releases the GIL)."""
+    at = 0
+    for part in parts:
+        np.copyto(out[at : at + len(part)], part, casting="unsafe")
+        at += len(part)
 
 
 def packed_batches(
@@ -152,12 +186,10 @@ def packed_batches(
             msg, lo, n = pending[0]
             rows = msg.meta if n == msg.rows else msg.meta.slice(lo, n)
             share = msg.wire_bytes if n == msg.rows else msg.wire_bytes * n // max(1, msg.rows)
-            return rows, {column: msg.tokens[lo : lo + n], POSITION_IDS: msg.positions[lo : lo + n]}, share
+            return rows, msg.views(lo, n, column), share
         metas = [m.meta.slice(lo, n) for m, lo, n in pending]
-        batch = {
-            column: torch.cat([m.tokens[lo : lo + n] for m, lo, n in pending]),
-            POSITION_IDS: torch.cat([m.positions[lo : lo + n] for m, lo, n in pending]),
-        }
+        parts = [m.views(lo, n, column) for m, lo, n in pending]
+        batch = {name: torch.cat([p[name] for p in parts]) for name in parts[0]}
         share = sum(m.wire_bytes * n // max(1, m.rows) for m, _, n in pending)
         return _concat_batches(metas), batch, share
 

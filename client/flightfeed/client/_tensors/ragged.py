@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from flightfeed.client._tensors.nulls import NullValues
 from flightfeed.wire.errors import ConfigError, DatasetError
 
 __all__ = [
@@ -121,7 +122,13 @@ def _flat(name: str, field: _Arr, arr: _Arr, column: ColumnFn) -> tuple[torch.Te
     child = arr.values.slice(lo, hi - lo)
     try:
         values = column(field.type.value_field, child)
-    except (TypeError, ValueError) as exc:  # nulls or an item type with no tensor form
+    except NullValues as exc:  # a null item (a null box of list<fixed_size_list<...>>) or a null inside one
+        raise DatasetError(
+            f"column {name!r} of type {field.type} has {exc.count} null item(s) of type {exc.at} in this batch; "
+            "nulls have no tensor form: store a value in every item instead, or select other columns with "
+            "columns=[...]"
+        ) from None
+    except (TypeError, ValueError) as exc:  # an item type with no tensor form
         raise DatasetError(
             f"column {name!r} of type {field.type}: its items have no tensor form ({exc}); "
             "select other columns with columns=[...]"

@@ -1,6 +1,12 @@
 """The server's default shuffle settings (``block_rows``, ``buffer_rows``) for a dataset.
 
-Memory-mapped datasets (``.arrow``) use ``order.default_shuffle``: ~8 MiB blocks, ~256 MiB windows.
+The defaults depend on the dataset alone (its whole row, its chunks, its chunk cache), never on
+the columns a request selects: the same data, seed and epoch give the same order whatever columns
+are read (a label-only pass, or a second reader of fewer columns, sees the training order), and a
+packed read's documents come in the order a row read's rows do (docs/design.md §4).
+
+Memory-mapped datasets (``.arrow``) use ``order.default_shuffle`` over the whole row: ~8 MiB blocks,
+~256 MiB windows.
 
 HDF5 datasets are decoded chunk by chunk into the dataset's chunk cache, so their blocks and
 windows follow the chunks instead:
@@ -57,11 +63,12 @@ def _decodes_chunks(ds: Dataset) -> bool:
     return meta.get(b"flightfeed.source") == b"hdf5" and not any(s.zero_copy for s in ds.shards)
 
 
-def shuffle_defaults(ds: Dataset, columns: list[str], readahead_windows: int) -> tuple[int, int]:
-    """``(block_rows, buffer_rows)`` for a shuffled request on ``ds`` (see the module docstring)."""
+def shuffle_defaults(ds: Dataset, readahead_windows: int) -> tuple[int, int]:
+    """``(block_rows, buffer_rows)`` for a shuffled request on ``ds``, whatever columns it selects
+    (see the module docstring): sized by the whole row's bytes."""
     if _decodes_chunks(ds) and ds.num_chunks:
         return chunk_aligned_shuffle(ds, readahead_windows)
-    return default_shuffle(ds.row_bytes(columns), ds.num_rows)
+    return default_shuffle(ds.row_bytes(), ds.num_rows)
 
 
 def chunk_aligned_shuffle(ds: Dataset, readahead_windows: int) -> tuple[int, int]:

@@ -8,6 +8,10 @@ column's Arrow offsets, chunk by chunk (no Python object per document):
   doc_starts[r + 1])`` of the dataset's *stored token sequence* (documents in stored row order);
 * ``chunk_tokens`` (int64, ``num_chunks + 1``): the first stored token of every chunk.
 
+A null row (a null list: a null document) is refused when the index is built, naming the column:
+the values a null list's offsets span would otherwise be served as a document (the same column
+read as rows is refused by the client with the same words).
+
 Memory: 8 bytes per document plus 8 per chunk (10**7 documents: 80 MB). The chunks' token
 values are read (memory-mapped for ``.arrow`` shards) only when a window needs them
 (:func:`chunk_tokens_view`).
@@ -86,6 +90,17 @@ def _list_offsets(arr: Any) -> _I64:
     return offsets
 
 
+def _refuse_null_documents(ds: Dataset, cid: int, column: str, arr: Any) -> None:
+    """DatasetError when chunk ``cid``'s token column holds null lists (null documents)."""
+    nulls = int(arr.null_count)
+    if nulls:
+        raise DatasetError(
+            f"dataset {ds.name!r}: column {column!r} has {nulls} null list(s) (null documents) in chunk {cid} "
+            f"({ds.chunk_shard(cid).uri}); null lists cannot be packed: store empty lists instead, "
+            "or pack another column"
+        )
+
+
 def _build(ds: Dataset, column: str) -> TokenIndex:
     starts = np.empty(ds.num_rows + 1, dtype=np.int64)
     chunk_tokens = np.empty(ds.num_chunks + 1, dtype=np.int64)
@@ -93,6 +108,7 @@ def _build(ds: Dataset, column: str) -> TokenIndex:
     total = 0
     for cid in range(ds.num_chunks):
         arr = ds.chunk(cid).column(column)
+        _refuse_null_documents(ds, cid, column, arr)
         offsets = _list_offsets(arr)
         lo = int(row_starts[cid])
         if len(offsets) != int(row_starts[cid + 1]) - lo + 1:

@@ -86,7 +86,7 @@ def pack_tickets(ds: Dataset, cmd: Any, message_bytes: int, readahead_windows: i
     resolved = ReadCommand()
     resolved.CopyFrom(cmd)
     if resolved.shuffle.enabled:  # documents are shuffled like rows of the token column
-        block, buffer = shuffle_defaults(ds, [spec.column], readahead_windows)
+        block, buffer = shuffle_defaults(ds, readahead_windows)
         resolved.shuffle.block_rows = resolved.shuffle.block_rows or block
         resolved.shuffle.buffer_rows = resolved.shuffle.buffer_rows or buffer
     resolved.fingerprint = ds.fingerprint

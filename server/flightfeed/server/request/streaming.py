@@ -134,7 +134,7 @@ def make_tickets(
     resolved = ReadCommand()
     resolved.CopyFrom(cmd)
     if resolved.shuffle.enabled:
-        block, buffer = shuffle_defaults(ds, columns, settings.readahead_windows)
+        block, buffer = shuffle_defaults(ds, settings.readahead_windows)
         resolved.shuffle.block_rows = resolved.shuffle.block_rows or block
         resolved.shuffle.buffer_rows = resolved.shuffle.buffer_rows or buffer
     resolved.fingerprint = ds.fingerprint
