@@ -3,6 +3,13 @@ where every flag is listed (docs/cli.md), not the whole usage block under the to
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from flightfeed.server.cli import main as cli_main
@@ -36,3 +43,19 @@ def test_a_bad_value_and_a_bad_command_are_one_line(capsys: pytest.CaptureFixtur
     err = _error(["servee", "train=/data/train"], capsys)
     assert err.startswith("flightfeed: error: argument COMMAND: invalid choice: 'servee'")
     assert "`flightfeed --help` lists the commands" in err
+
+
+def test_output_into_a_closed_pipe_ends_without_a_traceback(tmp_path: Path) -> None:
+    """``flightfeed inspect DIR | head``: the reader closed the pipe before the output was written."""
+    pq.write_table(pa.table({"x": list(range(10))}), tmp_path / "x.parquet")
+    read, write = os.pipe()
+    os.close(read)  # every write fails with EPIPE, as after `head` has exited
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "flightfeed.server", "inspect", str(tmp_path / "x.parquet")],
+            stdout=write, stderr=subprocess.PIPE, text=True, timeout=120, check=False,
+        )
+    finally:
+        os.close(write)
+    assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, proc.stderr
+    assert proc.returncode == 141
