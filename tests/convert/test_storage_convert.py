@@ -209,6 +209,10 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str], read_dataset: R
     args = parser.parse_args([str(tmp_path / "missing"), str(tmp_path / "o2"), "--no-progress"])
     assert convert_cli.run(args) == 1
     assert "no such file or directory" in capsys.readouterr().err
+    for kind in (["--from", "nanogpt", "--eot", "0"], ["--from", "parquet"]):  # named so with --from too
+        args = parser.parse_args([str(tmp_path / "missing.bin"), str(tmp_path / "o3"), "--no-progress", *kind])
+        assert convert_cli.run(args) == 1
+        assert f"{tmp_path / 'missing.bin'}: no such file or directory" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         parser.parse_args(["a", "b", "--shard-size", "lots"])
 

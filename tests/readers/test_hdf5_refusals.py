@@ -45,8 +45,10 @@ def test_a_group_of_dangling_links_only_is_reported_not_skipped(tmp_path: Path) 
     with h5py.File(path, "w") as f:
         f.create_dataset("data/x", data=np.arange(5))
         f["other/gone"] = h5py.ExternalLink("missing.h5", "/x")
-    with pytest.raises(DatasetError, match=r"several groups.*gone \(dangling link\)"):
+    with pytest.raises(DatasetError, match=r"several groups.*gone \(dangling link\)") as info:
         open_hdf5_shard(str(path))
+    # convert and inspect read the file too: the fix is the flag, not "the group to serve"
+    assert "Choose the group with --hdf5-group GROUP (serve, convert and inspect take it)" in str(info.value)
     assert open_hdf5_shard(str(path), group="data").num_rows == 5
 
 

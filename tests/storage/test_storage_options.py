@@ -77,8 +77,9 @@ def test_uris_and_endpoints() -> None:
         split_s3_uri("s3:///x")
     with pytest.raises(ConfigError, match="--s3-endpoint"):
         s3_filesystem(endpoint="ftp://127.0.0.1:21", access_key="k", secret_key="s")
-    with pytest.raises(ConfigError, match="both"):
+    with pytest.raises(ConfigError, match="both") as info:
         s3_filesystem(endpoint="http://127.0.0.1:1", access_key="k")
+    assert "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in str(info.value)  # the variables to set
 
 
 def test_manifest_round_trip_and_errors() -> None:

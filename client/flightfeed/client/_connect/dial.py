@@ -30,7 +30,7 @@ from flightfeed.client._connect.members import Members
 from flightfeed.client._connect.retry import Outage, RetryPolicy
 from flightfeed.wire.errors import ConfigError, StreamError, Unauthenticated
 
-__all__ = ["first_answer", "never_answered", "HEDGE_AFTER_S"]
+__all__ = ["first_answer", "never_answered", "with_token_hint", "HEDGE_AFTER_S"]
 
 log = logging.getLogger("flightfeed.client")
 T = TypeVar("T")
@@ -39,6 +39,19 @@ T = TypeVar("T")
 HEDGE_AFTER_S = 1.0
 
 TOKEN_HINT = "pass the server's token with FlightDataset(..., connect=ConnectOptions(token=...))"
+#: the server's own hint (server/guards/auth.py), which :data:`TOKEN_HINT` replaces on the trainer
+SERVER_TOKEN_HINT = "pass the server's token to the client"
+
+
+def with_token_hint(err: Unauthenticated) -> Unauthenticated:
+    """``err`` saying where a trainer passes the token: the server's generic hint replaced by
+    :data:`TOKEN_HINT` (said once), or :data:`TOKEN_HINT` appended (docs/errors.md)."""
+    text = str(err)
+    if "connect=ConnectOptions" in text:
+        return err
+    if text.endswith(SERVER_TOKEN_HINT):
+        return Unauthenticated(text[: -len(SERVER_TOKEN_HINT)] + TOKEN_HINT)
+    return Unauthenticated(f"{text}; {TOKEN_HINT}")
 
 
 def never_answered(what: str, errors: dict[str, str]) -> ConfigError:
@@ -76,8 +89,8 @@ def first_answer(
             if reached_server(err):
                 members.heard(location)
             if not retryable(err):
-                if isinstance(err, Unauthenticated) and "connect=ConnectOptions" not in str(err):
-                    err = Unauthenticated(f"{err}; {TOKEN_HINT}")
+                if isinstance(err, Unauthenticated):
+                    err = with_token_hint(err)
                 if err is exc:
                     raise
                 raise err from exc

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.flight as flight
 
 from flightfeed.client._connect.boundary import reached_server, retryable, translate
-from flightfeed.client._connect.dial import TOKEN_HINT, never_answered
+from flightfeed.client._connect.dial import never_answered, with_token_hint
 from flightfeed.client._connect.info import describe
 from flightfeed.client._connect.members import Members
 from flightfeed.client._options import ConnectOptions
@@ -124,8 +124,8 @@ def _error(what: str, errors: list[dict[str, str]], members: Members) -> BaseExc
         if reached_server(err):
             members.heard(e["location"])
         if not retryable(err):
-            if isinstance(err, Unauthenticated) and "connect=ConnectOptions" not in str(err):
-                return Unauthenticated(f"{err}; {TOKEN_HINT}")
+            if isinstance(err, Unauthenticated):
+                return with_token_hint(err)
             return err
         members.failed(e["location"])
         seen[e["location"]] = (e["message"].strip().splitlines() or [e["kind"]])[0]

@@ -55,7 +55,10 @@ def s3_filesystem(
             raise ConfigError(f"--s3-endpoint {endpoint!r} must look like http(s)://host:port")
         override, scheme = parts.netloc, parts.scheme
     if (access_key is None) != (secret_key is None):
-        raise ConfigError("S3 credentials need both an access key and a secret key (or neither)")
+        raise ConfigError(
+            "S3 credentials need both an access key and a secret key (or neither): set both "
+            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or neither to use a profile or the machine's role"
+        )
     try:
         return pafs.S3FileSystem(
             access_key=access_key,

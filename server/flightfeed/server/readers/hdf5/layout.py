@@ -106,8 +106,8 @@ def find_columns(
         if len(candidates) != 1:
             why = "has no datasets with rows" if not candidates else "has several groups with datasets"
             raise DatasetError(
-                f"HDF5 shard {uri} {why}: {listing}. Choose the group to serve with --hdf5-group GROUP, and if "
-                f"need be its datasets that become columns with {PICK_HINT}."
+                f"HDF5 shard {uri} {why}: {listing}. Choose the group with --hdf5-group GROUP (serve, convert "
+                f"and inspect take it), and if need be its datasets that become columns with {PICK_HINT}."
             )
         group = next(iter(candidates))
     name = group if group.startswith("/") else "/" + group

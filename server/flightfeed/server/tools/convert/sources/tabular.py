@@ -172,5 +172,7 @@ class NumpySource:
 
 def require(files: list[str], src: str, what: str, suffixes: tuple[str, ...]) -> list[str]:
     if not files:
+        if "://" not in src and not any(ch in src for ch in "*?[{") and not os.path.exists(src):
+            raise ConfigError(f"{src}: no such file or directory")  # a typo, not a folder without such files
         raise ConfigError(f"{src}: no {what} files found (looked for {', '.join(suffixes)})")
     return files
