@@ -1,0 +1,109 @@
+"""Views on the wire, the server's half (docs/wire-views.md): a shuffled message's wide fixed-width
+columns are ``binary_view`` columns whose data buffers are runs of the stored pages (no copy), one
+buffer per run of consecutive stored rows; narrow columns are copied as before; the wire schema
+carries each view column's plain field, which the client's ``plain_column`` turns back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from flightfeed.client._receive.views import plain_batch
+from flightfeed.server.request.gather import gather
+from flightfeed.server.request.view_rows import as_view, to_wire
+from flightfeed.server.storage import open_dataset
+from flightfeed.wire.views import VIEW_OF, fixed_layout, plain_field, view_fields, wire_field, wire_schema
+from tests.wide_data import WIDE_ROWS, WIDE_SCHEMA, check_wide_table, write_wide_dataset
+
+VIEWED = {"image", "odd", "vec"}
+
+
+@pytest.fixture(scope="module")
+def wide_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("wide")
+    write_wide_dataset(root)
+    return root
+
+
+def _rows() -> np.ndarray:
+    rows = np.random.default_rng(5).permutation(WIDE_ROWS)[:150].astype(np.int64)
+    rows[20:30] = np.arange(100, 110)  # a run of ten consecutive stored rows of one chunk
+    return rows
+
+
+def test_the_wire_schema_makes_wide_fixed_columns_views_and_gives_their_fields_back() -> None:
+    wire = wire_schema(WIDE_SCHEMA)
+    assert {f.name for f in wire if pa.types.is_binary_view(f.type)} == VIEWED
+    for f in wire:
+        if f.name in VIEWED:
+            assert VIEW_OF in (f.metadata or {})
+            assert plain_field(f) == WIDE_SCHEMA.field(f.name)
+            assert plain_field(f).metadata == WIDE_SCHEMA.field(f.name).metadata  # type: ignore[union-attr]
+        else:
+            assert f.equals(WIDE_SCHEMA.field(f.name), check_metadata=True)
+    assert [i for i, _ in view_fields(wire)] == [0, 1, 2]
+    assert wire_schema(pa.schema([("label", pa.int64())])) == pa.schema([("label", pa.int64())])
+    # a binary_view column of a dataset (no view metadata) is no view column
+    assert plain_field(pa.field("b", pa.binary_view())) is None
+
+
+def test_a_shuffled_message_sends_views_of_the_stored_pages(wide_dir: Path) -> None:
+    ds = open_dataset("wide", str(wide_dir))
+    rows = _rows()
+    batch = gather(ds, rows, None, views=True)
+    batch.validate(full=True)  # prefixes, buffer indices and offsets are valid views
+    assert batch.schema == wire_schema(WIDE_SCHEMA)
+    image: Any = batch.column("image")
+    data = image.buffers()[2:]
+    # one data buffer per run of consecutive stored rows: 150 rows, one run of ten
+    runs = 1 + int(((np.diff(rows) != 1) | (np.diff(ds.locate(rows)[0]) != 0)).sum())
+    assert len(data) == runs < 150
+    # each buffer is the chunk's own memory (zero-copy), not a copy
+    cid, local = ds.locate(rows)
+    chunk: Any = ds.chunk(int(cid[0])).column("image")
+    base = chunk.storage.values.buffers()[1].address + chunk.storage.values.offset
+    assert data[0].address == base + int(local[0]) * 3072
+    assert batch.column("small").type == WIDE_SCHEMA.field("small").type  # narrow rows: copied
+    # the client's half turns it into exactly the plain gather
+    check_wide_table(plain_batch(batch), rows.tolist())
+    assert plain_batch(batch).equals(gather(ds, rows, None))
+    ds.close()
+
+
+def test_views_of_a_message_touching_one_chunk_and_an_empty_message(wide_dir: Path) -> None:
+    ds = open_dataset("wide", str(wide_dir))
+    rows = np.arange(10, 30, dtype=np.int64)[::-1].copy()
+    batch = gather(ds, rows, ["odd", "index"], views=True)
+    assert pa.types.is_binary_view(batch.schema.field("odd").type)
+    check_wide_table_cols = plain_batch(batch)
+    assert np.asarray(check_wide_table_cols.column("index")).tolist() == rows.tolist()
+    assert check_wide_table_cols.column("odd").equals(gather(ds, rows, ["odd"]).column("odd"))
+    empty = gather(ds, np.empty(0, np.int64), None, views=True)
+    assert empty.num_rows == 0 and empty.schema == wire_schema(WIDE_SCHEMA)
+    assert plain_batch(empty).schema.equals(WIDE_SCHEMA, check_metadata=False)
+    ds.close()
+
+
+def test_a_plain_column_with_null_rows_travels_as_views_with_its_nulls() -> None:
+    t = pa.list_(pa.uint8(), 2048)
+    values = np.arange(3 * 2048, dtype=np.uint8)
+    plain: Any = pa.FixedSizeListArray.from_arrays(pa.array(values), 2048, mask=pa.array([False, True, False]))
+    layout = fixed_layout(t)
+    assert layout is not None
+    view = as_view(plain, layout)
+    view.validate(full=True)
+    assert view.null_count == 1
+    schema = pa.schema([("b", t)])
+    wire = to_wire(pa.record_batch([plain], schema=schema), wire_schema(schema))
+    back: Any = plain_batch(wire).column("b")
+    assert back.type == t and back.to_pylist() == plain.to_pylist()
+
+
+def test_rows_under_the_view_size_stay_plain() -> None:
+    assert wire_field(pa.field("ids", pa.int64())) == pa.field("ids", pa.int64())
+    assert wire_field(pa.field("emb", pa.list_(pa.float32(), 255))).type == pa.list_(pa.float32(), 255)
+    assert pa.types.is_binary_view(wire_field(pa.field("emb", pa.list_(pa.float32(), 256))).type)
