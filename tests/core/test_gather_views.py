@@ -107,3 +107,13 @@ def test_rows_under_the_view_size_stay_plain() -> None:
     assert wire_field(pa.field("ids", pa.int64())) == pa.field("ids", pa.int64())
     assert wire_field(pa.field("emb", pa.list_(pa.float32(), 255))).type == pa.list_(pa.float32(), 255)
     assert pa.types.is_binary_view(wire_field(pa.field("emb", pa.list_(pa.float32(), 256))).type)
+
+
+def test_view_schemas_that_differ_only_in_their_plain_types_are_told_apart() -> None:
+    """Arrow schemas compare equal without their metadata: the memo of view columns must not hand
+    one dataset's plain type to another's view column (seen: 16 KiB rows read as 150,528-byte ones)."""
+    big = wire_schema(pa.schema([("image", pa.list_(pa.uint8(), 150_528))]))
+    small = wire_schema(pa.schema([("image", pa.list_(pa.uint8(), 16_384))]))
+    assert big == small  # the trap
+    assert view_fields(big)[0][1].type == pa.list_(pa.uint8(), 150_528)
+    assert view_fields(small)[0][1].type == pa.list_(pa.uint8(), 16_384)

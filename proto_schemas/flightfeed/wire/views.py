@@ -111,9 +111,20 @@ def plain_field(field: pa.Field[Any]) -> pa.Field[Any] | None:
     return found if found.metadata else found.remove_metadata()  # (IPC gives {} for none)
 
 
-@functools.lru_cache(maxsize=64)
 def view_fields(schema: pa.Schema) -> tuple[tuple[int, pa.Field[Any]], ...]:
-    """``(index, plain field)`` of each view column of ``schema`` (memoised: asked per message)."""
+    """``(index, plain field)`` of each view column of ``schema`` (memoised: asked per message).
+    The memo's key holds each field's :data:`VIEW_OF` metadata: schemas compare equal without
+    their metadata, and two view schemas differ only there."""
+    return _view_fields(schema, tuple(map(_view_of, schema)))
+
+
+def _view_of(field: pa.Field[Any]) -> bytes | None:
+    meta = field.metadata
+    return meta.get(VIEW_OF) if meta else None
+
+
+@functools.lru_cache(maxsize=64)
+def _view_fields(schema: pa.Schema, key: tuple[bytes | None, ...]) -> tuple[tuple[int, pa.Field[Any]], ...]:
     out = []
     for i, f in enumerate(schema):
         plain = plain_field(f)
