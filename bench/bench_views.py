@@ -61,18 +61,18 @@ TARGETS = {"shuffled_rate_vs_stored": 0.95, "stored_vs_raw": 0.92}
 @contextmanager
 def views_asked(asked: bool) -> Iterator[None]:
     """The client's ReadCommand with ``views`` as given (the copy path's A/B in one run)."""
-    original = dataset_module.read_command
+    original = dataset_module.read_command  # type: ignore[attr-defined]
 
     def patched(*args: Any, **kwargs: Any) -> Any:
         cmd = original(*args, **kwargs)
         cmd.views = asked
         return cmd
 
-    dataset_module.read_command = patched  # type: ignore[assignment]
+    dataset_module.read_command = patched  # type: ignore[attr-defined]
     try:
         yield
     finally:
-        dataset_module.read_command = original  # type: ignore[assignment]
+        dataset_module.read_command = original  # type: ignore[attr-defined]
 
 
 def floor(row_bytes: int, gib: float, rounds: int) -> dict[str, Any]:
