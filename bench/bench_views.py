@@ -39,6 +39,7 @@ if __package__ in (None, ""):
 import flightfeed.client._dataset as dataset_module
 from bench.bench_throughput import RawReader
 from bench.common import (
+    ServerProcess,
     flightfeed_server,
     image_dataset,
     machine,
@@ -104,7 +105,7 @@ def one_size(row_bytes: int, args: argparse.Namespace) -> dict[str, Any]:
     message = default_message_rows(batch, full_row, 1, 16 << 20)
     modes = ("raw", "stored", "shuffled", "shuffled_copy")
     runs: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
-    with raw_flight_server(data, message) as raw_srv, flightfeed_server({"d": data}) as ff:
+    with raw_flight_server(data, message) as raw_srv, _server(data, args.view_min_bytes) as ff:
         raw = RawReader(raw_srv.location, args.streams)
         opts = ReadOptions(streams=args.streams, message_rows=message, report_interval=None)
         readers = {m: FlightDataset(ff.location, "d", batch_size=batch, shuffle=m != "stored", options=opts)
@@ -156,6 +157,26 @@ def one_size(row_bytes: int, args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+@contextmanager
+def _server(data: Path, view_min_bytes: int) -> Iterator[ServerProcess]:
+    """Default ``flightfeed serve`` of ``data``; ``view_min_bytes`` > 0: with that view threshold
+    instead of ``WIRE_VIEW_MIN_BYTES`` (the crossover sweep: a bench-only launcher sets it)."""
+    if not view_min_bytes:
+        with flightfeed_server({"d": data}) as server:
+            yield server
+        return
+    code = (
+        "import sys, flightfeed.wire.views as v; v.WIRE_VIEW_MIN_BYTES = int(sys.argv[1]); "
+        "from flightfeed.server.cli import main; sys.exit(main(sys.argv[2:]))"
+    )
+    cmd = [sys.executable, "-c", code, str(view_min_bytes), "serve", f"d={data}", "--port", "0", "--no-sidecar"]
+    server = ServerProcess(cmd)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 def _figures(nbytes: float, seconds: float, client_s: float, server_s: float) -> dict[str, float]:
     gb = nbytes / 1e9
     return {"gb_per_s": gb / seconds, "seconds": seconds, "bytes": float(nbytes),
@@ -173,6 +194,7 @@ def main() -> int:
     p.add_argument("--no-floor", action="store_true", help="skip flight_views.py")
     p.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "flightfeed-bench")
     p.add_argument("--out", default="views")
+    p.add_argument("--view-min-bytes", type=int, default=0, help="the server's view threshold (0: its default)")
     args = p.parse_args()
     t0 = time.perf_counter()
     load = [os.getloadavg()]

@@ -22,7 +22,7 @@ import pyarrow as pa
 
 __all__ = [
     "VIEW_OF", "WIRE_VIEW_MIN_BYTES", "FixedLayout", "fixed_layout", "wire_field", "wire_schema",
-    "plain_field", "view_fields",
+    "plain_field", "view_fields", "viewed",
 ]
 
 _Arr = Any  # pyarrow arrays (the stubs type them per scalar type)
@@ -78,11 +78,16 @@ def fixed_layout(t: pa.DataType) -> FixedLayout | None:
     return None
 
 
+def viewed(row_bytes: int) -> bool:
+    """Whether fixed-width rows of ``row_bytes`` travel as views (:data:`WIRE_VIEW_MIN_BYTES`)."""
+    return row_bytes >= WIRE_VIEW_MIN_BYTES
+
+
 def wire_field(field: pa.Field[Any]) -> pa.Field[Any]:
     """``field`` as a view reader receives it: ``binary_view`` (carrying the plain field) when its
     rows are fixed-width and at least :data:`WIRE_VIEW_MIN_BYTES` wide, else ``field`` itself."""
     layout = fixed_layout(field.type)
-    if layout is None or layout.row_bytes < WIRE_VIEW_MIN_BYTES:
+    if layout is None or not viewed(layout.row_bytes):
         return field
     plain = pa.schema([field]).serialize().to_pybytes()
     return pa.field(field.name, pa.binary_view(), field.nullable, metadata={VIEW_OF: plain})

@@ -26,7 +26,7 @@ from flightfeed.server.data.catalog import Dataset
 from flightfeed.server.readers.open_files import shared_open_files
 from flightfeed.server.request.fixed_rows import FixedOut, fixed_layout, flat_values, gather_fixed
 from flightfeed.server.request.view_rows import gather_views, to_wire
-from flightfeed.wire.views import WIRE_VIEW_MIN_BYTES, wire_schema
+from flightfeed.wire.views import viewed, wire_schema
 
 __all__ = ["MessageRows", "contiguous", "gather", "project"]
 
@@ -245,10 +245,10 @@ def _column(
     if layout is not None:
         views = _flat_views(ds, msg.chunks, cacheable, name, layout.width)
         if not any(map(operator.is_, views, repeat(None))):  # else nulls in a chunk: taken generically
-            if as_views and layout.row_bytes >= WIRE_VIEW_MIN_BYTES:
-                viewed = gather_views(layout, views, msg)  # type: ignore[arg-type]
-                if viewed is not None:
-                    return viewed
+            if as_views and viewed(layout.row_bytes):
+                array = gather_views(layout, views, msg)  # type: ignore[arg-type]
+                if array is not None:
+                    return array
             return gather_fixed(layout, views, msg)  # type: ignore[arg-type]
     groups = msg.groups
     if len(groups) == 1:  # one chunk: its take is already in message order
