@@ -74,10 +74,10 @@ def _check_tensors(batch: dict[str, Any]) -> None:
     metadata), strings, ragged as nested."""
     idx = batch["index"].numpy()
     n = len(idx)
-    assert batch["image"].dtype == torch.uint8 and batch["image"].shape == (n, 32, 32, 3)
+    assert batch["image"].dtype == torch.uint8 and batch["image"].shape == (n, 64, 64, 4)
     assert (batch["image"].reshape(n, -1).numpy() == wide_image(idx)).all()
-    assert batch["odd"].shape == (n, 1027) and (batch["odd"].numpy() == wide_odd(idx)).all()
-    assert batch["vec"].dtype == torch.float32 and batch["vec"].shape == (n, 10, 30)
+    assert batch["odd"].shape == (n, 16_387) and (batch["odd"].numpy() == wide_odd(idx)).all()
+    assert batch["vec"].dtype == torch.float32 and batch["vec"].shape == (n, 41, 100)
     assert (batch["vec"].reshape(n, -1).numpy() == wide_vec(idx)).all()
     assert batch["small"].dtype == torch.int16 and (batch["small"].numpy() == wide_small(idx)).all()
     assert batch["name"] == [f"row-{i}" for i in idx]
@@ -161,7 +161,7 @@ def test_received_rows_back_to_back_become_tensors_without_a_copy(wide_server: R
             views = np.frombuffer(buffers[1], dtype=np.int32).reshape(-1, 4)[view.offset:]
             first_row = buffers[2 + int(views[0, 2])].address + int(views[0, 3])
             assert tensors[name].data_ptr() == first_row  # the received body itself: no copy
-        # 1027-byte rows: runs padded apart, copied once (content checked above)
+        # 16,387-byte rows: runs padded apart, copied once (content checked above)
         odd: Any = b.column("odd")
         assert tensors["odd"].data_ptr() != odd.buffers()[2].address or len(odd.buffers()) == 3
 

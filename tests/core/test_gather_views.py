@@ -17,7 +17,7 @@ from flightfeed.server.request.gather import gather
 from flightfeed.server.request.view_rows import as_view, to_wire
 from flightfeed.server.storage import open_dataset
 from flightfeed.wire.views import VIEW_OF, fixed_layout, plain_field, view_fields, wire_field, wire_schema
-from tests.wide_data import WIDE_ROWS, WIDE_SCHEMA, check_wide_table, write_wide_dataset
+from tests.wide_data import IMAGE_BYTES, WIDE_ROWS, WIDE_SCHEMA, check_wide_table, write_wide_dataset
 
 VIEWED = {"image", "odd", "vec"}
 
@@ -30,8 +30,8 @@ def wide_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _rows() -> np.ndarray:
-    rows = np.random.default_rng(5).permutation(WIDE_ROWS)[:150].astype(np.int64)
-    rows[20:30] = np.arange(100, 110)  # a run of ten consecutive stored rows of one chunk
+    rows = np.random.default_rng(5).permutation(WIDE_ROWS)[:100].astype(np.int64)
+    rows[20:30] = np.arange(45, 55)  # a run of ten consecutive stored rows of one chunk
     return rows
 
 
@@ -59,14 +59,14 @@ def test_a_shuffled_message_sends_views_of_the_stored_pages(wide_dir: Path) -> N
     assert batch.schema == wire_schema(WIDE_SCHEMA)
     image: Any = batch.column("image")
     data = image.buffers()[2:]
-    # one data buffer per run of consecutive stored rows: 150 rows, one run of ten
+    # one data buffer per run of consecutive stored rows: 100 rows, one run of ten
     runs = 1 + int(((np.diff(rows) != 1) | (np.diff(ds.locate(rows)[0]) != 0)).sum())
-    assert len(data) == runs < 150
+    assert len(data) == runs < 100
     # each buffer is the chunk's own memory (zero-copy), not a copy
     cid, local = ds.locate(rows)
     chunk: Any = ds.chunk(int(cid[0])).column("image")
     base = chunk.storage.values.buffers()[1].address + chunk.storage.values.offset
-    assert data[0].address == base + int(local[0]) * 3072
+    assert data[0].address == base + int(local[0]) * IMAGE_BYTES
     assert batch.column("small").type == WIDE_SCHEMA.field("small").type  # narrow rows: copied
     # the client's half turns it into exactly the plain gather
     check_wide_table(plain_batch(batch), rows.tolist())
@@ -89,9 +89,9 @@ def test_views_of_a_message_touching_one_chunk_and_an_empty_message(wide_dir: Pa
 
 
 def test_a_plain_column_with_null_rows_travels_as_views_with_its_nulls() -> None:
-    t = pa.list_(pa.uint8(), 2048)
-    values = np.arange(3 * 2048, dtype=np.uint8)
-    plain: Any = pa.FixedSizeListArray.from_arrays(pa.array(values), 2048, mask=pa.array([False, True, False]))
+    t = pa.list_(pa.uint8(), 1 << 14)
+    values = (np.arange(3 << 14) % 251).astype(np.uint8)
+    plain: Any = pa.FixedSizeListArray.from_arrays(pa.array(values), 1 << 14, mask=pa.array([False, True, False]))
     layout = fixed_layout(t)
     assert layout is not None
     view = as_view(plain, layout)
@@ -105,8 +105,8 @@ def test_a_plain_column_with_null_rows_travels_as_views_with_its_nulls() -> None
 
 def test_rows_under_the_view_size_stay_plain() -> None:
     assert wire_field(pa.field("ids", pa.int64())) == pa.field("ids", pa.int64())
-    assert wire_field(pa.field("emb", pa.list_(pa.float32(), 255))).type == pa.list_(pa.float32(), 255)
-    assert pa.types.is_binary_view(wire_field(pa.field("emb", pa.list_(pa.float32(), 256))).type)
+    assert wire_field(pa.field("emb", pa.list_(pa.float32(), 4095))).type == pa.list_(pa.float32(), 4095)
+    assert pa.types.is_binary_view(wire_field(pa.field("emb", pa.list_(pa.float32(), 4096))).type)
 
 
 def test_view_schemas_that_differ_only_in_their_plain_types_are_told_apart() -> None:

@@ -94,7 +94,7 @@ def test_views_in_flight_over_a_small_cache_keep_their_pages_and_are_counted(
 
     local = tmp_path / "wide"
     shards = 8
-    write_wide_dataset(local, [[100]] * shards)
+    write_wide_dataset(local, [[30]] * shards)
     uri = f"s3://{s3.new_bucket()}/wide"
     s3.upload_dir(local, uri)
     one_shard = max(p.stat().st_size for p in local.glob("*.arrow"))
@@ -103,7 +103,7 @@ def test_views_in_flight_over_a_small_cache_keep_their_pages_and_are_counted(
     ds = open_dataset("wide", uri, opts)
     cache: Any = ds.shards[0].cache  # type: ignore[attr-defined]
     rng = np.random.default_rng(4)
-    shard_rows = [rng.permutation(100).astype(np.int64) + 100 * s for s in range(shards)]
+    shard_rows = [rng.permutation(30).astype(np.int64) + 30 * s for s in range(shards)]
     in_flight = [gather(ds, rows, ["image", "index"], views=True) for rows in shard_rows]  # one shard each
     for batch in in_flight:  # views of the cached files' pages, not copies
         column: Any = batch.column("image")

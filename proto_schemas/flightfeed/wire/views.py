@@ -29,9 +29,10 @@ _Arr = Any  # pyarrow arrays (the stubs type them per scalar type)
 
 #: the field metadata key of a view column: the IPC form of the field as it travels plain
 VIEW_OF = b"flightfeed.view_of"
-#: rows at least this wide travel as views; narrower ones (ids, labels) are copied
-#: (measured: bench/bench_views.py, docs/wire-views.md)
-WIRE_VIEW_MIN_BYTES = 1 << 10
+#: rows at least this wide travel as views; narrower ones (ids, labels, small vectors) are copied:
+#: at 2-8 KiB rows a view per row cost the server as much CPU as the copy or more, and the client
+#: more; at 16 KiB and up views cost the server less (bench/bench_views.py, docs/wire-views.md)
+WIRE_VIEW_MIN_BYTES = 16 << 10
 
 
 @dataclass(frozen=True)
