@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,13 +45,13 @@ from bench.common import (
     median,
     process_tree_cpu_s,
     raw_flight_server,
+    views_floor,
     write_json,
 )
 from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.client._cli.bench import measure_epoch
 from flightfeed.wire.plan import default_message_rows
 
-FLOOR_TOOL = Path("/work/shared/floors/flight_views.py")
 SHAPES = {150_528: (224, 224, 3), 16_384: (64, 64, 4)}
 #: at most (shuffled / stored), DESIGN.md §8 / docs/wire-views.md
 CEILINGS = {"server_cpu_150k": 1.15, "server_cpu_16k": 1.35, "client_cpu": 1.1}
@@ -74,25 +73,6 @@ def views_asked(asked: bool) -> Iterator[None]:
         yield
     finally:
         dataset_module.read_command = original  # type: ignore[attr-defined]
-
-
-def floor(row_bytes: int, gib: float, rounds: int) -> dict[str, Any]:
-    """``flight_views.py ROW_BYTES``'s printed figures (None fields when the tool is absent)."""
-    if not FLOOR_TOOL.exists():
-        return {"missing": str(FLOOR_TOOL)}
-    out = subprocess.run(
-        [sys.executable, str(FLOOR_TOOL), str(row_bytes), "--gib", str(gib), "--rounds", str(rounds)],
-        capture_output=True, text=True, timeout=900, check=False,
-    ).stdout
-    figures: dict[str, Any] = {"output": out}
-    for line in out.splitlines():
-        parts = line.split()
-        if parts and parts[0] in ("stored", "copied", "views") and "GB/s" in line:
-            figures[parts[0]] = {
-                "gb_per_s": float(parts[1]), "server_cpu_s_per_gb": float(parts[4]),
-                "client_cpu_s_per_gb": float(parts[line.split().index("client") + 1]),
-            }
-    return figures
 
 
 def one_size(row_bytes: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -145,7 +125,7 @@ def one_size(row_bytes: int, args: argparse.Namespace) -> dict[str, Any]:
         "median": med, "ratios": ratios, "runs": runs, "load_before_floor": os.getloadavg(),
     }
     if not args.no_floor:
-        result["floor"] = floor(row_bytes, args.floor_gib, args.rounds)
+        result["floor"] = views_floor(row_bytes, args.floor_gib, args.rounds)
         fl = result["floor"]
         if "stored" in fl and "views" in fl:
             stored_fl = fl["stored"]
