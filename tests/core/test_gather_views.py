@@ -117,3 +117,27 @@ def test_view_schemas_that_differ_only_in_their_plain_types_are_told_apart() -> 
     assert big == small  # the trap
     assert view_fields(big)[0][1].type == pa.list_(pa.uint8(), 150_528)
     assert view_fields(small)[0][1].type == pa.list_(pa.uint8(), 16_384)
+
+
+def test_views_of_inflated_hdf5_chunks(tmp_path: Path) -> None:
+    """A gzip HDF5 dataset's shuffled rows travel as views of its inflated chunks (the chunk
+    cache's arrays), byte for byte the plain gather's."""
+    import h5py
+
+    rows = 96
+    index = np.arange(rows, dtype=np.int64)
+    image = ((index[:, None] * 5 + np.arange(1 << 14)[None, :]) % 249).astype(np.uint8).reshape(rows, 64, 64, 4)
+    with h5py.File(tmp_path / "d.h5", "w") as f:
+        f.create_dataset("image", data=image, chunks=(8, 64, 64, 4), compression="gzip")
+        f.create_dataset("index", data=index, chunks=(8,), compression="gzip")
+    ds = open_dataset("h", str(tmp_path / "d.h5"))
+    order = np.random.default_rng(2).permutation(rows).astype(np.int64)[:40]
+    batch = gather(ds, order, None, views=True)
+    batch.validate(full=True)
+    column: Any = batch.column("image")
+    assert pa.types.is_binary_view(column.type) and len(column.buffers()) > 3
+    plain = plain_batch(batch)
+    assert plain.equals(gather(ds, order, None))
+    images: Any = plain.column("image")
+    assert (np.asarray(images.storage.flatten()).reshape(len(order), 64, 64, 4) == image[order]).all()
+    ds.close()
