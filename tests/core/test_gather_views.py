@@ -141,3 +141,24 @@ def test_views_of_inflated_hdf5_chunks(tmp_path: Path) -> None:
     images: Any = plain.column("image")
     assert (np.asarray(images.storage.flatten()).reshape(len(order), 64, 64, 4) == image[order]).all()
     ds.close()
+
+
+def test_views_enter_the_shared_message_identity_only_for_shuffled_view_reads() -> None:
+    """A view message and a plain one are different RecordBatches: requests share messages
+    (request/shared_messages.py) only when they agree on views; an absent views (and a stored
+    order read, whose messages are plain either way) keeps the former identity."""
+    from types import SimpleNamespace
+
+    from flightfeed.server.request.request_identity import request_identity
+    from flightfeed.wire.messages import WIRE_VERSION, ReadCommand
+
+    ds = SimpleNamespace(name="d", fingerprint="f", num_rows=10)
+
+    def read(views: bool, shuffle: bool) -> Any:
+        cmd = ReadCommand(version=WIRE_VERSION, dataset="d", world_size=1, batch_rows=1, views=views)
+        cmd.shuffle.enabled = shuffle
+        return cmd
+
+    assert request_identity(ds, read(True, True)) != request_identity(ds, read(False, True))
+    assert "views" not in request_identity(ds, read(False, True))
+    assert request_identity(ds, read(True, False)) == request_identity(ds, read(False, False))
