@@ -286,9 +286,10 @@ def write_json(name: str, data: dict[str, Any]) -> Path:
     return path
 
 
-#: the floor tool of DESIGN.md §8 (``../shared/floors`` beside the checkout: a clone or a worktree)
+#: the floor tool of DESIGN.md §8 (``../shared/floors`` beside the checkout: a clone or a worktree;
+#: ``shared/`` inside it on a lent device machine)
 FLOOR_TOOL = next(
-    (p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared") if (p / "floors").is_dir()),
+    (p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared", ROOT / "shared") if (p / "floors").is_dir()),
     ROOT.parent / "shared",
 ) / "floors" / "flight_views.py"
 
