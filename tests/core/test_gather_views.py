@@ -162,3 +162,21 @@ def test_views_enter_the_shared_message_identity_only_for_shuffled_view_reads() 
     assert request_identity(ds, read(True, True)) != request_identity(ds, read(False, True))
     assert "views" not in request_identity(ds, read(False, True))
     assert request_identity(ds, read(True, False)) == request_identity(ds, read(False, False))
+
+
+def test_a_plain_column_past_a_views_offset_range_is_cut_into_buffers() -> None:
+    """A view's offset is an int32: a plain column of more than 2 GiB (here: more than a small
+    ``max_span``) is wrapped in several data buffers, each under it, still without a copy."""
+    t = pa.list_(pa.uint8(), 1 << 14)
+    layout = fixed_layout(t)
+    assert layout is not None
+    values = (np.arange(10 << 14) % 253).astype(np.uint8)
+    plain: Any = pa.FixedSizeListArray.from_arrays(pa.array(values), 1 << 14)
+    view = as_view(plain, layout, max_span=3 << 14)  # three rows a buffer
+    view.validate(full=True)
+    data = view.buffers()[2:]
+    assert [b.size for b in data] == [3 << 14, 3 << 14, 3 << 14, 1 << 14]
+    assert data[0].address == plain.values.buffers()[1].address  # the column's own memory
+    schema = pa.schema([("b", t)])
+    back: Any = plain_batch(pa.record_batch([view], schema=wire_schema(schema))).column("b")
+    assert back.equals(plain)

@@ -56,14 +56,15 @@ def gather_views(
 ) -> _Arr | None:
     """The rows of ``msg`` as a ``binary_view`` array whose data buffers are runs of the chunks'
     rows (``views[i]``: chunk ``msg.chunks[i]`` as a 2-d (rows, width) view), in message order;
-    None when a run would span 2 GiB (a view's offset is an int32: the caller copies)."""
+    None when a run spans 2 GiB or more (a view's offset is an int32: the caller copies, and
+    :func:`as_view` cuts the copy into buffers under 2 GiB)."""
     n, row_bytes = msg.n, layout.row_bytes
-    if n * row_bytes > _MAX_SPAN:
-        return None
     cid, local = msg.cid, msg.local
     cut = ((cid[1:] != cid[:-1]) | (local[1:] != local[:-1] + 1)).nonzero()[0] + 1
     first = np.concatenate(([0], cut))
     lengths = np.diff(first, append=n)
+    if int(lengths.max()) * row_bytes > _MAX_SPAN:
+        return None
     # per chunk its values as one Arrow buffer (zero-copy: holds the chunk's memory)
     chunk_bufs = dict(zip(msg.chunks, map(_buffer, views), strict=True))
     slicer: Any = pa.Buffer.slice
@@ -94,9 +95,10 @@ def _buffer(values: npt.NDArray[np.generic]) -> pa.Buffer:
     return pa.py_buffer(values.data)
 
 
-def as_view(arr: _Arr, layout: FixedLayout) -> _Arr:
-    """A plain fixed-width array of ``layout`` as a ``binary_view`` array over its own values (one
-    data buffer, no copy); null rows stay null."""
+def as_view(arr: _Arr, layout: FixedLayout, max_span: int = _MAX_SPAN) -> _Arr:
+    """A plain fixed-width array of ``layout`` as a ``binary_view`` array over its own values (no
+    copy: one data buffer, or one per ``max_span`` bytes of rows, a view's offset being an int32);
+    null rows stay null."""
     n, row_bytes = len(arr), layout.row_bytes
     if n == 0:
         return pa.array([], type=pa.binary_view())
@@ -107,12 +109,17 @@ def as_view(arr: _Arr, layout: FixedLayout) -> _Arr:
         arr = arr.fill_null(0) if layout.width == 1 else _zero_nulls(arr, layout)
     values = flat_values(arr).reshape(n, layout.width)
     head = values.view(np.uint8).reshape(n, row_bytes)[:, :4]
+    per_buffer = max(1, max_span // row_bytes)  # rows a data buffer holds
+    position = np.arange(n, dtype=np.int64)
     out = np.empty((n, 4), dtype=np.int32)
     out[:, 0] = row_bytes
     out[:, 1] = np.ascontiguousarray(head).view(np.int32).ravel()
-    out[:, 2] = 0
-    out[:, 3] = np.arange(n, dtype=np.int64) * row_bytes
-    return pa.Array.from_buffers(pa.binary_view(), n, [validity, pa.py_buffer(out.data), pa.py_buffer(values.data)])
+    out[:, 2] = position // per_buffer
+    out[:, 3] = (position % per_buffer) * row_bytes
+    whole = pa.py_buffer(values.data)
+    step = per_buffer * row_bytes
+    data = [whole.slice(at, min(step, n * row_bytes - at)) for at in range(0, n * row_bytes, step)]
+    return pa.Array.from_buffers(pa.binary_view(), n, [validity, pa.py_buffer(out.data), *data])
 
 
 def _zero_nulls(arr: _Arr, layout: FixedLayout) -> _Arr:
