@@ -12,6 +12,8 @@ that holds the GIL (or another process-wide lock) shows ~1.0x however many threa
   chunks copied once, in message order, in native code);
 * ``shuffled_send``: the same gather plus the send of ``stored_send`` (so ``shuffled_send`` /
   ``stored_send`` CPU per GB is what shuffling adds);
+* ``shuffled_views_send``: the shuffled messages as a view reader gets them (docs/wire-views.md:
+  wide rows as ``binary_view`` columns of the shards' pages, no gather copy) plus the same send;
 * ``hdf5_inflate_gather``: HDF5 gzip chunks read raw, inflated (libdeflate) and their rows gathered
   in shuffled order through the dataset's chunk cache (each unit is a chunk not cached);
   ``hdf5_inflate_only``: the inflate of the same chunks alone (the floor of that stage);
@@ -249,10 +251,16 @@ def arrow_stages(directory: Path, message_rows: int) -> dict[str, Callable[[], S
     def gathered_sent(lo: int, hi: int) -> int:
         return sink().send([gather(ds, order.rows(np.arange(lo, hi, dtype=np.int64)), None)])
 
+    def viewed_sent(lo: int, hi: int) -> int:
+        return sink().send([gather(ds, order.rows(np.arange(lo, hi, dtype=np.int64)), None, views=True)])
+
     def units(fn: Callable[[int, int], int]) -> Callable[[], Sequence[Unit]]:
         return lambda: [functools.partial(fn, lo, hi) for lo, hi in messages] * PASSES
 
-    return {"stored_send": units(stored), "shuffled_gather": units(gathered), "shuffled_send": units(gathered_sent)}
+    return {
+        "stored_send": units(stored), "shuffled_gather": units(gathered), "shuffled_send": units(gathered_sent),
+        "shuffled_views_send": units(viewed_sent),
+    }
 
 
 def write_h5(path: Path, rows: int, chunk_rows: int = 64) -> Path:
@@ -400,10 +408,13 @@ def read_all(location: str, tickets: list[Any]) -> int:
 _EPOCHS = iter(range(1 << 30))  # every request reads a new epoch: nothing is served from the share window
 
 
-def flightfeed_tickets(location: str, name: str, streams: int, shuffle: bool, batch_rows: int) -> list[Any]:
+def flightfeed_tickets(
+    location: str, name: str, streams: int, shuffle: bool, batch_rows: int, views: bool = True
+) -> list[Any]:
+    """Tickets as flightfeed's client asks (``views``: docs/wire-views.md; False: the copy path)."""
     cmd = ReadCommand(
         version=WIRE_VERSION, dataset=name, world_size=1, batch_rows=batch_rows, streams=streams, num_workers=1,
-        epoch=next(_EPOCHS),
+        epoch=next(_EPOCHS), views=views,
     )
     cmd.shuffle.enabled = shuffle
     client = flight.FlightClient(location)
@@ -445,6 +456,8 @@ def e2e(
                     ff.location, "images", streams, False, batch_rows), epochs),
                 "shuffled": e2e_case(ff.location, ff.pid, lambda: flightfeed_tickets(
                     ff.location, "images", streams, True, batch_rows), epochs),
+                "shuffled_copy": e2e_case(ff.location, ff.pid, lambda: flightfeed_tickets(
+                    ff.location, "images", streams, True, batch_rows, views=False), epochs),
                 f"shuffled_workers_{cores}": e2e_case(ffw.location, ffw.pid, lambda: flightfeed_tickets(
                     ffw.location, "images", streams, True, batch_rows), epochs),
             }
@@ -475,6 +488,12 @@ def e2e(
         "shuffled_vs_stored": c["shuffled"]["gb_per_s"] / c["stored"]["gb_per_s"],
         "shuffled_vs_stored_server_cpu_per_gb": (
             c["shuffled"]["server_cpu_s_per_gb"] / c["stored"]["server_cpu_s_per_gb"]
+        ),
+        "shuffled_copy_vs_stored_server_cpu_per_gb": (
+            c["shuffled_copy"]["server_cpu_s_per_gb"] / c["stored"]["server_cpu_s_per_gb"]
+        ),
+        "shuffled_vs_stored_client_cpu_per_gb": (
+            c["shuffled"]["client_cpu_s_per_gb"] / c["stored"]["client_cpu_s_per_gb"]
         ),
         f"shuffled_workers_{cores}_vs_default": c[f"shuffled_workers_{cores}"]["gb_per_s"] / c["shuffled"]["gb_per_s"],
         "hdf5_direct_vs_converted": c["hdf5_direct_shuffled"]["gb_per_s"] / c["hdf5_converted_shuffled"]["gb_per_s"],
@@ -547,6 +566,11 @@ def main() -> int:
     if "stored_send" in st and "shuffled_send" in st:
         summary["shuffled_vs_stored_cpu_per_gb"] = (
             st["shuffled_send"]["threads"]["1"]["cpu_s_per_gb"] / st["stored_send"]["threads"]["1"]["cpu_s_per_gb"]
+        )
+    if "stored_send" in st and "shuffled_views_send" in st:
+        summary["shuffled_views_vs_stored_cpu_per_gb"] = (
+            st["shuffled_views_send"]["threads"]["1"]["cpu_s_per_gb"]
+            / st["stored_send"]["threads"]["1"]["cpu_s_per_gb"]
         )
     if "hdf5_inflate_gather" in st and "hdf5_inflate_only" in st:
         summary["hdf5_over_inflate_s_per_gb"] = (

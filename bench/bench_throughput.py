@@ -54,6 +54,7 @@ from bench.common import (
     median,
     process_tree_cpu_s,
     raw_flight_server,
+    views_floor,
     write_json,
 )
 from flightfeed.client import FlightDataset, ReadOptions
@@ -257,6 +258,8 @@ def main() -> int:
     p.add_argument("--seed-epochs", type=int, default=3, help="seed recipe epochs after the first (0: skip it)")
     p.add_argument("--server-args", default="", help="extra flags for `flightfeed serve`, e.g. '--arrow-io read'")
     p.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "flightfeed-bench")
+    p.add_argument("--floor", action="store_true",
+                   help="also run ../shared/floors/flight_views.py for this row size (docs/wire-views.md)")
     args = p.parse_args()
     B, K = args.batch_size, args.streams
     t_start = time.perf_counter()
@@ -347,7 +350,11 @@ def main() -> int:
         # a raw Flight loop whose chunks a consumer thread takes and drops, as a trainer's does
         "client_cpu_stored_vs_raw_handoff": cpu_per_gb["stored"]["client"] / cpu_per_gb["raw_handoff"]["client"],
         "client_cpu_raw_handoff_vs_raw": cpu_per_gb["raw_handoff"]["client"] / cpu_per_gb["raw"]["client"],
+        # views on the wire (docs/wire-views.md): shuffled messages' rows as views of the shards' pages
+        "server_cpu_shuffled_vs_stored": cpu_per_gb["shuffled"]["server"] / cpu_per_gb["stored"]["server"],
+        "client_cpu_shuffled_vs_stored": cpu_per_gb["shuffled"]["client"] / cpu_per_gb["stored"]["client"],
     }
+    floor = views_floor(int(np.prod(shape)), 0.5, 3) if args.floor else {}
     result = {
         "machine": machine(),
         "params": {
@@ -367,6 +374,7 @@ def main() -> int:
             **{k: cpu_ratios[k] <= CEILINGS[k] for k in CEILINGS},
         },
         "load_average": os.getloadavg(),
+        "views_floor": floor,
         "runs": figures,
         "seed_recipe_runs": seed,
         "local_mmap_runs": local,
@@ -383,6 +391,8 @@ def main() -> int:
         limit = CEILINGS.get(k)
         verdict = f"target <= {limit}x: {'met' if v <= limit else 'MISSED'}" if limit else "no target"
         print(f"{k:>26}: {v:5.2f}x  ({verdict})")
+    if floor.get("output"):
+        print("floor tool (flight_views.py, same run):\n" + floor["output"].rstrip())
     print(f"wrote {out} in {result['seconds']:.0f} s")
     return 0
 

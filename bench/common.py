@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 __all__ = [
+    "FLOOR_TOOL",
     "OUT",
     "ROOT",
     "ServerProcess",
@@ -37,6 +38,7 @@ __all__ = [
     "median",
     "process_tree_cpu_s",
     "raw_flight_server",
+    "views_floor",
     "write_json",
 ]
 
@@ -282,3 +284,31 @@ def write_json(name: str, data: dict[str, Any]) -> Path:
     path = OUT / f"{name}.json"
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     return path
+
+
+#: the floor tool of DESIGN.md §8 (``../shared/floors`` beside the checkout: a clone or a worktree;
+#: ``shared/`` inside it on a lent device machine)
+FLOOR_TOOL = next(
+    (p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared", ROOT / "shared") if (p / "floors").is_dir()),
+    ROOT.parent / "shared",
+) / "floors" / "flight_views.py"
+
+
+def views_floor(row_bytes: int, gib: float, rounds: int) -> dict[str, Any]:
+    """``../shared/floors/flight_views.py ROW_BYTES`` run now (docs/wire-views.md): its printed
+    figures per mode (stored slices, a numpy copy, ``binary_view`` slices) and its output."""
+    if not FLOOR_TOOL.exists():
+        return {"missing": str(FLOOR_TOOL)}
+    out = subprocess.run(
+        [sys.executable, str(FLOOR_TOOL), str(row_bytes), "--gib", str(gib), "--rounds", str(rounds)],
+        capture_output=True, text=True, timeout=900, check=False,
+    ).stdout
+    figures: dict[str, Any] = {"output": out}
+    for line in out.splitlines():
+        parts = line.split()
+        if parts and parts[0] in ("stored", "copied", "views") and "GB/s" in line:
+            figures[parts[0]] = {
+                "gb_per_s": float(parts[1]), "server_cpu_s_per_gb": float(parts[4]),
+                "client_cpu_s_per_gb": float(parts[line.split().index("client") + 1]),
+            }
+    return figures

@@ -6,7 +6,7 @@
 # Each step has its own time limit, so one that hangs still leaves the others' figures. Logs and
 # JSON go to $OUT (or bench/out/device when run by hand).
 #
-#   bench/device_check.sh [STEP ...]   # steps: cuda gpu throughput scaling imagenet (default), decode jpeg4
+#   bench/device_check.sh [STEP ...]   # steps: cuda gpu throughput scaling imagenet (default), decode jpeg4 views
 #
 # Wheels (here, for the machine's Python 3.12): pyarrow and the server extras into .whl/ (installed
 # under /tmp/site); nvidia-nvimgcodec-cu13 + nvidia-nvjpeg into .whl2/ (a second call: both sets
@@ -64,10 +64,11 @@ for step in "${steps[@]}"; do
         jpeg4) run jpeg4 120 python3 bench/bench_imagenet.py --images 4000 --server-workers 4 --streams 8 \
                    --rounds 1 --batch-size 128 --epochs 2 --only a_seed_recipe_train b_flightfeed_train
                cp bench/out/imagenet_only.json "$OUT/jpeg4.json" ;;
+        views) run views 240 python3 bench/bench_views.py --streams 8 --rounds 3 --gb 1 --floor-gib 0.5 ;;
         *) echo "unknown step $step" >> "$log" ;;
     esac
 done
-for f in gpu throughput scaling imagenet; do
+for f in gpu throughput scaling imagenet views; do
     [ -f "bench/out/$f.json" ] && cp "bench/out/$f.json" "$OUT/"
 done
 tar -czf "$OUT/logs.tgz" -C "$LOGS" .  # every step's whole output (the files that come back are few)

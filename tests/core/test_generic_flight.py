@@ -78,3 +78,16 @@ def test_compressed_stream(server: RunningServer, compression: str) -> None:
     )
     got = np.concatenate([b["index"].numpy() for b in ds])
     assert got.tolist() == list(range(SMALL_ROWS))
+
+
+def test_a_generic_client_gets_plain_columns_of_wide_rows(tmp_path: Path) -> None:
+    """Rows wide enough to travel as views to flightfeed's client (docs/wire-views.md) reach a
+    generic Flight client (path descriptor, no flightfeed command) as plain columns."""
+    from tests.support.wide_data import WIDE_ROWS, WIDE_SCHEMA, check_wide_table, write_wide_dataset
+
+    write_wide_dataset(tmp_path / "wide")
+    with running_server({"wide": str(tmp_path / "wide")}) as srv:
+        table = read_path(srv.location, "wide")
+    assert not any(pa.types.is_binary_view(f.type) for f in table.schema)
+    assert table.schema.equals(WIDE_SCHEMA)
+    check_wide_table(table, list(range(WIDE_ROWS)))

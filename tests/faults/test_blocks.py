@@ -161,3 +161,53 @@ def test_write_manifest_for_a_dataset_without_one(converted: Path, capsys: pytes
     # the manifest now lists the old bytes: re-writing it would bless the flip, so it is refused
     with pytest.raises(DatasetError, match=r"no longer matches .*not blessed"):
         write_manifest(str(converted))
+
+
+def test_a_view_reader_gets_no_corrupt_row_either(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows of 16 KiB travel to flightfeed's client as views of the shard's pages (docs/wire-views.md):
+    those pages are verified block by block before any row of them leaves, as copied rows were."""
+    import flightfeed.client._receive.lanes as lanes_module
+    from flightfeed.client._receive.views import plain_batch
+
+    width = 16 << 10
+    src, dst = tmp_path / "src", tmp_path / "data"
+    src.mkdir()
+    index = np.arange(400, dtype=np.int64)
+    values = ((index[:, None] * 7 + np.arange(width)[None, :]) % 251).astype(np.uint8)
+    np.savez(src / "rows.npz", index=index, x=values)
+    settings = ConvertSettings(shard_bytes=2 << 20, rows_per_batch=16, block_bytes=BLOCK, progress=False)
+    convert(str(src), str(dst), settings)
+    shard = sorted(dst.glob("part-*.arrow"))[1]
+    table = pa.ipc.open_file(pa.memory_map(str(shard))).read_all()
+    row = int(table.column("index")[table.num_rows // 2].as_py())
+    at = shard.read_bytes().index(values[row].tobytes()) + width // 2
+    _flip(shard, at)
+    viewed: list[bool] = []
+
+    def spy(batch: pa.RecordBatch) -> pa.RecordBatch:
+        viewed.append(pa.types.is_binary_view(batch.schema.field("x").type))
+        return plain_batch(batch)
+
+    monkeypatch.setattr(lanes_module, "plain_batch", spy)
+    delivered: list[int] = []
+
+    def read(location: str) -> None:
+        ds = FlightDataset(location, "d", batch_size=16, shuffle=True, seed=1,
+                           options=ReadOptions(streams=1, report_interval=None))
+        try:
+            for batch in ds:
+                got = batch["index"].numpy()
+                assert np.array_equal(batch["x"].numpy().reshape(len(got), width), values[got]), "corrupt row"
+                delivered.extend(got.tolist())
+        finally:
+            ds.close()
+
+    with running_server({"d": str(dst)}) as srv, pytest.raises(ShardError, match="manifest checksum") as failed:
+        read(srv.location)
+    assert f"shard d/{shard.name}: block {at // BLOCK} " in str(failed.value)
+    assert all(viewed)  # any rows sent before the bad block travelled as views
+    # and x is a column that travels as views to this reader (the first message hit the bad block)
+    from flightfeed.wire.views import wire_field
+
+    assert pa.types.is_binary_view(wire_field(table.schema.field("x")).type)
+    assert row not in delivered

@@ -17,7 +17,7 @@ class Shuffle(_message.Message):
     def __init__(self, enabled: _Optional[bool] = ..., block_rows: _Optional[int] = ..., buffer_rows: _Optional[int] = ...) -> None: ...
 
 class ReadCommand(_message.Message):
-    __slots__ = ("version", "dataset", "columns", "seed", "epoch", "shuffle", "rank", "world_size", "batch_rows", "drop_last", "streams", "start_row", "global_start", "worker", "num_workers", "fingerprint", "transforms", "compression", "message_rows", "transform", "on_decode_error", "with_index", "pack")
+    __slots__ = ("version", "dataset", "columns", "seed", "epoch", "shuffle", "rank", "world_size", "batch_rows", "drop_last", "streams", "start_row", "global_start", "worker", "num_workers", "fingerprint", "transforms", "compression", "message_rows", "transform", "on_decode_error", "with_index", "pack", "views")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     DATASET_FIELD_NUMBER: _ClassVar[int]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
@@ -41,6 +41,7 @@ class ReadCommand(_message.Message):
     ON_DECODE_ERROR_FIELD_NUMBER: _ClassVar[int]
     WITH_INDEX_FIELD_NUMBER: _ClassVar[int]
     PACK_FIELD_NUMBER: _ClassVar[int]
+    VIEWS_FIELD_NUMBER: _ClassVar[int]
     version: int
     dataset: str
     columns: _containers.RepeatedScalarFieldContainer[str]
@@ -64,7 +65,8 @@ class ReadCommand(_message.Message):
     on_decode_error: str
     with_index: bool
     pack: Pack
-    def __init__(self, version: _Optional[int] = ..., dataset: _Optional[str] = ..., columns: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., shuffle: _Optional[_Union[Shuffle, _Mapping]] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_rows: _Optional[int] = ..., drop_last: _Optional[bool] = ..., streams: _Optional[int] = ..., start_row: _Optional[int] = ..., global_start: _Optional[int] = ..., worker: _Optional[int] = ..., num_workers: _Optional[int] = ..., fingerprint: _Optional[str] = ..., transforms: _Optional[_Iterable[str]] = ..., compression: _Optional[str] = ..., message_rows: _Optional[int] = ..., transform: _Optional[_Iterable[_Union[TransformStep, _Mapping]]] = ..., on_decode_error: _Optional[str] = ..., with_index: _Optional[bool] = ..., pack: _Optional[_Union[Pack, _Mapping]] = ...) -> None: ...
+    views: bool
+    def __init__(self, version: _Optional[int] = ..., dataset: _Optional[str] = ..., columns: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ..., epoch: _Optional[int] = ..., shuffle: _Optional[_Union[Shuffle, _Mapping]] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., batch_rows: _Optional[int] = ..., drop_last: _Optional[bool] = ..., streams: _Optional[int] = ..., start_row: _Optional[int] = ..., global_start: _Optional[int] = ..., worker: _Optional[int] = ..., num_workers: _Optional[int] = ..., fingerprint: _Optional[str] = ..., transforms: _Optional[_Iterable[str]] = ..., compression: _Optional[str] = ..., message_rows: _Optional[int] = ..., transform: _Optional[_Iterable[_Union[TransformStep, _Mapping]]] = ..., on_decode_error: _Optional[str] = ..., with_index: _Optional[bool] = ..., pack: _Optional[_Union[Pack, _Mapping]] = ..., views: _Optional[bool] = ...) -> None: ...
 
 class Pack(_message.Message):
     __slots__ = ("column", "seq_len", "pad_tail", "pad_id")

@@ -109,6 +109,7 @@ def read_command(job: ReadJob, topo: Topology, start: ReadState, epoch: int) -> 
         compression=opts.compression or "",
         message_rows=_message_rows(job, topo, start),
         with_index=opts.with_index,
+        views=True,  # shuffled messages' wide rows as views of the stored pages (docs/wire-views.md)
     )
     set_transform(cmd, job.transform, opts.on_decode_error)
     set_pack(cmd, opts.pack, job.columns)

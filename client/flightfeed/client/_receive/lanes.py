@@ -37,6 +37,7 @@ from flightfeed.client._connect.pool import ConnectionPool
 from flightfeed.client._connect.retry import Outage, RetryPolicy
 from flightfeed.client._receive.board import Board, Run
 from flightfeed.client._receive.skips import received
+from flightfeed.client._receive.views import plain_batch
 from flightfeed.wire.errors import FlightFeedError, StreamError, StreamTruncated
 from flightfeed.wire.messages import StreamTicket, span_of
 from flightfeed.wire.plan import stream_messages
@@ -244,7 +245,7 @@ class Lane(threading.Thread):
                     told = True
                 if self.stop.is_set():
                     return
-                batch, skipped = received(chunk.data, chunk.app_metadata)
+                batch, skipped = received(plain_batch(chunk.data), chunk.app_metadata)  # views: plain
                 off = 0
                 while off < batch.num_rows or (skipped and off == 0):
                     if run.pos >= len(run.indices):

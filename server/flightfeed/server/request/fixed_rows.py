@@ -32,10 +32,8 @@ instead (``FixedOut``, the caller decides).
 
 from __future__ import annotations
 
-import functools
 import operator
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -43,6 +41,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from flightfeed.server.request.out_buffers import shared_out_buffers
+from flightfeed.wire.views import FixedLayout, fixed_layout
 
 __all__ = [
     "FixedLayout", "FixedOut", "MessageRows", "fixed_layout", "flat_values", "gather_fixed", "copy_runs",
@@ -57,50 +56,6 @@ VIEW_MIN_BYTES = 64
 #: rows at least this wide are copied run by run into a reused block (no page faults per message)
 RUN_MIN_BYTES = 16 << 10
 _MAX_SPAN = (1 << 31) - 1  # a view's offset is an int32
-
-
-@dataclass(frozen=True)
-class FixedLayout:
-    """A fixed-width column layout: leaf numpy dtype, values per row, and how to rebuild it."""
-
-    dtype: np.dtype[np.generic]
-    width: int
-    rebuild: Callable[[_Arr], _Arr]
-
-    @property
-    def row_bytes(self) -> int:
-        return self.width * self.dtype.itemsize
-
-    @functools.cached_property
-    def leaf_type(self) -> pa.DataType:
-        """The Arrow type of the leaf values."""
-        return pa.from_numpy_dtype(self.dtype)
-
-
-@functools.lru_cache(maxsize=256)
-def fixed_layout(t: pa.DataType) -> FixedLayout | None:
-    """The layout of type ``t`` when every row has the same bytes, else None (memoised: asked
-    per column of every message)."""
-    if isinstance(t, pa.BaseExtensionType):  # FixedShapeTensorType is not an ExtensionType subclass
-        storage = fixed_layout(t.storage_type)
-        if storage is None:
-            return None
-        return FixedLayout(
-            storage.dtype, storage.width, lambda a: pa.ExtensionArray.from_storage(t, storage.rebuild(a))
-        )
-    if pa.types.is_fixed_size_list(t):
-        inner = fixed_layout(t.value_type)
-        if inner is None:
-            return None
-        list_type: Any = t
-        return FixedLayout(
-            inner.dtype,
-            inner.width * t.list_size,
-            lambda a: pa.FixedSizeListArray.from_arrays(inner.rebuild(a), type=list_type),
-        )
-    if pa.types.is_integer(t) or pa.types.is_floating(t):
-        return FixedLayout(np.dtype(t.to_pandas_dtype()), 1, lambda a: a)
-    return None
 
 
 def flat_values(arr: _Arr) -> npt.NDArray[np.generic]:

@@ -25,6 +25,8 @@ import pyarrow as pa
 from flightfeed.server.data.catalog import Dataset
 from flightfeed.server.readers.open_files import shared_open_files
 from flightfeed.server.request.fixed_rows import FixedOut, fixed_layout, flat_values, gather_fixed
+from flightfeed.server.request.view_rows import gather_views, to_wire
+from flightfeed.wire.views import viewed, wire_schema
 
 __all__ = ["MessageRows", "contiguous", "gather", "project"]
 
@@ -174,8 +176,10 @@ class MessageRows:
         return list(zip(self.chunks, dst, map(getitem, repeat(src), spans), strict=True))
 
 
-def gather(ds: Dataset, rows: _I64, columns: Sequence[str] | None) -> pa.RecordBatch:
-    """Stored ``rows`` (in this order) as one RecordBatch, one native copy per byte.
+def gather(ds: Dataset, rows: _I64, columns: Sequence[str] | None, views: bool = False) -> pa.RecordBatch:
+    """Stored ``rows`` (in this order) as one RecordBatch, one native copy per byte; with
+    ``views``, the wide fixed-width columns copied not at all: ``binary_view`` columns over
+    runs of the chunks' rows (``view_rows``, docs/wire-views.md).
 
     Column by column: a fixed-width column's rows are copied once, straight into message order,
     in native code without the GIL (``fixed_rows``: wide rows run by run into a reused block,
@@ -189,7 +193,7 @@ def gather(ds: Dataset, rows: _I64, columns: Sequence[str] | None) -> pa.RecordB
     schema = ds.project_schema(columns or ())
     msg = MessageRows(ds, np.asarray(rows, dtype=np.int64))
     if not msg.chunks:
-        return pa.RecordBatch.from_arrays([pa.array([], type=f.type) for f in schema], schema=schema)
+        return _batch([pa.array([], type=f.type) for f in schema], schema, views)
     # the distinct shards: chunk ids ascend with their shards, so they are where the shard changes
     sid = ds.shard_ids(msg.chunk_ids)
     first = np.concatenate(([True], sid[1:] != sid[:-1])).nonzero()[0]
@@ -197,10 +201,19 @@ def gather(ds: Dataset, rows: _I64, columns: Sequence[str] | None) -> pa.RecordB
     if _may_hold_all(shards):
         zero_copy = [s.zero_copy for s in shards]  # Python per distinct shard, not per chunk
         cacheable = None if all(zero_copy) else np.repeat(zero_copy, np.diff(first, append=len(sid))).tolist()
-        arrays = [_column(ds, fld, msg, cacheable) for fld in schema]
+        arrays = [_column(ds, fld, msg, cacheable, views) for fld in schema]
     else:
         arrays = _chunkwise(ds, schema, msg.groups, msg.n)
-    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+    return _batch(arrays, schema, views)
+
+
+def _batch(arrays: list[_Arr], schema: pa.Schema, views: bool) -> pa.RecordBatch:
+    """The message's RecordBatch; with ``views``, of the stream's wire schema (``to_wire`` wraps
+    the view columns that came out plain: nulls, or rows copied after all)."""
+    if not views:
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+    wire = wire_schema(schema)
+    return to_wire(pa.RecordBatch.from_arrays(arrays, names=wire.names), wire)
 
 
 def _may_hold_all(shards: list[Any]) -> bool:
@@ -223,13 +236,19 @@ def _may_hold_all(shards: list[Any]) -> bool:
     return all(held <= size // _PIN_SHARE for size, held in cached.values())
 
 
-def _column(ds: Dataset, fld: pa.Field[Any], msg: MessageRows, cacheable: list[bool] | None) -> _Arr:
+def _column(
+    ds: Dataset, fld: pa.Field[Any], msg: MessageRows, cacheable: list[bool] | None, as_views: bool = False
+) -> _Arr:
     """One column of the message, holding all of its chunks at once (``cacheable``: per chunk,
-    whether it is zero-copy; None when all are)."""
+    whether it is zero-copy; None when all are); ``as_views``: wide fixed-width rows as views."""
     name, layout = fld.name, fixed_layout(fld.type)
     if layout is not None:
         views = _flat_views(ds, msg.chunks, cacheable, name, layout.width)
         if not any(map(operator.is_, views, repeat(None))):  # else nulls in a chunk: taken generically
+            if as_views and viewed(layout.row_bytes):
+                array = gather_views(layout, views, msg)  # type: ignore[arg-type]
+                if array is not None:
+                    return array
             return gather_fixed(layout, views, msg)  # type: ignore[arg-type]
     groups = msg.groups
     if len(groups) == 1:  # one chunk: its take is already in message order

@@ -7,8 +7,8 @@ any message ``[lo, hi)`` of them is the same RecordBatch whoever asks (:func:`re
 * the data: dataset name, fingerprint, row count;
 * the order: seed, epoch, shuffle (on/off, block and buffer rows: resolved, as tickets carry them);
 * the partition: batch rows, rank, world size, drop_last, global_start;
-* the content: columns, the transform (resolved steps with their parameters, on_decode_error) and
-  ``with_index`` (the ``row_index`` column).
+* the content: columns, the transform (resolved steps with their parameters, on_decode_error),
+  ``with_index`` (the ``row_index`` column) and, for shuffled reads, ``views`` (view columns).
 
 What does not enter: streams, DataLoader workers, ``start_row`` (resume), message geometry (a
 message's own ``[lo, hi)`` is part of its key) and IPC compression (applied per stream when the
@@ -35,12 +35,13 @@ def job_identity(ds: Any, read: Any) -> Identity:
     shuffle = read.shuffle
     steps = tuple((str(s.name), str(s.column), str(s.params_json)) for s in read.transform)
     index = ("with_index",) if read.with_index else ()  # the row_index column (absent: the former identity)
+    views = ("views",) if read.views and shuffle.enabled else ()  # view columns (docs/wire-views.md)
     return (
         str(ds.name), str(ds.fingerprint), int(ds.num_rows), int(read.seed),
         bool(shuffle.enabled), int(shuffle.block_rows), int(shuffle.buffer_rows),
         int(read.batch_rows), int(read.world_size), bool(read.drop_last), int(read.global_start),
         tuple(str(c) for c in read.columns), tuple(str(t) for t in read.transforms), steps,
-        str(read.on_decode_error or "raise"), *index,
+        str(read.on_decode_error or "raise"), *index, *views,
     )
 
 

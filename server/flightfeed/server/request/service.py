@@ -12,6 +12,7 @@ import json
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
+from itertools import repeat
 from typing import Any
 from urllib.parse import urlparse
 
@@ -46,9 +47,11 @@ from flightfeed.server.request.streaming import (
     transform_plan,
     with_index_field,
 )
+from flightfeed.server.request.view_rows import to_wire, views_wanted
 from flightfeed.server.transforms import SKIP_KEY, Transformer
 from flightfeed.wire.errors import InvalidRequest
 from flightfeed.wire.messages import decode_command, decode_report, decode_ticket
+from flightfeed.wire.views import wire_schema
 
 __all__ = ["FlightFeedServer"]
 
@@ -229,11 +232,15 @@ class FlightFeedServer(flight.FlightServerBase):
         check_ticket(ds, t, self.limits, row_bytes, int(t.num_rows) if t.read.HasField("pack") else None)
         client = peer_host(context.peer() if context is not None else None)
         made = ticket_batches(ds, t, self.transformer, self.share_window)
+        schema = self._schema(ds, t.read)
+        if views_wanted(t.read):  # the reader takes view columns (docs/wire-views.md)
+            schema = wire_schema(schema)
+            made = map(to_wire, made, repeat(schema))
         batches = metered(
             made, self.bytes_in_flight, client, ds.name, t.message_rows * row_bytes, self.share_window.holds
         )
         first = next(batches, None)  # validation errors surface before the stream starts
-        return t, self._schema(ds, t.read), self._counted(ds.name, first, batches)
+        return t, schema, self._counted(ds.name, first, batches)
 
     def _counted(
         self, name: str, first: pa.RecordBatch | None, rest: Iterator[pa.RecordBatch]

@@ -24,6 +24,7 @@ from flightfeed.server.request.overlap import read_ahead
 from flightfeed.server.request.packed import pack_tickets, packed_batches
 from flightfeed.server.request.request_identity import request_identity, stream_group
 from flightfeed.server.request.shared_messages import ShareWindow
+from flightfeed.server.request.view_rows import views_wanted
 from flightfeed.wire.errors import InvalidRequest, StaleState
 from flightfeed.wire.messages import INDEX_COLUMN, WIRE_VERSION, ReadCommand, StreamTicket, span_of, tickets_of
 from flightfeed.wire.plan import Partition, ceil_div, default_message_rows, split_streams, spread_message_rows
@@ -262,6 +263,7 @@ def ticket_batches(
             yield from read_ahead(transformed())
         return
     messages = list(span.messages())
+    views = views_wanted(read)  # wide fixed-width columns as views of the stored pages
     ahead = ds.readahead.stream(order, part, messages) if ds.readahead is not None else NO_READAHEAD
 
     def made() -> Iterator[pa.RecordBatch]:
@@ -275,7 +277,7 @@ def ticket_batches(
                 else:  # a gathered copy: made once for identical requests (shared jobs)
 
                     def make(lo: int = lo, hi: int = hi) -> list[pa.RecordBatch]:
-                        return [gather(ds, order.rows(part.positions(lo, hi)), columns)]
+                        return [gather(ds, order.rows(part.positions(lo, hi)), columns, views)]
 
                     batches = shared.get(ds.name, (identity, lo, hi), make)
                 if read.with_index:  # traceability: each row's stored index, appended after the gather
