@@ -259,7 +259,7 @@ def main() -> int:
     p.add_argument("--server-args", default="", help="extra flags for `flightfeed serve`, e.g. '--arrow-io read'")
     p.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "flightfeed-bench")
     p.add_argument("--floor", action="store_true",
-                   help="also run ../shared/floors/flight_views.py for this row size (docs/wire-views.md)")
+                   help="also run bench/floors/flight_views.py for this row size (docs/wire-views.md)")
     args = p.parse_args()
     B, K = args.batch_size, args.streams
     t_start = time.perf_counter()

@@ -10,7 +10,7 @@ Per row size (default 150,528 bytes = 224x224x3 and 16,384 bytes = 64x64x4), one
 * ``shuffled_copy``: flightfeed, shuffled, views not asked (the copy path, as before views);
 
 each with GB/s, the server's CPU seconds per GB over its whole process tree and the client's
-(this process). Then, in the same run, ``../shared/floors/flight_views.py ROW_BYTES`` (what a
+(this process). Then, in the same run, ``bench/floors/flight_views.py ROW_BYTES`` (what a
 bare pyarrow Flight server pays for stored slices, a numpy copy and ``binary_view`` slices) and
 its figures beside ours. ``--sweep 256,1024,4096`` adds row sizes for the view/copy crossover
 (``WIRE_VIEW_MIN_BYTES``): shuffled vs shuffled_copy server CPU per GB there.
@@ -53,7 +53,7 @@ from flightfeed.client._cli.bench import measure_epoch
 from flightfeed.wire.plan import default_message_rows
 
 SHAPES = {150_528: (224, 224, 3), 16_384: (64, 64, 4)}
-#: at most (shuffled / stored), DESIGN.md §8 / docs/wire-views.md
+#: at most (shuffled / stored), docs/wire-views.md
 CEILINGS = {"server_cpu_150k": 1.15, "server_cpu_16k": 1.35, "client_cpu": 1.1}
 TARGETS = {"shuffled_rate_vs_stored": 0.95, "stored_vs_raw": 0.92}
 

@@ -286,16 +286,13 @@ def write_json(name: str, data: dict[str, Any]) -> Path:
     return path
 
 
-#: the floor tool of DESIGN.md §8 (``../shared/floors`` beside the checkout: a clone or a worktree;
-#: ``shared/`` inside it on a lent device machine)
-FLOOR_TOOL = next(
-    (p for p in (ROOT.parent / "shared", ROOT.parent.parent / "shared", ROOT / "shared") if (p / "floors").is_dir()),
-    ROOT.parent / "shared",
-) / "floors" / "flight_views.py"
+#: the floor tool (docs/wire-views.md): a bare pyarrow Flight server's cost per GB for stored
+#: slices, a copying gather and ``binary_view`` slices of a mapped file
+FLOOR_TOOL = ROOT / "bench" / "floors" / "flight_views.py"
 
 
 def views_floor(row_bytes: int, gib: float, rounds: int) -> dict[str, Any]:
-    """``../shared/floors/flight_views.py ROW_BYTES`` run now (docs/wire-views.md): its printed
+    """``bench/floors/flight_views.py ROW_BYTES`` run now (docs/wire-views.md): its printed
     figures per mode (stored slices, a numpy copy, ``binary_view`` slices) and its output."""
     if not FLOOR_TOOL.exists():
         return {"missing": str(FLOOR_TOOL)}
