@@ -11,13 +11,13 @@ number of distinct 256-row blocks of the stored order in one batch (uniform rand
 16,384 rows into batches of 256 gives about 62 of 64). The ratios compare flightfeed at a mix at
 least as good as the peer's.
 
-The peers are optional (the ``bench`` extra: ``pip install -c /work/wt/constraints.txt
+The peers are optional (the ``bench`` extra: ``pip install -c constraints.txt
 --no-deps litdata mosaicml-streaming`` plus their light dependencies; see bench/history.md). A peer that
 cannot be imported is skipped with a message. mosaicml-streaming imports its torchvision-based
 vision datasets at import time; where no torchvision matches the installed torch, this script
 installs an import stub for ``torchvision`` (the MDS writer and reader do not use it).
 
-    flock /work/wt/bench.lock python bench/bench_peers.py      # -> bench/out/peers.json
+    flock /tmp/flightfeed-bench.lock python bench/bench_peers.py      # -> bench/out/peers.json
 """
 
 from __future__ import annotations

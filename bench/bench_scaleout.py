@@ -11,7 +11,7 @@ Failover: 2 nodes, one stream served first by the node that is then killed (SIGK
 ``detect_s`` is kill -> the client's retry, ``continue_s`` kill -> the first batch served by the
 other node, against the normal inter-batch interval.
 
-    flock /work/wt/bench.lock python bench/bench_scaleout.py [--nodes 1,2,3,4] [--ms 25]
+    flock /tmp/flightfeed-bench.lock python bench/bench_scaleout.py [--nodes 1,2,3,4] [--ms 25]
 """
 
 from __future__ import annotations

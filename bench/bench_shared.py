@@ -24,7 +24,7 @@ The trainer processes start once (torch imported once) and read one case after a
 case runs ``--rounds`` times, interleaved; each ratio is computed within a round and the median
 round's ratio is reported.
 
-    flock /work/wt/bench.lock python bench/bench_shared.py [--images 1000] [--trainers 4] [--rounds 2]
+    flock /tmp/flightfeed-bench.lock python bench/bench_shared.py [--images 1000] [--trainers 4] [--rounds 2]
 """
 
 from __future__ import annotations

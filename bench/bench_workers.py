@@ -7,7 +7,7 @@ persistent workers), ``respawn`` (2 spawned workers, not persistent: the issue-1
 ``ipc`` (the same DataLoader over a dataset that yields fresh in-memory tensors of the same size
 and no Flight at all: the cost of moving batches out of workers alone). Prints and writes ``bench/out/workers.json``.
 
-    flock /work/wt/bench.lock python bench/bench_workers.py
+    flock /tmp/flightfeed-bench.lock python bench/bench_workers.py
 """
 
 from __future__ import annotations
