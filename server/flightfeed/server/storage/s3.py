@@ -19,6 +19,7 @@ from functools import partial
 
 import pyarrow.fs as pafs
 
+from flightfeed.server.observe.range_metrics import RangeMetrics
 from flightfeed.server.readers import ShardReader, format_of
 from flightfeed.server.storage.cache.shard_cache import ShardCache, shared_cache
 from flightfeed.server.storage.cache.thrash import warn_if_too_small
@@ -26,13 +27,19 @@ from flightfeed.server.storage.hf_folder import DATASET_DICT, INFO, STATE, data_
 from flightfeed.server.storage.local import SHARD_SUFFIXES
 from flightfeed.server.storage.manifest import MANIFEST_NAME, Manifest, ManifestShard
 from flightfeed.server.storage.options import StorageOptions, reader_options
+from flightfeed.server.storage.ranges.arrow_shard import NeedsWholeShard, RangedArrowShard
+from flightfeed.server.storage.ranges.block_store import BlockStore
+from flightfeed.server.storage.ranges.source import RangeSource
 from flightfeed.server.storage.remote import RemoteShard
 from flightfeed.server.storage.s3_client import download, s3_filesystem, split_s3_uri, translate, with_retries
-from flightfeed.wire.errors import DatasetError, StorageError
+from flightfeed.wire.errors import ConfigError, DatasetError, StorageError
 
 __all__ = ["open_s3_shards", "filesystem_for", "list_s3_shards", "read_manifest", "default_cache_dir"]
 
 log = logging.getLogger(__name__)
+
+#: range figures of datasets opened without server metrics (tests, tools)
+_RANGE_METRICS = RangeMetrics()
 
 
 def default_cache_dir() -> str:
@@ -60,10 +67,21 @@ def open_s3_shards(uri: str, opts: StorageOptions, *, dataset: str = "") -> list
     single_object = len(infos) == 1 and infos[0].path == root
     manifest = None if single_object else read_manifest(fs, uri, retries=opts.s3_retries)
     entries = _match_manifest(manifest, infos, root, uri)
-    cache = _cache_for(opts)
     shard_options = reader_options(opts, dataset, format_of(infos[0].path), uri)
 
-    def make(index: int, info: pafs.FileInfo) -> RemoteShard:
+    fmt = format_of(infos[0].path)
+    cache = None if opts.cache_size == 0 else _cache_for(opts)
+    ranged = {info.path for info in infos if _by_range(opts, fmt, info.size, cache)}
+    if len(ranged) < len(infos) and cache is None:
+        raise ConfigError(
+            f"{uri}: --cache-size 0 reads only .arrow shards (by record batch); {fmt} shards are downloaded whole "
+            "into the shard cache: give --cache-size a size"
+        )
+    blocks = BlockStore(cache, dataset)
+    range_metrics = opts.metrics.ranges if opts.metrics is not None else _RANGE_METRICS
+
+    def whole(index: int, info: pafs.FileInfo) -> RemoteShard:
+        assert cache is not None
         entry = entries.get(info.path)
         return RemoteShard(
             f"s3://{info.path}",
@@ -78,11 +96,37 @@ def open_s3_shards(uri: str, opts: StorageOptions, *, dataset: str = "") -> list
             small_bytes=opts.small_shard_bytes,
         )
 
-    if len(entries) == len(infos):  # all described by the manifest: nothing to download, no pool
-        shards = [make(i, info) for i, info in enumerate(infos)]
+    def make(index: int, info: pafs.FileInfo) -> ShardReader:
+        if info.path not in ranged:
+            return whole(index, info)
+        entry = entries.get(info.path)
+        source = RangeSource(
+            fs, info.path, info.size, uri=f"s3://{info.path}", dataset=dataset, metrics=range_metrics,
+            settings=opts.ranges, sums=entry.blocks if entry is not None else None,
+        )
+        try:
+            return RangedArrowShard(
+                source, blocks, version=f"{info.size}:{info.mtime_ns}", index=index,
+                rows=entry.batch_rows if entry is not None else None,
+                schema=manifest.schema if manifest is not None and entry is not None else None,
+            )
+        except NeedsWholeShard:
+            source.close()
+            if cache is None:
+                raise ConfigError(
+                    f"s3://{info.path} holds dictionary batches, which are read whole into the shard cache: "
+                    "give --cache-size a size"
+                ) from None
+            return whole(index, info)
+
+    if len(entries) == len(infos) and not ranged:  # all described by the manifest: nothing to download, no pool
+        shards: list[ShardReader] = [make(i, info) for i, info in enumerate(infos)]
     else:
-        # without a manifest every shard is downloaded here: several at once, as many as the cache holds
-        parallel = max(1, min(opts.s3_parallel_shards, cache.max_bytes // max(1, max(i.size for i in infos))))
+        # without a manifest every whole shard is downloaded here: several at once, as many as the
+        # cache holds; ranged shards read their footers (a few small GETs each) in parallel
+        biggest = max([i.size for i in infos if i.path not in ranged], default=0)
+        room = opts.s3_parallel_shards if cache is None or not biggest else cache.max_bytes // biggest
+        parallel = max(1, min(opts.s3_parallel_shards if biggest else 4 * opts.s3_parallel_shards, room))
         with ThreadPoolExecutor(parallel, thread_name_prefix="s3-open") as pool:
             futures = [pool.submit(make, i, info) for i, info in enumerate(infos)]
         shards = [f.result() for f in futures if f.exception() is None]
@@ -91,10 +135,21 @@ def open_s3_shards(uri: str, opts: StorageOptions, *, dataset: str = "") -> list
             for s in shards:
                 s.close()
             raise failed
-    warn_if_too_small(cache.directory, cache.max_bytes, dataset, [i.size for i in infos])
-    if entries and opts.s3_prefetch and sum(i.size for i in infos) <= cache.max_bytes:
-        _prefetch(shards, opts.s3_parallel_shards)
+    downloaded = [i.size for i in infos if i.path not in ranged]
+    if cache is not None and downloaded:
+        warn_if_too_small(cache.directory, cache.max_bytes, dataset, downloaded)
+        if entries and opts.s3_prefetch and sum(downloaded) <= cache.max_bytes:
+            _prefetch([s for s in shards if isinstance(s, RemoteShard)], opts.s3_parallel_shards)
     return list(shards)
+
+
+def _by_range(opts: StorageOptions, fmt: str, size: int, cache: ShardCache | None) -> bool:
+    """Whether a remote shard of ``size`` bytes is read by range (``StorageOptions.s3_reads``)."""
+    if fmt != "arrow" or opts.s3_reads == "whole":
+        return False
+    if opts.s3_reads == "ranges" or cache is None:
+        return True
+    return size > opts.range_shard_bytes or size > cache.max_bytes
 
 
 def _prefetch(shards: list[RemoteShard], parallel: int) -> None:
