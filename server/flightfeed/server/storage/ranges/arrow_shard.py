@@ -9,16 +9,11 @@ blocks are its record batches, so each is fetched once per epoch).
 
 ``fetch_ahead(chunks)`` is the read-ahead's hook (``data/readahead``): the blocks a coming shuffle
 window needs, in file order, neighbours coalesced into one GET, sent at once (bounded bytes in
-flight); each block's future is staged for ``read_chunk`` (at most ``staged_bytes`` staged; the
-oldest are dropped past that) and its bytes are kept in the block cache when they arrive.
+flight), staged for ``read_chunk`` and kept in the block cache when they arrive
+(``storage/ranges/staged``).
 """
 
 from __future__ import annotations
-
-import contextlib
-import threading
-from collections import OrderedDict
-from concurrent.futures import Future
 
 import numpy as np
 import pyarrow as pa
@@ -27,6 +22,7 @@ from flightfeed.server.readers.base import ShardFields
 from flightfeed.server.storage.ranges.arrow_index import ArrowIndex, read_arrow_index
 from flightfeed.server.storage.ranges.block_store import BlockStore
 from flightfeed.server.storage.ranges.source import RangeSource, Span
+from flightfeed.server.storage.ranges.staged import StagedRanges
 from flightfeed.wire.errors import ShardError
 
 __all__ = ["RangedArrowShard", "NeedsWholeShard"]
@@ -52,7 +48,6 @@ class RangedArrowShard(ShardFields):
         rows: tuple[int, ...] | None = None,
         schema: pa.Schema | None = None,
         index: int = 0,
-        staged_bytes: int = 256 << 20,
     ) -> None:
         self.uri = source.uri
         self.index = index
@@ -60,10 +55,7 @@ class RangedArrowShard(ShardFields):
         self._blocks = blocks
         self._version = version
         self._nbytes = source.size
-        self._staged_max = staged_bytes
-        self._lock = threading.Lock()
-        self._staged: OrderedDict[int, tuple[int, Future[pa.Buffer]]] = OrderedDict()
-        self._staged_total = 0
+        self._ranges = StagedRanges(source, blocks, version)
         layout = self._index(rows)
         if layout.dictionaries:
             raise NeedsWholeShard(f"{self.uri} holds dictionary batches")
@@ -97,24 +89,11 @@ class RangedArrowShard(ShardFields):
         """The bytes of chunk ``chunk``'s record batch (its metadata message and body)."""
         return self._spans[chunk]
 
-    def _key(self, span: Span) -> str:
-        return f"{self.uri}#{span[0]}-{span[1]}"
-
     def read_chunk(self, index: int) -> pa.RecordBatch:
         if not 0 <= index < len(self._spans):
             raise ShardError(f"shard {self.uri}: no chunk {index} (it has {len(self._spans)})")
         span = self._spans[index]
-        with self._lock:
-            staged = self._staged.pop(index, None)
-            if staged is not None:
-                self._staged_total -= staged[0]
-        if staged is not None:
-            data = staged[1].result()
-        else:
-            data = self._blocks.get(
-                self._key(span), span[1] - span[0], self._version, lambda: self._source.read(*span)
-            )
-        self._source.metrics.served(self._source.dataset, data.size)
+        (data,) = self._ranges.read_spans([span])
         try:
             batch = pa.ipc.read_record_batch(pa.ipc.read_message(data), self._schema)
         except (pa.ArrowInvalid, OSError) as exc:
@@ -130,33 +109,7 @@ class RangedArrowShard(ShardFields):
 
     def fetch_ahead(self, chunks: list[int]) -> None:
         """Fetch the blocks of ``chunks`` now, coalesced (see the module docstring)."""
-        with self._lock:
-            wanted = [c for c in sorted(set(chunks)) if 0 <= c < len(self._spans) and c not in self._staged]
-        wanted = [c for c in wanted if not self._blocks.has(self._key(self._spans[c]))]
-        if not wanted:
-            return
-        by_span = {self._spans[c]: c for c in wanted}
-
-        def deliver(span: Span, future: Future[pa.Buffer]) -> None:
-            chunk = by_span[span]
-            with self._lock:
-                self._staged[chunk] = (span[1] - span[0], future)
-                self._staged_total += span[1] - span[0]
-                while self._staged_total > self._staged_max and len(self._staged) > 1:
-                    _, (n, _) = self._staged.popitem(last=False)
-                    self._staged_total -= n
-            future.add_done_callback(lambda f: self._keep(span, f))
-
-        self._source.read_many(list(by_span), deliver)
-
-    def _keep(self, span: Span, future: Future[pa.Buffer]) -> None:
-        if future.exception() is None:
-            # the block is staged in memory; the cache only serves later reads
-            with contextlib.suppress(Exception):
-                self._blocks.keep(self._key(span), future.result(), self._version)
+        self._ranges.prefetch([self._spans[c] for c in chunks if 0 <= c < len(self._spans)])
 
     def close(self) -> None:
-        with self._lock:
-            self._staged.clear()
-            self._staged_total = 0
-        self._source.close()
+        self._ranges.close()
