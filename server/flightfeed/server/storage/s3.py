@@ -29,6 +29,7 @@ from flightfeed.server.storage.manifest import MANIFEST_NAME, Manifest, Manifest
 from flightfeed.server.storage.options import StorageOptions, reader_options
 from flightfeed.server.storage.ranges.arrow_shard import NeedsWholeShard, RangedArrowShard
 from flightfeed.server.storage.ranges.block_store import BlockStore
+from flightfeed.server.storage.ranges.hdf5_shard import open_ranged_hdf5
 from flightfeed.server.storage.ranges.source import RangeSource
 from flightfeed.server.storage.remote import RemoteShard
 from flightfeed.server.storage.s3_client import download, s3_filesystem, split_s3_uri, translate, with_retries
@@ -74,7 +75,7 @@ def open_s3_shards(uri: str, opts: StorageOptions, *, dataset: str = "") -> list
     ranged = {info.path for info in infos if _by_range(opts, fmt, info.size, cache)}
     if len(ranged) < len(infos) and cache is None:
         raise ConfigError(
-            f"{uri}: --cache-size 0 reads only .arrow shards (by record batch); {fmt} shards are downloaded whole "
+            f"{uri}: --cache-size 0 reads only .arrow and HDF5 shards (by range); {fmt} shards are downloaded whole "
             "into the shard cache: give --cache-size a size"
         )
     blocks = BlockStore(cache, dataset)
@@ -104,18 +105,20 @@ def open_s3_shards(uri: str, opts: StorageOptions, *, dataset: str = "") -> list
             fs, info.path, info.size, uri=f"s3://{info.path}", dataset=dataset, metrics=range_metrics,
             settings=opts.ranges, sums=entry.blocks if entry is not None else None,
         )
+        version = f"{info.size}:{info.mtime_ns}"
         try:
+            if fmt == "hdf5":
+                return open_ranged_hdf5(source, blocks, version=version, index=index, options=shard_options)
             return RangedArrowShard(
-                source, blocks, version=f"{info.size}:{info.mtime_ns}", index=index,
+                source, blocks, version=version, index=index,
                 rows=entry.batch_rows if entry is not None else None,
                 schema=manifest.schema if manifest is not None and entry is not None else None,
             )
-        except NeedsWholeShard:
+        except NeedsWholeShard as exc:
             source.close()
             if cache is None:
                 raise ConfigError(
-                    f"s3://{info.path} holds dictionary batches, which are read whole into the shard cache: "
-                    "give --cache-size a size"
+                    f"{exc}: such shards are read whole into the shard cache; give --cache-size a size"
                 ) from None
             return whole(index, info)
 
@@ -145,7 +148,7 @@ def open_s3_shards(uri: str, opts: StorageOptions, *, dataset: str = "") -> list
 
 def _by_range(opts: StorageOptions, fmt: str, size: int, cache: ShardCache | None) -> bool:
     """Whether a remote shard of ``size`` bytes is read by range (``StorageOptions.s3_reads``)."""
-    if fmt != "arrow" or opts.s3_reads == "whole":
+    if fmt not in ("arrow", "hdf5") or opts.s3_reads == "whole":
         return False
     if opts.s3_reads == "ranges" or cache is None:
         return True
