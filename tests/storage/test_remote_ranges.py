@@ -30,12 +30,15 @@ BATCH_ROWS = 128  # 512 KiB record batches
 BATCHES = 48  # ~24 MiB
 
 
-def _arrow_file(path: Path, batches: int = BATCHES, batch_rows: int = BATCH_ROWS) -> int:
+def _arrow_file(
+    path: Path, batches: int = BATCHES, batch_rows: int = BATCH_ROWS, compression: str | None = None, start: int = 0
+) -> int:
     """An Arrow IPC file of ``batches`` record batches: ``index`` and a payload derived from it."""
     schema = pa.schema([("index", pa.int64()), ("x", pa.list_(pa.uint8(), ROW_BYTES))])
-    with ipc.new_file(str(path), schema) as w:
+    options = ipc.IpcWriteOptions(compression=compression)
+    with ipc.new_file(str(path), schema, options=options) as w:
         for b in range(batches):
-            index = np.arange(b * batch_rows, (b + 1) * batch_rows, dtype=np.int64)
+            index = np.arange(start + b * batch_rows, start + (b + 1) * batch_rows, dtype=np.int64)
             payload = np.repeat((index % 251).astype(np.uint8)[:, None], ROW_BYTES, axis=1)
             x = pa.FixedSizeListArray.from_arrays(pa.array(payload.ravel()), ROW_BYTES)
             w.write_batch(pa.record_batch([pa.array(index), x], schema=schema))
@@ -167,5 +170,32 @@ def test_a_batch_read_fetches_only_its_bytes(s3: LocalS3, one_object: tuple[str,
         assert batch.column("index")[0].as_py() == BATCHES // 2 * BATCH_ROWS
         assert after["requests"] - before["requests"] == 1
         assert after["bytes_fetched"] - before["bytes_fetched"] < 2 * BATCH_ROWS * ROW_BYTES
+    finally:
+        ds.close()
+
+
+def test_manifest_dataset_starts_with_no_get(s3: LocalS3, tmp_path: Path) -> None:
+    """With a manifest, opening reads no footer (the index is read on a shard's first read);
+    zstd-compressed record batches are decoded from their ranges."""
+    local = tmp_path / "src"
+    local.mkdir()
+    entries = []
+    for k in range(3):
+        path = local / f"part-{k:05d}.arrow"
+        size = _arrow_file(path, batches=4, compression="zstd", start=k * 4 * BATCH_ROWS)
+        sha, sums = digest_file(str(path), block_bytes=1 << 20)
+        entries.append(ManifestShard(path.name, 4 * BATCH_ROWS, size, sha, (BATCH_ROWS,) * 4, sums))
+    schema = ipc.open_file(str(local / "part-00000.arrow")).schema
+    (local / MANIFEST_NAME).write_text(Manifest(schema, entries).to_json())
+    bucket = s3.new_bucket()
+    s3.upload_dir(local, f"s3://{bucket}/m")
+    metrics = ServerMetrics()
+    ds = open_dataset("m", f"s3://{bucket}/m", s3.options(tmp_path / "cache", s3_reads="ranges", metrics=metrics))
+    try:
+        assert all(isinstance(s, RangedArrowShard) for s in ds.shards)
+        assert metrics.ranges.figures("m")["requests"] == 0  # nothing read at start-up
+        assert ds.num_rows == 12 * BATCH_ROWS
+        got = [ds.chunk(c).column("index").to_pylist() for c in range(ds.num_chunks)]
+        assert [i for batch in got for i in batch] == list(range(12 * BATCH_ROWS))
     finally:
         ds.close()

@@ -1,6 +1,9 @@
 """A remote Arrow IPC shard read by record batch: its index (footer) once, then only the byte
 ranges of the record batches read, through the block cache (``docs/remote-reads.md``).
 
+With a manifest (schema and record batch rows) nothing is read when the shard is opened: the
+index is read on its first read. Without one the index is read when the dataset opens.
+
 ``read_chunk(k)`` decodes record batch ``k`` (a chunk: batches of zero rows are skipped) from its
 bytes: handed over by the read-ahead (``fetch_ahead``), else from the block cache, else one GET.
 The batch's buffers are slices of those bytes (no copy); the dataset's chunk cache keeps the
@@ -14,6 +17,8 @@ flight), staged for ``read_chunk`` and kept in the block cache when they arrive
 """
 
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 import pyarrow as pa
@@ -56,19 +61,56 @@ class RangedArrowShard(ShardFields):
         self._version = version
         self._nbytes = source.size
         self._ranges = StagedRanges(source, blocks, version)
-        layout = self._index(rows)
+        self._rows = rows
+        self._manifest_schema = schema
+        self._lock = threading.Lock()
+        self._spans: list[Span] | None = None
+        if rows is not None and schema is not None:  # a manifest: the index is read on first use
+            self._schema = schema
+            batch_rows = np.asarray([n for n in rows if n > 0], dtype=np.int64)
+            self._offsets = np.concatenate([[0], np.cumsum(batch_rows)]).astype(np.int64)
+            return
+        layout = self._load()
         if layout.dictionaries:
             raise NeedsWholeShard(f"{self.uri} holds dictionary batches")
         self._schema = layout.schema()
-        if schema is not None and not self._schema.equals(schema, check_metadata=False):
-            raise ShardError(
-                f"shard {self.uri} does not match its manifest (schema differs); "
-                "re-run `flightfeed convert` or delete the manifest"
-            )
+        self._offsets = self._offsets_of(layout)
+
+    def _load(self) -> ArrowIndex:
+        layout = self._index(self._rows)
         keep = [k for k, n in enumerate(layout.rows) if n > 0]
-        self._spans: list[Span] = [layout.blocks[k] for k in keep]
-        batch_rows = np.asarray([layout.rows[k] for k in keep], dtype=np.int64)
-        self._offsets = np.concatenate([[0], np.cumsum(batch_rows)]).astype(np.int64)
+        self._spans = [layout.blocks[k] for k in keep]
+        return layout
+
+    @staticmethod
+    def _offsets_of(layout: ArrowIndex) -> np.ndarray[tuple[int], np.dtype[np.int64]]:
+        batch_rows = np.asarray([n for n in layout.rows if n > 0], dtype=np.int64)
+        return np.concatenate([[0], np.cumsum(batch_rows)]).astype(np.int64)
+
+    def _spans_now(self) -> list[Span]:
+        """The record batches' byte ranges, the index read on first use (a manifest gave the rest)."""
+        spans = self._spans
+        if spans is not None:
+            return spans
+        with self._lock:
+            if self._spans is None:
+                layout = self._load()
+                if layout.dictionaries:
+                    self._spans = None
+                    raise ShardError(
+                        f"shard {self.uri} holds dictionary batches, which are not read by range; serve it with "
+                        "--s3-reads whole"
+                    )
+                if not layout.schema().equals(self._schema, check_metadata=False) or not np.array_equal(
+                    self._offsets_of(layout), self._offsets
+                ):
+                    self._spans = None
+                    raise ShardError(
+                        f"shard {self.uri} does not match its manifest (schema or record batches differ); "
+                        "re-run `flightfeed convert` or delete the manifest"
+                    )
+            assert self._spans is not None
+            return self._spans
 
     def _index(self, rows: tuple[int, ...] | None) -> ArrowIndex:
         key = f"{self.uri}#index"
@@ -87,12 +129,13 @@ class RangedArrowShard(ShardFields):
     # -- ShardReader ------------------------------------------------------------------------
     def span(self, chunk: int) -> Span:
         """The bytes of chunk ``chunk``'s record batch (its metadata message and body)."""
-        return self._spans[chunk]
+        return self._spans_now()[chunk]
 
     def read_chunk(self, index: int) -> pa.RecordBatch:
-        if not 0 <= index < len(self._spans):
-            raise ShardError(f"shard {self.uri}: no chunk {index} (it has {len(self._spans)})")
-        span = self._spans[index]
+        spans = self._spans_now()
+        if not 0 <= index < len(spans):
+            raise ShardError(f"shard {self.uri}: no chunk {index} (it has {len(spans)})")
+        span = spans[index]
         (data,) = self._ranges.read_spans([span])
         try:
             batch = pa.ipc.read_record_batch(pa.ipc.read_message(data), self._schema)
@@ -109,7 +152,8 @@ class RangedArrowShard(ShardFields):
 
     def fetch_ahead(self, chunks: list[int]) -> None:
         """Fetch the blocks of ``chunks`` now, coalesced (see the module docstring)."""
-        self._ranges.prefetch([self._spans[c] for c in chunks if 0 <= c < len(self._spans)])
+        spans = self._spans_now()
+        self._ranges.prefetch([spans[c] for c in chunks if 0 <= c < len(spans)])
 
     def close(self) -> None:
         self._ranges.close()
