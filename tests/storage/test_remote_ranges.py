@@ -7,7 +7,7 @@ checksums from a manifest are verified before a batch is served."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -31,7 +31,11 @@ BATCHES = 48  # ~24 MiB
 
 
 def _arrow_file(
-    path: Path, batches: int = BATCHES, batch_rows: int = BATCH_ROWS, compression: str | None = None, start: int = 0
+    path: Path,
+    batches: int = BATCHES,
+    batch_rows: int = BATCH_ROWS,
+    compression: Literal["zstd"] | None = None,
+    start: int = 0,
 ) -> int:
     """An Arrow IPC file of ``batches`` record batches: ``index`` and a payload derived from it."""
     schema = pa.schema([("index", pa.int64()), ("x", pa.list_(pa.uint8(), ROW_BYTES))])
