@@ -35,6 +35,7 @@ class StagedRanges:
         self._lock = threading.Lock()
         self._staged: OrderedDict[Span, Future[pa.Buffer]] = OrderedDict()
         self._staged_total = 0
+        self._closed = False
 
     def key(self, span: Span) -> str:
         return f"{self.source.uri}#{span[0]}-{span[1]}"
@@ -93,7 +94,7 @@ class StagedRanges:
         future.add_done_callback(lambda f: self._kept(span, f))
 
     def _kept(self, span: Span, future: Future[pa.Buffer]) -> None:
-        if future.exception() is None:
+        if future.exception() is None and not self._closed:  # (a closed reader keeps nothing more)
             self._keep(span, future.result())
 
     def _keep(self, span: Span, data: pa.Buffer) -> None:
@@ -103,6 +104,7 @@ class StagedRanges:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             self._staged.clear()
             self._staged_total = 0
         self.source.close()
