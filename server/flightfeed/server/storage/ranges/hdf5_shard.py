@@ -118,6 +118,8 @@ class RangedHdf5Shard(Hdf5Shard):
 
     #: read by range from object storage (``data/shuffle_sizing`` keeps its windows short)
     ranged = True
+    #: this shard's position in its dataset
+    index = 0
     _staged: StagedRanges
 
     def fetch_ahead(self, chunks: list[int]) -> None:
@@ -142,7 +144,7 @@ def open_ranged_hdf5(
         raise ShardError(f"HDF5 reader: unknown option(s) {', '.join(unknown)} (known: group, casts, datasets)")
     shard = RangedHdf5Shard(source.uri, source.uri, remote=_Remote(source, staged), **options)
     shard._staged = staged
-    shard.index = index  # type: ignore[attr-defined]  # (the dataset's position, as RemoteShard.index)
+    shard.index = index
     if not shard.all_mapped:
         shard.close()
         raise NeedsWholeShard(f"{source.uri}: some datasets are not deflate chunks of whole rows")
