@@ -203,3 +203,20 @@ def test_manifest_dataset_starts_with_no_get(s3: LocalS3, tmp_path: Path) -> Non
         assert [i for batch in got for i in batch] == list(range(12 * BATCH_ROWS))
     finally:
         ds.close()
+
+
+def test_stored_order_reads_fetch_ahead_coalesced(s3: LocalS3, one_object: tuple[str, int], tmp_path: Path) -> None:
+    """A shard read in stored order (no planned read-ahead) fetches the following batches in
+    coalesced GETs: far fewer GETs than batches, each byte once."""
+    uri, size = one_object
+    metrics = ServerMetrics()
+    ds = open_dataset("big", uri, s3.options(tmp_path / "cache", cache_size=0, metrics=metrics))
+    try:
+        before = metrics.ranges.figures("big")
+        rows = [i for c in range(ds.num_chunks) for i in ds.chunk(c).column("index").to_pylist()]
+        after = metrics.ranges.figures("big")
+    finally:
+        ds.close()
+    assert rows == list(range(BATCHES * BATCH_ROWS))
+    assert after["requests"] - before["requests"] <= BATCHES // 4
+    assert after["bytes_fetched"] - before["bytes_fetched"] <= 1.05 * size

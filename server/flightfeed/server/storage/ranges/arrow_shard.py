@@ -13,7 +13,8 @@ blocks are its record batches, so each is fetched once per epoch).
 ``fetch_ahead(chunks)`` is the read-ahead's hook (``data/readahead``): the blocks a coming shuffle
 window needs, in file order, neighbours coalesced into one GET, sent at once (bounded bytes in
 flight), staged for ``read_chunk`` and kept in the block cache when they arrive
-(``storage/ranges/staged``).
+(``storage/ranges/staged``). A shard read in stored order without that read-ahead (batch ``k``
+after batch ``k - 1``) fetches the next 16 MiB of batches ahead itself, in one coalesced GET.
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ from flightfeed.server.storage.ranges.source import RangeSource, Span
 from flightfeed.server.storage.ranges.staged import StagedRanges
 from flightfeed.wire.errors import ShardError
 
-__all__ = ["RangedArrowShard", "NeedsWholeShard"]
+__all__ = ["RangedArrowShard", "NeedsWholeShard", "SEQUENTIAL_AHEAD_BYTES"]
+
+#: stored-order reads fetch this many bytes of the next batches ahead (``_sequential``)
+SEQUENTIAL_AHEAD_BYTES = 16 << 20
 
 
 class NeedsWholeShard(Exception):
@@ -65,6 +69,9 @@ class RangedArrowShard(ShardFields):
         self._manifest_schema = schema
         self._lock = threading.Lock()
         self._spans: list[Span] | None = None
+        self._last = -2  # the last chunk read, and the sequential read-ahead's run (``_sequential``)
+        self._ahead_from = self._ahead_until = 0
+        self._planned = False  # the read-ahead has asked for blocks (``fetch_ahead``)
         if rows is not None and schema is not None:  # a manifest: the index is read on first use
             self._schema = schema
             batch_rows = np.asarray([n for n in rows if n > 0], dtype=np.int64)
@@ -136,6 +143,7 @@ class RangedArrowShard(ShardFields):
         if not 0 <= index < len(spans):
             raise ShardError(f"shard {self.uri}: no chunk {index} (it has {len(spans)})")
         span = spans[index]
+        self._sequential(index, spans)
         (data,) = self._ranges.read_spans([span])
         try:
             batch = pa.ipc.read_record_batch(pa.ipc.read_message(data), self._schema)
@@ -150,8 +158,26 @@ class RangedArrowShard(ShardFields):
             )
         return batch
 
+    def _sequential(self, index: int, spans: list[Span]) -> None:
+        """Stored-order reads (batch ``k`` after ``k - 1``) with no planned read-ahead: fetch the
+        next ``SEQUENTIAL_AHEAD_BYTES`` of batches in coalesced GETs, and the next run again when
+        the reads are half way through it, so a stream in file order rarely waits for a GET."""
+        with self._lock:
+            follows, self._last = index == self._last + 1, index
+            if not follows or self._planned or index < self._ahead_from:
+                return
+            lo = stop = max(index, self._ahead_until)
+            nbytes = 0
+            while stop < len(spans) and nbytes < SEQUENTIAL_AHEAD_BYTES:
+                nbytes += spans[stop][1] - spans[stop][0]
+                stop += 1
+            self._ahead_from, self._ahead_until = lo + max(1, (stop - lo) // 2), stop
+        if stop > lo:
+            self._ranges.prefetch(spans[lo:stop])
+
     def fetch_ahead(self, chunks: list[int]) -> None:
         """Fetch the blocks of ``chunks`` now, coalesced (see the module docstring)."""
+        self._planned = True  # the read-ahead plans this shard's reads: no sequential guessing
         spans = self._spans_now()
         self._ranges.prefetch([spans[c] for c in chunks if 0 <= c < len(spans)])
 
