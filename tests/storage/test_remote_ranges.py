@@ -12,6 +12,7 @@ from typing import Any, Literal
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
 import pytest
 
 from flightfeed.client import FlightDataset, ReadOptions
@@ -21,6 +22,7 @@ from flightfeed.server.storage import open_dataset
 from flightfeed.server.storage.cache import shard_cache as cache_module
 from flightfeed.server.storage.manifest import MANIFEST_NAME, Manifest, ManifestShard
 from flightfeed.server.storage.ranges.arrow_shard import RangedArrowShard
+from flightfeed.server.storage.ranges.parquet_shard import RangedParquetShard
 from flightfeed.server.testing import running_server
 from flightfeed.server.testing.local_s3 import LocalS3
 from flightfeed.wire.errors import ShardError
@@ -220,3 +222,26 @@ def test_stored_order_reads_fetch_ahead_coalesced(s3: LocalS3, one_object: tuple
     assert rows == list(range(BATCHES * BATCH_ROWS))
     assert after["requests"] - before["requests"] <= BATCHES // 4
     assert after["bytes_fetched"] - before["bytes_fetched"] <= 1.05 * size
+
+
+def test_parquet_by_row_group(s3: LocalS3, tmp_path: Path) -> None:
+    """A remote Parquet file read by row group: the footer once, then one GET per row group read
+    (its column chunks' range), values equal to the file's; nothing on disk with --cache-size 0."""
+    local = tmp_path / "src"
+    local.mkdir()
+    table = pa.table({"index": np.arange(4000, dtype=np.int64), "x": np.arange(4000) * 0.5})
+    pq.write_table(table, local / "one.parquet", row_group_size=1000)
+    bucket = s3.new_bucket()
+    s3.upload_dir(local, f"s3://{bucket}/pq")
+    metrics = ServerMetrics()
+    ds = open_dataset("pq", f"s3://{bucket}/pq/one.parquet", s3.options(tmp_path / "c", cache_size=0, metrics=metrics))
+    try:
+        (shard,) = ds.shards
+        assert isinstance(shard, RangedParquetShard)
+        assert metrics.ranges.figures("pq")["requests"] == 1  # the footer
+        got = pa.Table.from_batches([ds.chunk(c) for c in (2, 0, 3, 1)])
+        assert metrics.ranges.figures("pq")["requests"] == 5
+        assert got.column("index").to_pylist()[:3] == [2000, 2001, 2002]
+        assert pa.Table.from_batches([ds.chunk(c) for c in range(4)]).equals(table)
+    finally:
+        ds.close()

@@ -30,6 +30,7 @@ from flightfeed.server.storage.options import StorageOptions, reader_options
 from flightfeed.server.storage.ranges.arrow_shard import NeedsWholeShard, RangedArrowShard
 from flightfeed.server.storage.ranges.block_store import BlockStore
 from flightfeed.server.storage.ranges.hdf5_shard import open_ranged_hdf5
+from flightfeed.server.storage.ranges.parquet_shard import RangedParquetShard
 from flightfeed.server.storage.ranges.source import RangeSource
 from flightfeed.server.storage.remote import RemoteShard
 from flightfeed.server.storage.s3_client import download, s3_filesystem, split_s3_uri, translate, with_retries
@@ -73,10 +74,15 @@ def open_s3_shards(uri: str, opts: StorageOptions, *, dataset: str = "") -> list
     fmt = format_of(infos[0].path)
     cache = None if opts.cache_size == 0 else _cache_for(opts)
     ranged = {info.path for info in infos if _by_range(opts, fmt, info.size, cache)}
+    if ranged and shard_options and fmt != "hdf5":  # (as ``readers.open_shard`` refuses them)
+        raise ConfigError(
+            f"{uri}: {', '.join(sorted(shard_options))} apply only to HDF5 shards, and this dataset is {fmt}: "
+            "drop the option"
+        )
     if len(ranged) < len(infos) and cache is None:
         raise ConfigError(
-            f"{uri}: --cache-size 0 reads only .arrow and HDF5 shards (by range); {fmt} shards are downloaded whole "
-            "into the shard cache: give --cache-size a size"
+            f"{uri}: --cache-size 0 keeps nothing on disk, but these {fmt} shards are downloaded whole into the "
+            "shard cache (--s3-reads whole): give --cache-size a size, or use --s3-reads ranges"
         )
     blocks = BlockStore(cache, dataset)
     range_metrics = opts.metrics.ranges if opts.metrics is not None else _RANGE_METRICS
@@ -109,6 +115,8 @@ def open_s3_shards(uri: str, opts: StorageOptions, *, dataset: str = "") -> list
         try:
             if fmt == "hdf5":
                 return open_ranged_hdf5(source, blocks, version=version, index=index, options=shard_options)
+            if fmt == "parquet":
+                return RangedParquetShard(source, blocks, version=version, index=index)
             return RangedArrowShard(
                 source, blocks, version=version, index=index,
                 rows=entry.batch_rows if entry is not None else None,
@@ -148,7 +156,7 @@ def open_s3_shards(uri: str, opts: StorageOptions, *, dataset: str = "") -> list
 
 def _by_range(opts: StorageOptions, fmt: str, size: int, cache: ShardCache | None) -> bool:
     """Whether a remote shard of ``size`` bytes is read by range (``StorageOptions.s3_reads``)."""
-    if fmt not in ("arrow", "hdf5") or opts.s3_reads == "whole":
+    if fmt not in ("arrow", "hdf5", "parquet") or opts.s3_reads == "whole":
         return False
     if opts.s3_reads == "ranges" or cache is None:
         return True
