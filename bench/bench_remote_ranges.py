@@ -3,7 +3,8 @@
 Against moto in server mode on 127.0.0.1 (in this process, as the server and the torch client):
 
 1. cold shuffled S3 epochs of ``.arrow`` datasets, small shards (``--small-shards`` x
-   ``--small-mb``) and one large shard (``--large-mb``), and of one gzip HDF5 file (``--h5-mb``):
+   ``--small-mb``) and one large shard (``--large-mb``), of one gzip HDF5 file (``--h5-mb``) and
+   of one Parquet file (``--large-mb``, ~4 MB row groups):
    *before* (``--s3-reads whole``: shards downloaded whole into a cache that holds them) against
    *after* (``--s3-reads ranges`` with the same cache, and with ``--cache-size`` a quarter of the
    largest file): start-up seconds, time to the first batch, epoch seconds, bytes fetched,
@@ -37,6 +38,7 @@ import h5py
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
 
 from bench.common import load_average, machine, median, write_json
 from flightfeed.client import FlightDataset, ReadOptions
@@ -65,6 +67,16 @@ def write_arrow(path: Path, mb: int, start: int = 0, batch_rows: int = 85) -> in
             hi = min(rows, lo + batch_rows)
             image = pa.FixedSizeListArray.from_arrays(pa.array(_rows(start + lo, start + hi).ravel()), ROW)
             w.write_batch(pa.record_batch([pa.array(np.arange(start + lo, start + hi)), image], schema=schema))
+    return rows
+
+
+def write_parquet(path: Path, mb: int, group_rows: int = 340) -> int:
+    """A Parquet file of ~``mb`` MB in ~4 MB row groups (uncompressed pixels)."""
+    arrow = path.with_suffix(".tmp.arrow")
+    rows = write_arrow(arrow, mb)
+    with ipc.open_file(str(arrow)) as f:
+        pq.write_table(f.read_all(), path, row_group_size=group_rows, compression="none")
+    arrow.unlink()
     return rows
 
 
@@ -200,18 +212,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as d, LocalS3() as s3:
         tmp = Path(d)
         bucket = s3.new_bucket()
-        small, large, h5dir = tmp / "small", tmp / "large", tmp / "h5"
-        for p in (small, large, h5dir):
+        small, large, h5dir, pqdir = tmp / "small", tmp / "large", tmp / "h5", tmp / "pq"
+        for p in (small, large, h5dir, pqdir):
             p.mkdir()
         rows_small = 0
         for k in range(args.small_shards):
             rows_small += write_arrow(small / f"part-{k:05d}.arrow", args.small_mb, start=rows_small)
         rows_large = write_arrow(large / "one.arrow", args.large_mb)
         rows_h5 = write_h5(h5dir / "one.h5", args.h5_mb)
+        rows_pq = write_parquet(pqdir / "one.parquet", args.large_mb)
         cases = {
             "arrow_small_shards": (small, f"s3://{bucket}/small", rows_small),
             "arrow_large_shard": (large, f"s3://{bucket}/large/one.arrow", rows_large),
             "hdf5_gzip": (h5dir, f"s3://{bucket}/h5/one.h5", rows_h5),
+            "parquet_large": (pqdir, f"s3://{bucket}/pq/one.parquet", rows_pq),
         }
         for name, (local, uri, rows) in cases.items():
             s3.upload_dir(local, f"s3://{bucket}/{local.name}")

@@ -10,15 +10,19 @@ from pathlib import Path
 
 import h5py
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.observe.metrics import ServerMetrics
+from flightfeed.server.readers.blocks import BlockSums, digest_file
 from flightfeed.server.storage import open_dataset
+from flightfeed.server.storage.manifest import MANIFEST_NAME, Manifest, ManifestShard
 from flightfeed.server.storage.ranges.hdf5_shard import RangedHdf5Shard
 from flightfeed.server.storage.remote import RemoteShard
 from flightfeed.server.testing import running_server
 from flightfeed.server.testing.local_s3 import LocalS3
+from flightfeed.wire.errors import ShardError
 
 ROWS = 3072
 SIDE = 64  # rows of 64x64x3 uint8 (12 KiB); HDF5 chunks of 32 rows: ~200 KB stored
@@ -128,5 +132,33 @@ def test_a_chunk_read_fetches_only_its_chunks(s3: LocalS3, h5_object: tuple[str,
         assert batch.column("index")[0].as_py() == int(ds.chunk_starts[middle])
         assert after["requests"] - before["requests"] <= 3  # image chunks in one GET, the index chunk in another
         assert after["bytes_fetched"] - before["bytes_fetched"] < size / 10
+    finally:
+        ds.close()
+
+
+def test_manifest_checksums_guard_hdf5_chunks(s3: LocalS3, tmp_path: Path) -> None:
+    """With a manifest's block checksums, a remote HDF5 file's chunks (and the metadata pages h5py
+    reads) are verified before their rows are served: a damaged block is a ShardError naming it."""
+    local = tmp_path / "src"
+    local.mkdir()
+    path = local / "stack.h5"
+    _write(path)
+    sha, sums = digest_file(str(path), block_bytes=1 << 20)
+    with h5py.File(path, "r") as f:
+        victim = int(f["image"].id.get_chunk_info_by_coord((1600, 0, 0, 0)).byte_offset) >> 20  # its 1 MiB block
+    bad = BlockSums(sums.size, tuple("0" * 32 if b == victim else h for b, h in enumerate(sums.hashes)))
+    schema = pa.schema([("index", pa.int64())])
+    entry = ManifestShard(path.name, ROWS, path.stat().st_size, sha, (ROWS,), bad)
+    (local / MANIFEST_NAME).write_text(Manifest(schema, [entry]).to_json())
+    bucket = s3.new_bucket()
+    s3.upload_dir(local, f"s3://{bucket}/sums")
+    ds = open_dataset("sums", f"s3://{bucket}/sums", s3.options(tmp_path / "cache", s3_reads="ranges"))
+    try:
+        (shard,) = ds.shards
+        assert isinstance(shard, RangedHdf5Shard)
+        assert ds.chunk(0).column("index")[0].as_py() == 0
+        damaged = int(np.searchsorted(ds.chunk_starts, 1600, side="right")) - 1
+        with pytest.raises(ShardError, match=rf"block {victim} .*does not match its manifest checksum"):
+            ds.chunk(damaged)
     finally:
         ds.close()

@@ -1,6 +1,7 @@
 """A remote HDF5 file read by chunk (``docs/remote-reads.md``): h5py reads the metadata (groups,
 dataset headers, the chunk index) through a file-like object over ranged GETs with a small page
-cache, and the stored deflate chunks come by range from the file's chunk map (``hdf5/chunk_map``)
+cache (16 MiB per file; with a manifest's checksums the pages are its checksum blocks, verified),
+and the stored deflate chunks come by range from the file's chunk map (``hdf5/chunk_map``)
 through the block cache, inflated outside h5py (``hdf5/chunks``).
 
 A file whose columns are not all read by the chunk map (filters other than deflate and shuffle,
@@ -27,7 +28,7 @@ from flightfeed.wire.errors import ShardError
 __all__ = ["RangedHdf5Shard", "open_ranged_hdf5", "PagedFile"]
 
 PAGE_BYTES = 256 << 10  # h5py's metadata reads are a few KB; one GET brings their neighbours too
-PAGES_KEPT = 64  # 16 MiB of metadata pages per file
+PAGES_KEPT_BYTES = 16 << 20  # metadata pages kept per file (at least two pages)
 
 
 class _Pages:
@@ -35,6 +36,10 @@ class _Pages:
 
     def __init__(self, source: RangeSource) -> None:
         self.source = source
+        # with a manifest's checksums, pages are its checksum blocks, each verified (h5py may
+        # read a partial last chunk, or a dataset's fill, through them)
+        self.verify = source.checksum_bytes is not None
+        self.page_bytes = source.checksum_bytes or PAGE_BYTES
         self._lock = threading.Lock()
         self._pages: OrderedDict[int, bytes] = OrderedDict()
 
@@ -44,11 +49,11 @@ class _Pages:
             if data is not None:
                 self._pages.move_to_end(k)
                 return data
-        lo = k * PAGE_BYTES
-        data = self.source.read(lo, min(self.source.size, lo + PAGE_BYTES)).to_pybytes()
+        lo = k * self.page_bytes
+        data = self.source.read(lo, min(self.source.size, lo + self.page_bytes), verify=self.verify).to_pybytes()
         with self._lock:
             self._pages[k] = data
-            while len(self._pages) > PAGES_KEPT:
+            while len(self._pages) > max(2, PAGES_KEPT_BYTES // self.page_bytes):
                 self._pages.popitem(last=False)
         return data
 
@@ -81,7 +86,7 @@ class PagedFile(io.RawIOBase):
         want = min(len(view), max(0, self._size - self._pos))
         done = 0
         while done < want:
-            k, at = divmod(self._pos + done, PAGE_BYTES)
+            k, at = divmod(self._pos + done, self._pages.page_bytes)
             page = self._pages.page(k)
             n = min(want - done, len(page) - at)
             view[done : done + n] = page[at : at + n]
