@@ -238,6 +238,7 @@ def test_parquet_by_row_group(s3: LocalS3, tmp_path: Path) -> None:
     try:
         (shard,) = ds.shards
         assert isinstance(shard, RangedParquetShard)
+        assert shard.compression == "snappy"  # (for ``flightfeed inspect``)
         assert metrics.ranges.figures("pq")["requests"] == 1  # the footer
         got = pa.Table.from_batches([ds.chunk(c) for c in (2, 0, 3, 1)])
         assert metrics.ranges.figures("pq")["requests"] == 5

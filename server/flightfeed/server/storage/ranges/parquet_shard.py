@@ -101,6 +101,15 @@ class RangedParquetShard(ShardFields):
         counts = np.asarray([self._meta.row_group(g).num_rows for g in groups], dtype=np.int64)
         self._offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
 
+    @property
+    def compression(self) -> str:
+        """Codecs of the first row group's columns, e.g. ``snappy`` (for ``inspect``)."""
+        if self._meta.num_row_groups == 0:
+            return "none"
+        group = self._meta.row_group(0)
+        codecs = sorted({str(group.column(i).compression).lower() for i in range(group.num_columns)})
+        return ",".join(codecs) or "none"
+
     def _span(self, group: int) -> Span:
         rg = self._meta.row_group(group)
         lo, hi = self._size, 0
