@@ -1,7 +1,9 @@
 """``s3://bucket/prefix`` datasets: list the shards, then read them through the local shard cache.
 
-Shards (``.arrow``/``.h5``/``.parquet`` objects under the prefix, sorted by key) are fetched whole
-into the cache with large sized reads and opened from there (Arrow shards memory-mapped).
+Shards (``.arrow``/``.h5``/``.parquet`` objects under the prefix, sorted by key) are read by byte
+range into the block cache when ``--s3-reads`` says so (``storage/ranges``, docs/remote-reads.md:
+by default those larger than 64 MiB or than the cache); the others are fetched whole into the
+cache with large sized reads and opened from there (Arrow shards memory-mapped), as below.
 
 When they are fetched: with a ``manifest.json`` from ``flightfeed convert`` that matches the
 listing, nothing is downloaded at start-up (the manifest gives schema, rows and chunk offsets) and
@@ -27,10 +29,9 @@ from flightfeed.server.storage.hf_folder import DATASET_DICT, INFO, STATE, data_
 from flightfeed.server.storage.local import SHARD_SUFFIXES
 from flightfeed.server.storage.manifest import MANIFEST_NAME, Manifest, ManifestShard
 from flightfeed.server.storage.options import StorageOptions, reader_options
-from flightfeed.server.storage.ranges.arrow_shard import NeedsWholeShard, RangedArrowShard
+from flightfeed.server.storage.ranges.arrow_shard import NeedsWholeShard
 from flightfeed.server.storage.ranges.block_store import BlockStore
-from flightfeed.server.storage.ranges.hdf5_shard import open_ranged_hdf5
-from flightfeed.server.storage.ranges.parquet_shard import RangedParquetShard
+from flightfeed.server.storage.ranges.opening import by_range, open_ranged
 from flightfeed.server.storage.ranges.source import RangeSource
 from flightfeed.server.storage.remote import RemoteShard
 from flightfeed.server.storage.s3_client import download, s3_filesystem, split_s3_uri, translate, with_retries
@@ -73,7 +74,7 @@ def open_s3_shards(uri: str, opts: StorageOptions, *, dataset: str = "") -> list
 
     fmt = format_of(infos[0].path)
     cache = None if opts.cache_size == 0 else _cache_for(opts)
-    ranged = {info.path for info in infos if _by_range(opts, fmt, info.size, cache)}
+    ranged = {info.path for info in infos if by_range(opts, info.path, info.size, cache)}
     if ranged and shard_options and fmt != "hdf5":  # (as ``readers.open_shard`` refuses them)
         raise ConfigError(
             f"{uri}: {', '.join(sorted(shard_options))} apply only to HDF5 shards, and this dataset is {fmt}: "
@@ -111,16 +112,10 @@ def open_s3_shards(uri: str, opts: StorageOptions, *, dataset: str = "") -> list
             fs, info.path, info.size, uri=f"s3://{info.path}", dataset=dataset, metrics=range_metrics,
             settings=opts.ranges, sums=entry.blocks if entry is not None else None,
         )
-        version = f"{info.size}:{info.mtime_ns}"
         try:
-            if fmt == "hdf5":
-                return open_ranged_hdf5(source, blocks, version=version, index=index, options=shard_options)
-            if fmt == "parquet":
-                return RangedParquetShard(source, blocks, version=version, index=index)
-            return RangedArrowShard(
-                source, blocks, version=version, index=index,
-                rows=entry.batch_rows if entry is not None else None,
-                schema=manifest.schema if manifest is not None and entry is not None else None,
+            return open_ranged(
+                source, blocks, version=f"{info.size}:{info.mtime_ns}", index=index, options=shard_options,
+                manifest=(manifest.schema, entry) if manifest is not None and entry is not None else None,
             )
         except NeedsWholeShard as exc:
             source.close()
@@ -152,15 +147,6 @@ def open_s3_shards(uri: str, opts: StorageOptions, *, dataset: str = "") -> list
         if entries and opts.s3_prefetch and sum(downloaded) <= cache.max_bytes:
             _prefetch([s for s in shards if isinstance(s, RemoteShard)], opts.s3_parallel_shards)
     return list(shards)
-
-
-def _by_range(opts: StorageOptions, fmt: str, size: int, cache: ShardCache | None) -> bool:
-    """Whether a remote shard of ``size`` bytes is read by range (``StorageOptions.s3_reads``)."""
-    if fmt not in ("arrow", "hdf5", "parquet") or opts.s3_reads == "whole":
-        return False
-    if opts.s3_reads == "ranges" or cache is None:
-        return True
-    return size > opts.range_shard_bytes or size > cache.max_bytes
 
 
 def _prefetch(shards: list[RemoteShard], parallel: int) -> None:
