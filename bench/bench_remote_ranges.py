@@ -206,6 +206,8 @@ def main() -> None:
     parser.add_argument("--h5-mb", type=int, default=40)
     parser.add_argument("--local-mb", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--cases", default="arrow_small_shards,arrow_large_shard,hdf5_gzip,parquet_large,local_hdf5",
+                        help="comma-separated cases to run")
     args = parser.parse_args()
     os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
     results: dict[str, Any] = {"machine": machine(), "load_average_start": load_average(), "s3": {}}
@@ -227,7 +229,10 @@ def main() -> None:
             "hdf5_gzip": (h5dir, f"s3://{bucket}/h5/one.h5", rows_h5),
             "parquet_large": (pqdir, f"s3://{bucket}/pq/one.parquet", rows_pq),
         }
+        wanted = set(args.cases.split(","))
         for name, (local, uri, rows) in cases.items():
+            if name not in wanted:
+                continue
             s3.upload_dir(local, f"s3://{bucket}/{local.name}")
             sizes = [p.stat().st_size for p in sorted(local.iterdir())]
             room = 2 * sum(sizes)
@@ -236,9 +241,11 @@ def main() -> None:
                                    for mode, size in runs]
             for r in results["s3"][name]:
                 print(name, r["mode"], r["cache_size"], "start", r["start_s"], "cold", r["cold"], flush=True)
-        results["local_hdf5"] = local_h5(tmp, args.local_mb, args.repeats)
-        print("local hdf5", results["local_hdf5"], flush=True)
+        if "local_hdf5" in wanted:
+            results["local_hdf5"] = local_h5(tmp, args.local_mb, args.repeats)
+            print("local hdf5", results["local_hdf5"], flush=True)
     results["load_average_end"] = load_average()
+    results["args"] = vars(args)
     print(write_json("remote_ranges", results))
 
 

@@ -20,6 +20,7 @@ from flightfeed.server.storage.cache.shard_cache import ShardCache
 from flightfeed.server.storage.ranges.arrow_shard import RangedArrowShard
 from flightfeed.server.storage.ranges.block_store import BlockStore
 from flightfeed.server.storage.ranges.source import RangeSource
+from flightfeed.server.storage.ranges.staged import with_gaps
 from flightfeed.server.storage.s3 import filesystem_for
 from flightfeed.server.testing.local_s3 import LocalS3
 
@@ -102,3 +103,11 @@ def test_a_block_larger_than_the_cache_is_served_from_memory(s3: LocalS3, tmp_pa
     finally:
         shard.close()
         cache.close()
+
+
+def test_gap_blocks_ride_along() -> None:
+    """Blocks inside a coalesced GET's gap (at most ``gap_bytes``) are fetched and staged with it."""
+    spans = [(k * 100, k * 100 + 100) for k in range(10)]
+    assert with_gaps(spans, [7, 1, 3], 100) == [1, 2, 3, 7]  # 1..3: a gap of one block; 3..7: three
+    assert with_gaps(spans, [5], 100) == [5]
+    assert with_gaps(spans, [], 100) == []

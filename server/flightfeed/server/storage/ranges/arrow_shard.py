@@ -12,7 +12,8 @@ blocks are its record batches, so each is fetched once per epoch).
 
 ``fetch_ahead(chunks)`` is the read-ahead's hook (``data/readahead``): the blocks a coming shuffle
 window needs, in file order, neighbours coalesced into one GET, sent at once (bounded bytes in
-flight), staged for ``read_chunk`` and kept in the block cache when they arrive
+flight; the batches inside a coalesced GET's gaps are staged too), staged for ``read_chunk`` and
+kept in the block cache when they arrive
 (``storage/ranges/staged``). A shard read in stored order without that read-ahead (batch ``k``
 after batch ``k - 1``) fetches the next 16 MiB of batches ahead itself, in one coalesced GET.
 """
@@ -28,7 +29,7 @@ from flightfeed.server.readers.base import ShardFields
 from flightfeed.server.storage.ranges.arrow_index import ArrowIndex, read_arrow_index
 from flightfeed.server.storage.ranges.block_store import BlockStore
 from flightfeed.server.storage.ranges.source import RangeSource, Span
-from flightfeed.server.storage.ranges.staged import StagedRanges
+from flightfeed.server.storage.ranges.staged import StagedRanges, with_gaps
 from flightfeed.wire.errors import ShardError
 
 __all__ = ["RangedArrowShard", "NeedsWholeShard", "SEQUENTIAL_AHEAD_BYTES"]
@@ -179,7 +180,8 @@ class RangedArrowShard(ShardFields):
         """Fetch the blocks of ``chunks`` now, coalesced (see the module docstring)."""
         self._planned = True  # the read-ahead plans this shard's reads: no sequential guessing
         spans = self._spans_now()
-        self._ranges.prefetch([spans[c] for c in chunks if 0 <= c < len(spans)])
+        wanted = with_gaps(spans, [c for c in chunks if 0 <= c < len(spans)], self._source.settings.gap_bytes)
+        self._ranges.prefetch([spans[c] for c in wanted])
 
     def close(self) -> None:
         self._ranges.close()

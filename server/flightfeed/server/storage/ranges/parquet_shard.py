@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from flightfeed.server.readers.base import ShardFields
 from flightfeed.server.storage.ranges.block_store import BlockStore
 from flightfeed.server.storage.ranges.source import RangeSource, Span
-from flightfeed.server.storage.ranges.staged import StagedRanges
+from flightfeed.server.storage.ranges.staged import StagedRanges, with_gaps
 from flightfeed.wire.errors import ShardError
 
 __all__ = ["RangedParquetShard"]
@@ -138,7 +138,9 @@ class RangedParquetShard(ShardFields):
 
     def fetch_ahead(self, chunks: list[int]) -> None:
         """The read-ahead's hook: the row groups of ``chunks`` fetched now, coalesced."""
-        self._ranges.prefetch([self._spans[c] for c in chunks if 0 <= c < len(self._spans)])
+        chosen = [c for c in chunks if 0 <= c < len(self._spans)]
+        wanted = with_gaps(self._spans, chosen, self._ranges.source.settings.gap_bytes)
+        self._ranges.prefetch([self._spans[c] for c in wanted])
 
     def close(self) -> None:
         self._ranges.close()

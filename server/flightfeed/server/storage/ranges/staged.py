@@ -11,6 +11,7 @@ batch; what it hands out is counted as served (``observe/range_metrics``).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -21,7 +22,22 @@ import pyarrow as pa
 from flightfeed.server.storage.ranges.block_store import BlockStore
 from flightfeed.server.storage.ranges.source import RangeSource, Span
 
-__all__ = ["StagedRanges"]
+__all__ = ["StagedRanges", "with_gaps"]
+
+
+def with_gaps(spans: Sequence[Span], chosen: Sequence[int], gap_bytes: int) -> list[int]:
+    """``chosen`` block indices (of ``spans``, in file order), plus the blocks between two of them
+    whose bytes together are at most ``gap_bytes``: a coalesced GET reads those gaps anyway, so
+    their blocks are staged and kept for a later window instead of being dropped."""
+    picked = sorted(set(chosen))
+    out: list[int] = []
+    for a, b in itertools.pairwise(picked):
+        out.append(a)
+        if b - a > 1 and spans[b][0] - spans[a][1] <= gap_bytes:
+            out.extend(range(a + 1, b))
+    if picked:
+        out.append(picked[-1])
+    return out
 
 
 class StagedRanges:
