@@ -173,7 +173,7 @@ class RangeSource:
             whole = _POOL.submit(self._get, (g_lo, g_hi), len(carried))
             in_flight.append((g_hi - g_lo, whole))
             for span in carried:
-                deliver(span, _slice(whole, span[0] - g_lo, span[1] - span[0]))
+                deliver(span, _slice(whole, span[0] - g_lo, span[1] - span[0], copy=len(carried) > 1))
 
     def close(self) -> None:
         with self._lock:
@@ -182,7 +182,10 @@ class RangeSource:
             file.close()
 
 
-def _slice(whole: Future[pa.Buffer], offset: int, length: int) -> Future[pa.Buffer]:
+def _slice(whole: Future[pa.Buffer], offset: int, length: int, *, copy: bool) -> Future[pa.Buffer]:
+    """The future of bytes ``[offset, offset + length)`` of ``whole``'s; with ``copy``, in a buffer
+    of their own (so a record batch decoded from one block of a coalesced GET does not keep the
+    whole GET's buffer alive in the chunk cache: a memcpy, about 0.1 ms per MB)."""
     part: Future[pa.Buffer] = Future()
 
     def done(f: Future[pa.Buffer]) -> None:
@@ -190,7 +193,8 @@ def _slice(whole: Future[pa.Buffer], offset: int, length: int) -> Future[pa.Buff
         if exc is not None:
             part.set_exception(exc)
         else:
-            part.set_result(f.result().slice(offset, length))
+            piece = f.result().slice(offset, length)
+            part.set_result(pa.py_buffer(piece.to_pybytes()) if copy else piece)
 
     whole.add_done_callback(done)
     return part
