@@ -246,3 +246,19 @@ def test_parquet_by_row_group(s3: LocalS3, tmp_path: Path) -> None:
         assert pa.Table.from_batches([ds.chunk(c) for c in range(4)]).equals(table)
     finally:
         ds.close()
+
+
+def test_a_full_block_cache_makes_the_node_unready(
+    s3: LocalS3, one_object: tuple[str, int], tmp_path: Path, metrics: ServerMetrics
+) -> None:
+    """The node's readiness watches the block cache of a dataset read by range, as it watches the
+    whole-shard cache: its problem (a full disk) is one of the node's problems (/readyz)."""
+    uri, size = one_object
+    storage = s3.options(tmp_path / "cache", cache_size=size // 4, metrics=metrics)
+    with running_server({"big": uri}, storage=storage, metrics=metrics) as server:
+        (shard,) = server.catalog.get("big").shards
+        assert isinstance(shard, RangedArrowShard) and shard.block_cache is not None
+        assert server.server.cluster.problems() == []
+        shard.block_cache.filler.problem = "the shard cache's disk is full (test)"
+        assert server.server.cluster.problems() == ["the shard cache's disk is full (test)"]
+        shard.block_cache.filler.problem = None

@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from flightfeed.server.readers.base import ShardFields
+from flightfeed.server.storage.cache.shard_cache import ShardCache
 from flightfeed.server.storage.ranges.arrow_index import ArrowIndex, read_arrow_index
 from flightfeed.server.storage.ranges.block_store import BlockStore
 from flightfeed.server.storage.ranges.source import RangeSource, Span
@@ -83,6 +84,12 @@ class RangedArrowShard(ShardFields):
             raise NeedsWholeShard(f"{self.uri} holds dictionary batches")
         self._schema = layout.schema()
         self._offsets = self._offsets_of(layout)
+
+    @property
+    def block_cache(self) -> ShardCache | None:
+        """The node's cache this shard keeps its blocks in (None: ``--cache-size 0``); /readyz
+        watches its problems (a full disk)."""
+        return self._ranges.blocks.cache
 
     def _load(self) -> ArrowIndex:
         layout = self._index(self._rows)

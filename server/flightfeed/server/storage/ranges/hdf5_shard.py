@@ -19,6 +19,7 @@ from typing import Any, BinaryIO
 
 from flightfeed.server.readers.hdf5.chunk_map import ChunkSource
 from flightfeed.server.readers.hdf5.reader import Hdf5Shard
+from flightfeed.server.storage.cache.shard_cache import ShardCache
 from flightfeed.server.storage.ranges.arrow_shard import NeedsWholeShard
 from flightfeed.server.storage.ranges.block_store import BlockStore
 from flightfeed.server.storage.ranges.source import RangeSource, Span
@@ -126,6 +127,12 @@ class RangedHdf5Shard(Hdf5Shard):
     #: this shard's position in its dataset
     index = 0
     _staged: StagedRanges
+
+    @property
+    def block_cache(self) -> ShardCache | None:
+        """The node's cache this shard keeps its chunks in (None: ``--cache-size 0``); /readyz
+        watches its problems (a full disk)."""
+        return self._staged.blocks.cache
 
     def fetch_ahead(self, chunks: list[int]) -> None:
         """The read-ahead's hook: send the GETs of the stored chunks of served ``chunks`` now,

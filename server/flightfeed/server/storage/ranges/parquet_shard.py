@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flightfeed.server.readers.base import ShardFields
+from flightfeed.server.storage.cache.shard_cache import ShardCache
 from flightfeed.server.storage.ranges.block_store import BlockStore
 from flightfeed.server.storage.ranges.source import RangeSource, Span
 from flightfeed.server.storage.ranges.staged import StagedRanges, with_gaps
@@ -100,6 +101,12 @@ class RangedParquetShard(ShardFields):
         self._spans = [self._span(g) for g in groups]
         counts = np.asarray([self._meta.row_group(g).num_rows for g in groups], dtype=np.int64)
         self._offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+    @property
+    def block_cache(self) -> ShardCache | None:
+        """The node's cache this shard keeps its blocks in (None: ``--cache-size 0``); /readyz
+        watches its problems (a full disk)."""
+        return self._ranges.blocks.cache
 
     @property
     def compression(self) -> str:
