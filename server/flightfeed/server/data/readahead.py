@@ -12,7 +12,7 @@ How a run of rows is fetched depends on the shard:
   size (the kernel caps one call at it), issued from one I/O thread: the kernel reads in large requests, nothing is
   copied, and the bytes live in the page cache (memory bounded by ``windows`` windows);
 * shards read by range from object storage (``storage/ranges``): the window's record batches
-  are fetched first, coalesced GETs sent at once (``fetch_ahead``), then decoded as below;
+  are fetched first, coalesced GETs sent at once (``ranges_ahead``), then decoded as below;
 * decoded shards (HDF5, Parquet, Arrow read mode): the chunks are decoded into the dataset's
   bounded chunk LRU, at most ``chunk_budget`` bytes per window (by default the cache's share of
   one window, so read-ahead never evicts the chunks of the window being served; HDF5 windows are
@@ -28,7 +28,6 @@ window or message a *hit* when its read-ahead had completed before the stream ne
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import itertools
 import threading
@@ -44,6 +43,7 @@ import numpy as np
 from flightfeed.server.cores import available_cores
 from flightfeed.server.data.catalog import Dataset
 from flightfeed.server.data.order import EpochOrder
+from flightfeed.server.data.ranges_ahead import fetch_ranges_ahead, has_ranged_shards
 from flightfeed.server.data.shuffle_sizing import cache_windows
 from flightfeed.server.observe.io import IoMetrics
 from flightfeed.wire.plan import Partition
@@ -96,7 +96,7 @@ class ReadAhead:
         #: results are awaited by the I/O thread. Memory stays bounded by ``chunk_budget``.
         self.decode_threads = max(1, decode_threads or available_cores())
         self._decoders: ThreadPoolExecutor | None = None
-        self._ranged: bool | None = None  # some shards are read by range (``_ranges_ahead``)
+        self._ranged = has_ranged_shards(ds)  # some shards are read by range (``ranges_ahead``)
         self._jobs: list[Future[int]] = []
         self.bytes_ahead = 0  # totals, also when no metrics are attached
         self.hits = 0
@@ -193,8 +193,8 @@ class ReadAhead:
                 task = self._queue.popleft()
             nbytes = 0
             self._decoded = 0  # bytes of chunks decoded for this task (bounded by chunk_budget)
-            if not task.cancelled:
-                self._ranges_ahead(task.runs)
+            if not task.cancelled and self._ranged:
+                fetch_ranges_ahead(self.ds, task.runs, self.chunk_budget)
             for settle in (False, True) if task.settle else (False,):  # queue every read, then wait for them
                 for first, rows in task.runs:
                     if self._stopped or task.cancelled:
@@ -234,34 +234,6 @@ class ReadAhead:
             cid += 1
         return total
 
-
-    def _ranges_ahead(self, runs: list[tuple[int, int]]) -> None:
-        """Shards read by range (``storage/ranges``): send the GETs of the task's chunks at once,
-        per shard in file order and coalesced (``fetch_ahead``), within ``chunk_budget``; the
-        decode jobs then find their bytes staged (or wait for their GET)."""
-        ds = self.ds
-        if self._ranged is None:
-            self._ranged = any(hasattr(s, "fetch_ahead") for s in ds.shards)
-        if not self._ranged:
-            return
-        starts = ds.chunk_starts
-        wanted: dict[int, tuple[Any, list[int]]] = {}
-        budget = self.chunk_budget
-        for first, rows in runs:
-            lo = int(np.searchsorted(starts, first, side="right") - 1)
-            hi = int(np.searchsorted(starts, first + rows - 1, side="right") - 1)
-            for cid in range(lo, hi + 1):
-                if budget <= 0:
-                    break
-                if cid in ds.chunk_cache:
-                    continue
-                shard, index = ds.chunk_ref(cid)
-                if hasattr(shard, "fetch_ahead"):
-                    budget -= int(starts[cid + 1] - starts[cid]) * ds.row_bytes()
-                    wanted.setdefault(id(shard), (shard, []))[1].append(index)
-        for shard, chunks in wanted.values():
-            with contextlib.suppress(Exception):  # the stream that needs a chunk reads it itself and raises the error
-                shard.fetch_ahead(chunks)
 
     def _decode(self, cid: int) -> int:
         try:
