@@ -6,6 +6,7 @@ filters flightfeed does not inflate itself keep the whole-file path."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from pathlib import Path
 
 import h5py
@@ -16,7 +17,11 @@ import pytest
 from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.readers.blocks import BlockSums, digest_file
+from flightfeed.server.readers.hdf5 import chunk_map as chunk_map_module
+from flightfeed.server.readers.hdf5 import chunks as chunks_module
+from flightfeed.server.readers.hdf5.chunk_map import ChunkMap, build_chunk_map, map_from_bytes, map_to_bytes
 from flightfeed.server.storage import open_dataset
+from flightfeed.server.storage.cache import shard_cache as cache_module
 from flightfeed.server.storage.manifest import MANIFEST_NAME, Manifest, ManifestShard
 from flightfeed.server.storage.ranges.hdf5_shard import RangedHdf5Shard
 from flightfeed.server.storage.remote import RemoteShard
@@ -162,3 +167,37 @@ def test_manifest_checksums_guard_hdf5_chunks(s3: LocalS3, tmp_path: Path) -> No
             ds.chunk(damaged)
     finally:
         ds.close()
+
+
+def test_chunk_maps_kept_on_disk_beside_the_blocks(
+    s3: LocalS3, h5_object: tuple[str, int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A remote file's chunk maps are kept in the block cache: a restarted server (a fresh process
+    cache, a fresh cache object over the same directory) does not walk the chunk index again."""
+    uri, size = h5_object
+    built: list[str] = []
+    real = build_chunk_map
+
+    def counted(ds: h5py.Dataset) -> ChunkMap:
+        built.append(ds.name)
+        return real(ds)
+
+    monkeypatch.setattr(chunks_module, "build_chunk_map", counted)
+    for _ in range(2):
+        monkeypatch.setattr(chunk_map_module, "_MAPS", OrderedDict())  # (a new process)
+        cache_module._SHARED.clear()
+        ds = open_dataset("h5", uri, s3.options(tmp_path / "cache", cache_size=size, s3_reads="ranges"))
+        try:
+            assert ds.chunk(3).column("index")[0].as_py() == int(ds.chunk_starts[3])
+        finally:
+            ds.close()
+    assert sorted(built) == ["/image", "/index"]  # walked once, by the first server
+
+
+def test_chunk_map_bytes_round_trip() -> None:
+    m = ChunkMap(np.asarray([5, -1, 99], np.int64), np.asarray([10, 0, 7], np.int64), np.asarray([0, 0, 2], np.uint32))
+    back = map_from_bytes(map_to_bytes(m))
+    assert np.array_equal(back.offsets, m.offsets) and np.array_equal(back.sizes, m.sizes)
+    assert np.array_equal(back.masks, m.masks)
+    with pytest.raises(ValueError, match="not a chunk map"):
+        map_from_bytes(b"\x01" * 9)

@@ -6,7 +6,8 @@ millisecond for hundreds of chunks) into arrays: for the chunk starting at row
 ``k * chunk_rows``, its byte offset in the file, stored size and filter mask (offset -1: never
 written, HDF5 gives its fill value). Maps are kept per file and dataset (``chunk_map``: at most
 ``_KEPT`` of them per process, keyed by the file's identity), so a reopened shard does not walk
-the index again.
+the index again; a source may also keep them elsewhere (``keep_map``: a remote file keeps its
+maps on the node's disk beside its blocks, as bytes of :func:`map_to_bytes`).
 
 A :class:`ChunkSource` gives the stored bytes of chunks by byte range: :class:`PreadChunks`
 reads a local file with ``os.pread`` (no HDF5 call, outside h5py's global lock; the same bytes
@@ -26,7 +27,7 @@ import h5py
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["ChunkMap", "ChunkSource", "PreadChunks", "build_chunk_map", "chunk_map"]
+__all__ = ["ChunkMap", "ChunkSource", "PreadChunks", "build_chunk_map", "chunk_map", "map_to_bytes", "map_from_bytes"]
 
 _KEPT = 256
 _MAPS: OrderedDict[tuple[Any, ...], ChunkMap] = OrderedDict()
@@ -75,6 +76,23 @@ def chunk_map(key: tuple[Any, ...], build: Callable[[], ChunkMap]) -> ChunkMap:
         while len(_MAPS) > _KEPT:
             _MAPS.popitem(last=False)
     return made
+
+
+def map_to_bytes(m: ChunkMap) -> bytes:
+    """``m`` as bytes (three little-endian arrays, their length first), for a cache on disk."""
+    n = np.asarray([len(m.offsets)], dtype="<i8").tobytes()
+    return n + m.offsets.astype("<i8").tobytes() + m.sizes.astype("<i8").tobytes() + m.masks.astype("<u4").tobytes()
+
+
+def map_from_bytes(data: bytes) -> ChunkMap:
+    """The map :func:`map_to_bytes` wrote; ``ValueError`` when ``data`` is not one."""
+    n = int(np.frombuffer(data[:8], dtype="<i8")[0]) if len(data) >= 8 else -1
+    if n < 0 or len(data) != 8 + 20 * n:
+        raise ValueError("not a chunk map")
+    offsets = np.frombuffer(data, dtype="<i8", count=n, offset=8).astype(np.int64)
+    sizes = np.frombuffer(data, dtype="<i8", count=n, offset=8 + 8 * n).astype(np.int64)
+    masks = np.frombuffer(data, dtype="<u4", count=n, offset=8 + 16 * n).astype(np.uint32)
+    return ChunkMap(offsets, sizes, masks)
 
 
 class ChunkSource(Protocol):

@@ -117,8 +117,16 @@ class DeflateChunks:
         if self._map is None:
             assert self.source is not None
             key = (*self.source.identity, self.ds.name)
+            keep = getattr(self.source, "keep_map", None)  # a remote file keeps it on disk too
+
+            def walk() -> ChunkMap:
+                return build_chunk_map(self.ds)
+
+            def build() -> ChunkMap:
+                return walk() if keep is None else keep(self.ds.name, walk)
+
             with lock:
-                self._map = chunk_map(key, lambda: build_chunk_map(self.ds))
+                self._map = chunk_map(key, build)
         return self._map
 
     def spans(self, start: int, stop: int, lock: threading.Lock) -> list[tuple[int, int]]:

@@ -14,10 +14,12 @@ from __future__ import annotations
 import io
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, BinaryIO
 
-from flightfeed.server.readers.hdf5.chunk_map import ChunkSource
+import pyarrow as pa
+
+from flightfeed.server.readers.hdf5.chunk_map import ChunkMap, ChunkSource, map_from_bytes, map_to_bytes
 from flightfeed.server.readers.hdf5.reader import Hdf5Shard
 from flightfeed.server.storage.cache.shard_cache import ShardCache
 from flightfeed.server.storage.ranges.arrow_shard import NeedsWholeShard
@@ -105,6 +107,25 @@ class _RangeChunks:
 
     def read_spans(self, spans: Sequence[Span]) -> list[Any]:
         return [memoryview(b) for b in self._ranges.read_spans(spans)]
+
+    def keep_map(self, name: str, build: Callable[[], ChunkMap]) -> ChunkMap:
+        """The chunk map of dataset ``name``, kept in the block cache beside the file's chunks (a
+        restarted server does not walk the chunk index through ranged GETs again)."""
+        r = self._ranges
+        key = f"{r.source.uri}#chunkmap:{name}"
+        made: list[ChunkMap] = []
+
+        def fetch() -> pa.Buffer:
+            made.append(build())
+            return pa.py_buffer(map_to_bytes(made[0]))
+
+        data = r.blocks.get(key, None, r.version, fetch)
+        if made:
+            return made[0]
+        try:
+            return map_from_bytes(data.to_pybytes())
+        except ValueError:
+            raise ShardError(f"{key}: the cached chunk map is damaged; delete the cache directory") from None
 
 
 class _Remote:
