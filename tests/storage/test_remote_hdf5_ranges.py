@@ -165,6 +165,7 @@ def test_manifest_checksums_guard_hdf5_chunks(s3: LocalS3, tmp_path: Path) -> No
         damaged = int(np.searchsorted(ds.chunk_starts, 1600, side="right")) - 1
         with pytest.raises(ShardError, match=rf"block {victim} .*does not match its manifest checksum"):
             ds.chunk(damaged)
+        assert ds.corrupt is not None and f"block {victim}" in ds.corrupt  # every request on it now fails
     finally:
         ds.close()
 

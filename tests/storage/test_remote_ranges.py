@@ -159,6 +159,7 @@ def test_manifest_checksums_are_verified_before_serving(s3: LocalS3, tmp_path: P
         assert ds.chunk(0).num_rows == BATCH_ROWS  # bytes 0-512 KiB: block 0, which matches
         with pytest.raises(ShardError, match=r"block 1 .*does not match its manifest checksum"):
             ds.chunk(2)  # bytes 1-1.5 MiB
+        assert ds.corrupt is not None and "block 1" in ds.corrupt  # every request on it now fails
     finally:
         ds.close()
 

@@ -21,6 +21,7 @@ after batch ``k - 1``) fetches the next 16 MiB of batches ahead itself, in one c
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -182,6 +183,10 @@ class RangedArrowShard(ShardFields):
             self._ahead_from, self._ahead_until = lo + max(1, (stop - lo) // 2), stop
         if stop > lo:
             self._ranges.prefetch(spans[lo:stop])
+
+    def on_corrupt(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(reason)`` when a block fails its manifest checksum (``Dataset.mark_corrupt``)."""
+        self._source.on_corrupt(listener)
 
     def fetch_ahead(self, chunks: list[int]) -> None:
         """Fetch the blocks of ``chunks`` now, coalesced (see the module docstring)."""

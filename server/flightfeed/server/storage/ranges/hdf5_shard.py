@@ -155,6 +155,10 @@ class RangedHdf5Shard(Hdf5Shard):
         watches its problems (a full disk)."""
         return self._staged.blocks.cache
 
+    def on_corrupt(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(reason)`` when a block fails its manifest checksum (``Dataset.mark_corrupt``)."""
+        self._staged.source.on_corrupt(listener)
+
     def fetch_ahead(self, chunks: list[int]) -> None:
         """The read-ahead's hook: send the GETs of the stored chunks of served ``chunks`` now,
         neighbours coalesced (``storage/ranges/staged``)."""

@@ -78,6 +78,11 @@ class RangeSource:
             )
         self._file: pa.NativeFile | None = None
         self._lock = threading.Lock()
+        self._corrupt: list[Callable[[str], None]] = []
+
+    def on_corrupt(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(reason)`` when a block fails its checksum (the dataset is marked corrupt)."""
+        self._corrupt.append(listener)
 
     @property
     def checksum_bytes(self) -> int | None:
@@ -128,10 +133,13 @@ class RangeSource:
             b_lo, b_hi = b * size, min(self.size, (b + 1) * size)
             got = hash_block(buf.slice(b_lo - lo, b_hi - b_lo))
             if got != self._sums.hashes[b]:
-                raise ShardError(
+                reason = (
                     f"shard {self.uri}: block {b} (bytes {b_lo}-{b_hi}) does not match its manifest checksum "
                     f"({self._sums.algo} {got}, manifest {self._sums.hashes[b]}); none of its rows are served"
                 )
+                for listener in list(self._corrupt):
+                    listener(reason)
+                raise ShardError(reason)
 
     # -- reads ---------------------------------------------------------------------------------
     def read(self, lo: int, hi: int, *, verify: bool = True) -> pa.Buffer:
