@@ -86,11 +86,11 @@ def chunk_aligned_shuffle(ds: Dataset, readahead_windows: int) -> tuple[int, int
     unit = max(1, int(starts[1] - starts[0]))  # rows of a chunk (the first: all but a file's last)
     chunk_bytes = max(1, unit * ds.row_bytes())  # decoded chunks hold every column
     windows = cache_windows(readahead_windows)
-    fit = int(ds.chunk_cache.max_bytes / (windows * chunk_bytes))
+    fit = cache_fit = int(ds.chunk_cache.max_bytes / (windows * chunk_bytes))
     if _ranged(ds):  # a window's blocks are fetched before its first row is served: keep it short
         fit = min(fit, RANGED_WINDOW_BYTES // chunk_bytes)
     blocks = max(MIN_ALIGNED_BLOCKS, min(fit, MAX_WINDOW_ROWS // unit))
-    if fit < MIN_ALIGNED_BLOCKS and not _ranged(ds) and (ds.name, ds.chunk_cache.max_bytes) not in _warned:
+    if cache_fit < MIN_ALIGNED_BLOCKS and (ds.name, ds.chunk_cache.max_bytes) not in _warned:
         _warned.add((ds.name, ds.chunk_cache.max_bytes))
         need = int(windows * MIN_ALIGNED_BLOCKS * chunk_bytes)
         log.warning(
