@@ -143,6 +143,8 @@ def test_dashboard_shows_live_throughput_in_chromium(
 
     lease = cache.acquire("s3://bucket/demo/part-000.arrow", fetch, size=300_000, dataset="demo")
     server.metrics.sections["shard_cache"] = lambda: [cache.describe()]
+    server.metrics.ranges.request("remote-demo", 4 << 20, 4, 0.05)  # /stats ranges (docs/remote-reads.md)
+    server.metrics.ranges.served("remote-demo", 2 << 20)
     handle = sidecar(LocalSource(server.metrics, server.catalog, server.location))
     screenshot = tmp_path / "dashboard.png"
     with _streaming(server, stream_all):
@@ -162,6 +164,8 @@ def test_dashboard_shows_live_throughput_in_chromium(
     assert page.by_id["nodes-wanted"]["data-value"] == "1"  # one node; no stall figures over time: holding
     shard_cache = page.by_id["shard-cache"]["text"]  # the node's cache disk, from /stats shard_cache
     assert str(tmp_path / "shard-cache") in shard_cache and "300" in shard_cache and "1.0M" in shard_cache, shard_cache
+    ranges = page.by_id["ranges"]["text"]  # bytes fetched, amplification, GETs, coalesced blocks
+    assert "remote-demo" in ranges and "2.00" in ranges and "0.050" in ranges, ranges
     lease.release()
     cache.close()
 

@@ -94,3 +94,16 @@ def test_manifest_round_trip_and_errors() -> None:
     broken = manifest.to_json().replace('"rows": 30', '"rows": 31')
     with pytest.raises(DatasetError, match="lists batches of 30 rows, not 31"):
         Manifest.from_json(broken, "m.json")
+
+
+def test_range_read_flags() -> None:
+    """``--s3-reads`` and ``--s3-range-shard-bytes`` reach StorageOptions (docs/remote-reads.md)."""
+    parser = argparse.ArgumentParser()
+    add_cache_arguments(parser)
+    opts = storage_options_from_args(parser.parse_args(["--cache-size", "0"]), {})
+    assert opts.cache_size == 0 and opts.s3_reads == "auto" and opts.range_shard_bytes == 64 << 20
+    args = parser.parse_args(["--s3-reads", "ranges", "--s3-range-shard-bytes", "8MiB"])
+    opts = storage_options_from_args(args, {})
+    assert opts.s3_reads == "ranges" and opts.range_shard_bytes == 8 << 20
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--s3-reads", "sometimes"])

@@ -11,6 +11,8 @@ How a run of rows is fetched depends on the shard:
 * memory-mapped Arrow shards: ``madvise(MADV_WILLNEED)`` in pieces of the device's readahead
   size (the kernel caps one call at it), issued from one I/O thread: the kernel reads in large requests, nothing is
   copied, and the bytes live in the page cache (memory bounded by ``windows`` windows);
+* shards read by range from object storage (``storage/ranges``): the window's record batches
+  are fetched first, coalesced GETs sent at once (``ranges_ahead``), then decoded as below;
 * decoded shards (HDF5, Parquet, Arrow read mode): the chunks are decoded into the dataset's
   bounded chunk LRU, at most ``chunk_budget`` bytes per window (by default the cache's share of
   one window, so read-ahead never evicts the chunks of the window being served; HDF5 windows are
@@ -41,6 +43,7 @@ import numpy as np
 from flightfeed.server.cores import available_cores
 from flightfeed.server.data.catalog import Dataset
 from flightfeed.server.data.order import EpochOrder
+from flightfeed.server.data.ranges_ahead import fetch_ranges_ahead, has_ranged_shards
 from flightfeed.server.data.shuffle_sizing import cache_windows
 from flightfeed.server.observe.io import IoMetrics
 from flightfeed.wire.plan import Partition
@@ -93,6 +96,7 @@ class ReadAhead:
         #: results are awaited by the I/O thread. Memory stays bounded by ``chunk_budget``.
         self.decode_threads = max(1, decode_threads or available_cores())
         self._decoders: ThreadPoolExecutor | None = None
+        self._ranged = has_ranged_shards(ds)  # some shards are read by range (``ranges_ahead``)
         self._jobs: list[Future[int]] = []
         self.bytes_ahead = 0  # totals, also when no metrics are attached
         self.hits = 0
@@ -189,6 +193,8 @@ class ReadAhead:
                 task = self._queue.popleft()
             nbytes = 0
             self._decoded = 0  # bytes of chunks decoded for this task (bounded by chunk_budget)
+            if not task.cancelled and self._ranged:
+                fetch_ranges_ahead(self.ds, task.runs, self.chunk_budget)
             for settle in (False, True) if task.settle else (False,):  # queue every read, then wait for them
                 for first, rows in task.runs:
                     if self._stopped or task.cancelled:

@@ -21,6 +21,10 @@ windows follow the chunks instead:
 * a message holds at most one window of rows (``message_rows``), so that one message never needs
   more chunks than the cache holds.
 
+Datasets read by range from object storage (``storage/ranges``, ``docs/remote-reads.md``) are
+sized the same way (a block is one record batch, fetched once per epoch), with windows of at most
+``RANGED_WINDOW_BYTES``: a window's blocks are fetched before its first row is served.
+
 Raising ``--chunk-cache`` gives larger windows (more mixing); a cache too small for
 ``MIN_ALIGNED_BLOCKS`` blocks per window is reported in the log, since chunks are then decoded
 more than once per epoch. The values are resolved into the ticket and the client's checkpoint, so
@@ -41,6 +45,7 @@ __all__ = [
     "cache_windows",
     "MIN_ALIGNED_BLOCKS",
     "MAX_WINDOW_ROWS",
+    "RANGED_WINDOW_BYTES",
 ]
 
 log = logging.getLogger("flightfeed.server")
@@ -49,6 +54,9 @@ log = logging.getLogger("flightfeed.server")
 MIN_ALIGNED_BLOCKS = 4
 #: the window's permutation is held in memory: at most this many rows (as ``default_shuffle``)
 MAX_WINDOW_ROWS = 1 << 16
+#: datasets read by range: a window holds at most this many bytes of chunks (beyond
+#: ``MIN_ALIGNED_BLOCKS`` chunks), so a cold epoch's first batch waits for one short window
+RANGED_WINDOW_BYTES = 64 << 20
 _warned: set[tuple[str, int]] = set()
 
 
@@ -59,8 +67,15 @@ def cache_windows(readahead_windows: int) -> float:
 
 
 def _decodes_chunks(ds: Dataset) -> bool:
+    if not ds.shards or any(s.zero_copy for s in ds.shards):
+        return False
     meta = ds.schema.metadata or {}
-    return meta.get(b"flightfeed.source") == b"hdf5" and not any(s.zero_copy for s in ds.shards)
+    return meta.get(b"flightfeed.source") == b"hdf5" or _ranged(ds)
+
+
+def _ranged(ds: Dataset) -> bool:
+    """Every shard is read by range from object storage (``storage/ranges``)."""
+    return all(getattr(s, "ranged", False) for s in ds.shards)
 
 
 def shuffle_defaults(ds: Dataset, readahead_windows: int) -> tuple[int, int]:
@@ -78,9 +93,11 @@ def chunk_aligned_shuffle(ds: Dataset, readahead_windows: int) -> tuple[int, int
     unit = max(1, int(starts[1] - starts[0]))  # rows of a chunk (the first: all but a file's last)
     chunk_bytes = max(1, unit * ds.row_bytes())  # decoded chunks hold every column
     windows = cache_windows(readahead_windows)
-    fit = int(ds.chunk_cache.max_bytes / (windows * chunk_bytes))
+    fit = cache_fit = int(ds.chunk_cache.max_bytes / (windows * chunk_bytes))
+    if _ranged(ds):  # a window's blocks are fetched before its first row is served: keep it short
+        fit = min(fit, RANGED_WINDOW_BYTES // chunk_bytes)
     blocks = max(MIN_ALIGNED_BLOCKS, min(fit, MAX_WINDOW_ROWS // unit))
-    if fit < MIN_ALIGNED_BLOCKS and (ds.name, ds.chunk_cache.max_bytes) not in _warned:
+    if cache_fit < MIN_ALIGNED_BLOCKS and (ds.name, ds.chunk_cache.max_bytes) not in _warned:
         _warned.add((ds.name, ds.chunk_cache.max_bytes))
         need = int(windows * MIN_ALIGNED_BLOCKS * chunk_bytes)
         log.warning(

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily
 
 from flightfeed.server.observe.io import IoMetrics
+from flightfeed.server.observe.range_metrics import RangeMetrics
 from flightfeed.server.observe.reports import MAX_CLIENTS, ClientTable
 from flightfeed.server.observe.scaling import NodesWanted, WantedCollector
 from flightfeed.server.observe.shared import SharedMetrics
@@ -118,6 +119,8 @@ class ServerMetrics:
         )
         self.io = IoMetrics(r)  # read-ahead, read wait, changed/verified shards
         self.shared = SharedMetrics(r)  # shared jobs: the cross-trainer window
+        #: range reads from object storage (``observe/range_metrics``; /stats ``ranges``)
+        self.ranges = RangeMetrics(r)
         self._decode_metrics(r)
         self.clients_evicted = Counter(
             "flightfeed_clients_evicted",
@@ -146,6 +149,7 @@ class ServerMetrics:
         self.nodes_live: Callable[[], int] = lambda: 1
         #: the node count the clients' stall reports ask for (``flightfeed_nodes_wanted``, /stats)
         self.scaling = NodesWanted()
+        self.sections["ranges"] = self.ranges.describe
         self.sections["scaling"] = lambda: self.scaling.decision(self.nodes_live()).describe()
         r.register(WantedCollector(self.scaling, lambda: self.nodes_live()))
 

@@ -121,7 +121,12 @@ class FlightFeedServer(flight.FlightServerBase):
         self.location = f"{scheme}://{host}:{self.port}"
         #: where streams go: this process, its workers and the live peer nodes (``cluster``)
         self.cluster = Cluster(self.location, self._fingerprints)
-        caches = {id(c): c for ds in catalog.datasets() for s in ds.shards if (c := getattr(s, "cache", None))}
+        caches = {  # (whole shards' cache; the block cache of shards read by range, ``storage/ranges``)
+            id(c): c
+            for ds in catalog.datasets()
+            for s in ds.shards
+            if (c := getattr(s, "cache", None) or getattr(s, "block_cache", None))
+        }
         for cache in caches.values():  # a full cache disk makes the node unready, saying why
             self.cluster.checks.append(functools.partial(getattr, cache, "problem"))
         self.metrics.sections["cluster"] = self.cluster.describe

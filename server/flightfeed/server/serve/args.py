@@ -160,6 +160,8 @@ def worker_argv(args: argparse.Namespace, datasets: dict[str, str], host: str) -
         "--s3-region": getattr(args, "s3_region", None),
         "--cache-dir": getattr(args, "cache_dir", None),
         "--cache-size": getattr(args, "cache_size", None),
+        "--s3-reads": getattr(args, "s3_reads", None),
+        "--s3-range-shard-bytes": getattr(args, "s3_range_shard_bytes", None),
         "--chunk-cache": getattr(args, "chunk_cache", None),
         "--message-size": args.message_size,
         "--share-window": getattr(args, "share_window", None),

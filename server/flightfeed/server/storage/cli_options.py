@@ -74,7 +74,23 @@ def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
         "--cache-size",
         metavar="BYTES",
         type=size_argument,
-        help="cache limit, e.g. 200GB (default: half the free disk)",
+        help="cache limit, e.g. 200GB (default: half the free disk); 0: .arrow shards are read by range "
+        "through memory, nothing on disk",
+    )
+    group.add_argument(
+        "--s3-reads",
+        choices=("auto", "ranges", "whole"),
+        default=None,
+        help="remote .arrow shards: by record batch into a block cache ('ranges'), downloaded whole ('whole'), "
+        "or 'auto' (default): by range when a shard is larger than --s3-range-shard-bytes or than the cache "
+        "(docs/remote-reads.md)",
+    )
+    group.add_argument(
+        "--s3-range-shard-bytes",
+        metavar="BYTES",
+        type=size_argument,
+        default=None,
+        help="with --s3-reads auto, read remote .arrow shards larger than this by range (default 64MiB)",
     )
 
 
@@ -231,4 +247,8 @@ def storage_options_from_args(args: argparse.Namespace, environ: Mapping[str, st
     )
     if getattr(args, "chunk_cache", None) is not None:
         options.chunk_cache_bytes = int(args.chunk_cache)
+    if getattr(args, "s3_reads", None) is not None:
+        options.s3_reads = str(args.s3_reads)
+    if getattr(args, "s3_range_shard_bytes", None) is not None:
+        options.range_shard_bytes = int(args.s3_range_shard_bytes)
     return options

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from flightfeed.server.data.chunk_cache import DEFAULT_CHUNK_CACHE
 from flightfeed.server.observe.metrics import ServerMetrics
+from flightfeed.server.storage.ranges.source import RangeSettings
 from flightfeed.wire.errors import ConfigError
 
 __all__ = ["StorageOptions", "reader_options"]
@@ -50,6 +51,12 @@ class StorageOptions:
     # local .arrow shards up to this size are read whole when opened instead of memory-mapped
     # (readers/arrow_small.py; 0: map every shard)
     small_shard_bytes: int = 1 << 20
+    # remote .arrow shards by record batch (docs/remote-reads.md): "auto" (shards larger than
+    # range_shard_bytes or than the whole cache, and every shard with --cache-size 0),
+    # "ranges" (every remote .arrow shard) or "whole" (download whole shards, as before)
+    s3_reads: str = "auto"
+    range_shard_bytes: int = 64 << 20
+    ranges: RangeSettings = field(default_factory=RangeSettings)
     # where the shard cache reports flightfeed_cache_* (pass the server's ServerMetrics)
     metrics: ServerMetrics | None = field(default=None, repr=False, compare=False)
 

@@ -1,7 +1,9 @@
 """``s3://bucket/prefix`` datasets: list the shards, then read them through the local shard cache.
 
-Shards (``.arrow``/``.h5``/``.parquet`` objects under the prefix, sorted by key) are fetched whole
-into the cache with large sized reads and opened from there (Arrow shards memory-mapped).
+Shards (``.arrow``/``.h5``/``.parquet`` objects under the prefix, sorted by key) are read by byte
+range into the block cache when ``--s3-reads`` says so (``storage/ranges``, docs/remote-reads.md:
+by default those larger than 64 MiB or than the cache); the others are fetched whole into the
+cache with large sized reads and opened from there (Arrow shards memory-mapped), as below.
 
 When they are fetched: with a ``manifest.json`` from ``flightfeed convert`` that matches the
 listing, nothing is downloaded at start-up (the manifest gives schema, rows and chunk offsets) and
@@ -19,6 +21,7 @@ from functools import partial
 
 import pyarrow.fs as pafs
 
+from flightfeed.server.observe.range_metrics import RangeMetrics
 from flightfeed.server.readers import ShardReader, format_of
 from flightfeed.server.storage.cache.shard_cache import ShardCache, shared_cache
 from flightfeed.server.storage.cache.thrash import warn_if_too_small
@@ -26,13 +29,20 @@ from flightfeed.server.storage.hf_folder import DATASET_DICT, INFO, STATE, data_
 from flightfeed.server.storage.local import SHARD_SUFFIXES
 from flightfeed.server.storage.manifest import MANIFEST_NAME, Manifest, ManifestShard
 from flightfeed.server.storage.options import StorageOptions, reader_options
+from flightfeed.server.storage.ranges.arrow_shard import NeedsWholeShard
+from flightfeed.server.storage.ranges.block_store import BlockStore
+from flightfeed.server.storage.ranges.opening import by_range, open_ranged
+from flightfeed.server.storage.ranges.source import RangeSource
 from flightfeed.server.storage.remote import RemoteShard
 from flightfeed.server.storage.s3_client import download, s3_filesystem, split_s3_uri, translate, with_retries
-from flightfeed.wire.errors import DatasetError, StorageError
+from flightfeed.wire.errors import ConfigError, DatasetError, StorageError
 
 __all__ = ["open_s3_shards", "filesystem_for", "list_s3_shards", "read_manifest", "default_cache_dir"]
 
 log = logging.getLogger(__name__)
+
+#: range figures of datasets opened without server metrics (tests, tools)
+_RANGE_METRICS = RangeMetrics()
 
 
 def default_cache_dir() -> str:
@@ -60,10 +70,26 @@ def open_s3_shards(uri: str, opts: StorageOptions, *, dataset: str = "") -> list
     single_object = len(infos) == 1 and infos[0].path == root
     manifest = None if single_object else read_manifest(fs, uri, retries=opts.s3_retries)
     entries = _match_manifest(manifest, infos, root, uri)
-    cache = _cache_for(opts)
     shard_options = reader_options(opts, dataset, format_of(infos[0].path), uri)
 
-    def make(index: int, info: pafs.FileInfo) -> RemoteShard:
+    fmt = format_of(infos[0].path)
+    cache = None if opts.cache_size == 0 else _cache_for(opts)
+    ranged = {info.path for info in infos if by_range(opts, info.path, info.size, cache)}
+    if ranged and shard_options and fmt != "hdf5":  # (as ``readers.open_shard`` refuses them)
+        raise ConfigError(
+            f"{uri}: {', '.join(sorted(shard_options))} apply only to HDF5 shards, and this dataset is {fmt}: "
+            "drop the option"
+        )
+    if len(ranged) < len(infos) and cache is None:
+        raise ConfigError(
+            f"{uri}: --cache-size 0 keeps nothing on disk, but these {fmt} shards are downloaded whole into the "
+            "shard cache (--s3-reads whole): give --cache-size a size, or use --s3-reads ranges"
+        )
+    blocks = BlockStore(cache, dataset)
+    range_metrics = opts.metrics.ranges if opts.metrics is not None else _RANGE_METRICS
+
+    def whole(index: int, info: pafs.FileInfo) -> RemoteShard:
+        assert cache is not None
         entry = entries.get(info.path)
         return RemoteShard(
             f"s3://{info.path}",
@@ -78,11 +104,35 @@ def open_s3_shards(uri: str, opts: StorageOptions, *, dataset: str = "") -> list
             small_bytes=opts.small_shard_bytes,
         )
 
-    if len(entries) == len(infos):  # all described by the manifest: nothing to download, no pool
-        shards = [make(i, info) for i, info in enumerate(infos)]
+    def make(index: int, info: pafs.FileInfo) -> ShardReader:
+        if info.path not in ranged:
+            return whole(index, info)
+        entry = entries.get(info.path)
+        source = RangeSource(
+            fs, info.path, info.size, uri=f"s3://{info.path}", dataset=dataset, metrics=range_metrics,
+            settings=opts.ranges, sums=entry.blocks if entry is not None else None,
+        )
+        try:
+            return open_ranged(
+                source, blocks, version=f"{info.size}:{info.mtime_ns}", index=index, options=shard_options,
+                manifest=(manifest.schema, entry) if manifest is not None and entry is not None else None,
+            )
+        except NeedsWholeShard as exc:
+            source.close()
+            if cache is None:
+                raise ConfigError(
+                    f"{exc}: such shards are read whole into the shard cache; give --cache-size a size"
+                ) from None
+            return whole(index, info)
+
+    if len(entries) == len(infos) and not ranged:  # all described by the manifest: nothing to download, no pool
+        shards: list[ShardReader] = [make(i, info) for i, info in enumerate(infos)]
     else:
-        # without a manifest every shard is downloaded here: several at once, as many as the cache holds
-        parallel = max(1, min(opts.s3_parallel_shards, cache.max_bytes // max(1, max(i.size for i in infos))))
+        # without a manifest every whole shard is downloaded here: several at once, as many as the
+        # cache holds; ranged shards read their footers (a few small GETs each) in parallel
+        biggest = max([i.size for i in infos if i.path not in ranged], default=0)
+        room = opts.s3_parallel_shards if cache is None or not biggest else cache.max_bytes // biggest
+        parallel = max(1, min(opts.s3_parallel_shards if biggest else 4 * opts.s3_parallel_shards, room))
         with ThreadPoolExecutor(parallel, thread_name_prefix="s3-open") as pool:
             futures = [pool.submit(make, i, info) for i, info in enumerate(infos)]
         shards = [f.result() for f in futures if f.exception() is None]
@@ -91,9 +141,11 @@ def open_s3_shards(uri: str, opts: StorageOptions, *, dataset: str = "") -> list
             for s in shards:
                 s.close()
             raise failed
-    warn_if_too_small(cache.directory, cache.max_bytes, dataset, [i.size for i in infos])
-    if entries and opts.s3_prefetch and sum(i.size for i in infos) <= cache.max_bytes:
-        _prefetch(shards, opts.s3_parallel_shards)
+    downloaded = [i.size for i in infos if i.path not in ranged]
+    if cache is not None and downloaded:
+        warn_if_too_small(cache.directory, cache.max_bytes, dataset, downloaded)
+        if entries and opts.s3_prefetch and sum(downloaded) <= cache.max_bytes:
+            _prefetch([s for s in shards if isinstance(s, RemoteShard)], opts.s3_parallel_shards)
     return list(shards)
 
 

@@ -3,8 +3,10 @@
 h5py holds one lock for every HDF5 call of a process, and HDF5 inflates a chunk inside the read
 call: one process decodes one chunk at a time. For the common pipeline (deflate, optionally after
 the byte shuffle filter) on chunks that span whole rows, this module reads each chunk's stored
-bytes with ``read_direct_chunk`` (under the lock: a plain file read), then inflates them outside
-it and without the GIL, so the read-ahead's decode threads and the streams decode in parallel.
+bytes by ``os.pread`` from the dataset's chunk map (``hdf5/chunk_map``: no HDF5 call at all;
+object storage gives them by range instead), or with ``read_direct_chunk`` (under the lock: a
+plain file read) where no chunk source is given, then inflates them outside it and without the
+GIL, so the read-ahead's decode threads and the streams decode in parallel.
 Any other dataset, and any chunk this path cannot read (e.g. never written: HDF5 gives its fill
 value), goes through h5py's ``read_direct``; both give the same values.
 
@@ -25,6 +27,8 @@ import h5py
 import numpy as np
 import numpy.typing as npt
 
+from flightfeed.server.readers.hdf5.chunk_map import ChunkMap, ChunkSource, build_chunk_map, chunk_map
+
 __all__ = ["DeflateChunks", "deflate_chunks", "inflate", "inflate_backend"]
 
 _DEFLATE, _SHUFFLE = 1, 2
@@ -41,7 +45,7 @@ def inflate_backend() -> str:
     return "zlib" if _libdeflate is None else "libdeflate"
 
 
-def inflate(raw: bytes, size: int) -> bytes | bytearray:
+def inflate(raw: Any, size: int) -> bytes | bytearray:
     """The zlib stream ``raw`` (HDF5's deflate filter) inflated to exactly ``size`` bytes, with the
     GIL released; ``OSError`` when it is corrupt or has another size."""
     if _libdeflate is not None and 0 < size < 1 << 32:
@@ -59,8 +63,9 @@ def inflate(raw: bytes, size: int) -> bytes | bytearray:
     return data
 
 
-def deflate_chunks(ds: h5py.Dataset) -> DeflateChunks | None:
-    """A fast reader for ``ds``, or None when its layout or filters need HDF5's own path."""
+def deflate_chunks(ds: h5py.Dataset, source: ChunkSource | None = None) -> DeflateChunks | None:
+    """A fast reader for ``ds``, or None when its layout or filters need HDF5's own path; with
+    ``source``, the stored chunks are read from it by the dataset's chunk map (``hdf5/chunk_map``)."""
     chunks = ds.chunks
     if not chunks or tuple(chunks[1:]) != tuple(ds.shape[1:]) or ds.dtype.kind not in "biuf" or ds.ndim < 1:
         return None
@@ -68,14 +73,16 @@ def deflate_chunks(ds: h5py.Dataset) -> DeflateChunks | None:
     codes = [int(plist.get_filter(i)[0]) for i in range(plist.get_nfilters())]
     if codes not in ([_DEFLATE], [_SHUFFLE, _DEFLATE]):
         return None
-    return DeflateChunks(ds, shuffled=codes[0] == _SHUFFLE)
+    return DeflateChunks(ds, shuffled=codes[0] == _SHUFFLE, source=source)
 
 
 class DeflateChunks:
     """Rows of one deflate-compressed dataset, decoded chunk by chunk (see the module docstring)."""
 
-    def __init__(self, ds: h5py.Dataset, *, shuffled: bool) -> None:
+    def __init__(self, ds: h5py.Dataset, *, shuffled: bool, source: ChunkSource | None = None) -> None:
         self.ds = ds
+        self.source = source
+        self._map: ChunkMap | None = None
         self.shuffled = shuffled
         self.rows = int(ds.shape[0])
         self.chunk_rows = int(ds.chunks[0])
@@ -87,22 +94,7 @@ class DeflateChunks:
         """Rows ``[start, stop)`` in native byte order. ``lock`` guards HDF5 calls."""
         first = start // self.chunk_rows
         last = (stop - 1) // self.chunk_rows
-        raws: list[tuple[int, int, bytes | None]] = []
-        with lock:
-            for c in range(first, last + 1):
-                offset = (c * self.chunk_rows,) + (0,) * (self.ds.ndim - 1)
-                if (c + 1) * self.chunk_rows > self.rows:
-                    # the partial last chunk: written with H5D_CHUNK_DONT_FILTER_PARTIAL_CHUNKS it is
-                    # stored unfiltered while its filter mask still says 0, a layout flag h5py cannot
-                    # read: HDF5 reads it below (one chunk per dataset)
-                    raws.append((c, 0, None))
-                    continue
-                try:
-                    mask, raw = self.ds.id.read_direct_chunk(offset)
-                except (OSError, ValueError, KeyError, RuntimeError):
-                    raws.append((c, 0, None))  # not stored (fill value): HDF5 reads it below
-                    continue
-                raws.append((c, int(mask), raw))
+        raws = self._mapped(first, last, lock) if self.source is not None else self._direct(first, last, lock)
         c, mask, raw = raws[0]
         if len(raws) == 1 and raw is not None and (start, stop) == (c * self.chunk_rows, (c + 1) * self.chunk_rows):
             # the decoded chunk itself, no copy (a partial one is copied: the chunk cache counts
@@ -120,7 +112,69 @@ class DeflateChunks:
                 target[...] = self._decode(raw, mask)[lo - base : hi - base]
         return out
 
-    def _decode(self, raw: bytes, mask: int) -> npt.NDArray[Any]:
+    def chunk_map(self, lock: threading.Lock) -> ChunkMap:
+        """The dataset's chunk map, built once per file (``hdf5/chunk_map``)."""
+        if self._map is None:
+            assert self.source is not None
+            key = (*self.source.identity, self.ds.name)
+            keep = getattr(self.source, "keep_map", None)  # a remote file keeps it on disk too
+
+            def walk() -> ChunkMap:
+                return build_chunk_map(self.ds)
+
+            def build() -> ChunkMap:
+                return walk() if keep is None else keep(self.ds.name, walk)
+
+            with lock:
+                self._map = chunk_map(key, build)
+        return self._map
+
+    def spans(self, start: int, stop: int, lock: threading.Lock) -> list[tuple[int, int]]:
+        """The stored byte ranges of the chunks holding rows ``[start, stop)`` that the chunk map
+        reads (not the partial last chunk nor chunks never written: HDF5 reads those)."""
+        m = self.chunk_map(lock)
+        out = []
+        for c in range(start // self.chunk_rows, (stop - 1) // self.chunk_rows + 1):
+            if (c + 1) * self.chunk_rows <= self.rows and m.offsets[c] >= 0:
+                out.append((int(m.offsets[c]), int(m.offsets[c] + m.sizes[c])))
+        return out
+
+    def _mapped(self, first: int, last: int, lock: threading.Lock) -> list[tuple[int, int, Any]]:
+        """Stored chunks ``first..last`` read from the source by the chunk map, outside ``lock``."""
+        assert self.source is not None
+        m = self.chunk_map(lock)
+        slots: list[tuple[int, int, int | None]] = []
+        spans: list[tuple[int, int]] = []
+        for c in range(first, last + 1):
+            if (c + 1) * self.chunk_rows > self.rows or m.offsets[c] < 0:  # (see ``_direct``): HDF5 reads it
+                slots.append((c, 0, None))
+                continue
+            spans.append((int(m.offsets[c]), int(m.offsets[c] + m.sizes[c])))
+            slots.append((c, int(m.masks[c]), len(spans) - 1))
+        datas = self.source.read_spans(spans) if spans else []
+        return [(c, mask, None if at is None else datas[at]) for c, mask, at in slots]
+
+    def _direct(self, first: int, last: int, lock: threading.Lock) -> list[tuple[int, int, Any]]:
+        """Stored chunks ``first..last`` by ``read_direct_chunk`` (under ``lock``)."""
+        raws: list[tuple[int, int, Any]] = []
+        with lock:
+            for c in range(first, last + 1):
+                offset = (c * self.chunk_rows,) + (0,) * (self.ds.ndim - 1)
+                if (c + 1) * self.chunk_rows > self.rows:
+                    # the partial last chunk: written with H5D_CHUNK_DONT_FILTER_PARTIAL_CHUNKS it is
+                    # stored unfiltered while its filter mask still says 0, a layout flag h5py cannot
+                    # read: HDF5 reads it below (one chunk per dataset)
+                    raws.append((c, 0, None))
+                    continue
+                try:
+                    mask, raw = self.ds.id.read_direct_chunk(offset)
+                except (OSError, ValueError, KeyError, RuntimeError):
+                    raws.append((c, 0, None))  # not stored (fill value): HDF5 reads it below
+                    continue
+                raws.append((c, int(mask), raw))
+        return raws
+
+    def _decode(self, raw: Any, mask: int) -> npt.NDArray[Any]:
         """A stored chunk -> its array in native byte order (``mask`` bit i set: filter i of the
         pipeline was skipped for this chunk)."""
         count = int(np.prod(self.chunk_shape))

@@ -20,7 +20,7 @@ import math
 import os
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, BinaryIO, Protocol
 
 import h5py
 import hdf5plugin  # noqa: F401  (registers the blosc/zstd/lz4/bitshuffle filters with HDF5)
@@ -29,12 +29,26 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from flightfeed.server.readers.base import ShardFields
+from flightfeed.server.readers.hdf5.chunk_map import ChunkSource, PreadChunks
 from flightfeed.server.readers.hdf5.chunks import DeflateChunks, deflate_chunks
 from flightfeed.server.readers.hdf5.column import Column, column_values
 from flightfeed.server.readers.hdf5.layout import find_columns
 from flightfeed.wire.errors import ConfigError, ShardError
 
-__all__ = ["Hdf5Shard", "open_hdf5_shard", "TARGET_CHUNK_BYTES", "CHUNKED_TARGET_BYTES", "MAX_CHUNK_ROWS"]
+
+class RemoteFile(Protocol):
+    """An HDF5 file in object storage (``storage/ranges/hdf5_shard``): h5py reads its metadata
+    through a file-like object, the stored chunks come by range."""
+
+    nbytes: int
+    chunks: ChunkSource
+
+    def open(self) -> BinaryIO:
+        """A new file-like object over the file (seek, tell, read, readinto)."""
+        ...
+
+
+__all__ = ["RemoteFile", "Hdf5Shard", "open_hdf5_shard", "TARGET_CHUNK_BYTES", "CHUNKED_TARGET_BYTES", "MAX_CHUNK_ROWS"]
 
 #: rows per served chunk aim at this many bytes (a multiple of the HDF5 chunk rows)
 TARGET_CHUNK_BYTES = 16 << 20
@@ -86,10 +100,14 @@ class Hdf5Shard(ShardFields):
         casts: Mapping[str, str] | None = None,
         target_chunk_bytes: int = TARGET_CHUNK_BYTES,
         datasets: Sequence[str] | None = None,
+        remote: RemoteFile | None = None,
     ) -> None:
         self.path = path
         self.uri = uri or path
         self._lock = threading.Lock()
+        self._remote = remote
+        # stored deflate chunks by the chunk map: os.pread here, ranges for a remote file
+        self._chunks: ChunkSource = remote.chunks if remote is not None else PreadChunks(path)
         self._file = self._open()
         try:
             layout = find_columns(self._file, self.uri, group, casts or {}, datasets)
@@ -109,10 +127,12 @@ class Hdf5Shard(ShardFields):
         step = _rows_per_chunk(self.columns, num_rows, target_chunk_bytes)
         bounds = [*range(0, num_rows, step), num_rows]
         self._offsets = np.asarray(bounds if num_rows else [0], dtype=np.int64)
-        self._nbytes = os.path.getsize(path)
+        self._nbytes = remote.nbytes if remote is not None else os.path.getsize(path)
 
     def _open(self) -> h5py.File:
         try:
+            if self._remote is not None:
+                return h5py.File(self._remote.open(), "r")
             return h5py.File(self.path, "r")
         except (OSError, ValueError) as exc:
             raise ShardError(f"cannot open HDF5 shard {self.uri}: {exc} ({_what_it_is(self.path)})") from None
@@ -128,7 +148,7 @@ class Hdf5Shard(ShardFields):
                 obj = self._file[c.path]
                 assert isinstance(obj, h5py.Dataset), c.path
                 out[c.path] = obj
-                reader = deflate_chunks(obj) if not c.select and c.text is None else None
+                reader = deflate_chunks(obj, self._chunks) if not c.select and c.text is None else None
                 if reader is not None:
                     fast[c.path] = reader
         return out, fast
@@ -162,11 +182,26 @@ class Hdf5Shard(ShardFields):
             arrays.append(column_values(c, values, self.uri))
         return pa.RecordBatch.from_arrays(arrays, schema=self._schema)
 
+    @property
+    def all_mapped(self) -> bool:
+        """Whether every column's values come from the chunk map (none needs HDF5's own path)."""
+        return all(c.path in self._fast for c in self.columns)
+
+    def chunk_spans(self, index: int) -> list[tuple[int, int]]:
+        """The stored byte ranges that chunk ``index`` reads by the chunk map (for read-ahead)."""
+        start, stop = int(self._offsets[index]), int(self._offsets[index + 1])
+        with self._lock:
+            fast = list(self._fast.values())
+        return [span for reader in fast for span in reader.spans(start, stop, self._lock)]
+
     def close(self) -> None:
         with self._lock:
             self._datasets, self._fast = {}, {}
             if self._file.id.valid:
                 self._file.close()
+        close = getattr(self._chunks, "close", None)
+        if close is not None:
+            close()
 
     # -- reading ----------------------------------------------------------------------------
     def _read(self, column: Column, start: int, stop: int) -> npt.NDArray[Any]:

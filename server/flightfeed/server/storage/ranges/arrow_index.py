@@ -1,0 +1,153 @@
+"""A remote Arrow IPC file's index, read by range: its schema message, every record batch's byte
+range (the footer's ``Block``s) and rows, and whether it holds dictionary batches.
+
+Read once per shard (``docs/remote-reads.md``): one GET of the file's tail (the footer), one of
+its head (the schema message; one GET for both when the file is small), and, unless the manifest
+already gives the batches' rows, the metadata message of each record batch (a few hundred bytes
+each, fetched in parallel). The index is then kept on the node's disk beside the blocks (the
+block cache), as the JSON of :meth:`ArrowIndex.to_json`, so a restart reads no footer again.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from flightfeed.server.readers.arrow.footer import MAGIC, fb_deref, fb_table
+from flightfeed.server.storage.ranges.source import RangeSource, Span
+from flightfeed.wire.errors import ShardError
+
+__all__ = ["ArrowIndex", "read_arrow_index"]
+
+_TAIL = 64 << 10
+_META_GAP = 16 << 10
+_I32 = struct.Struct("<i")
+_U32 = struct.Struct("<I")
+_I64 = struct.Struct("<q")
+_BLOCK = struct.Struct("<qi4xq")  # Block: offset, metaDataLength, (padding), bodyLength
+_CONTINUATION = 0xFFFFFFFF
+_RECORD_BATCH = 3
+
+
+@dataclass(frozen=True)
+class ArrowIndex:
+    """Where a remote Arrow file's pieces are (see the module docstring)."""
+
+    schema_message: bytes
+    blocks: tuple[Span, ...]  # record batch k: bytes [lo, hi) = its metadata message and body
+    rows: tuple[int, ...]
+    dictionaries: int
+
+    def to_json(self) -> bytes:
+        return json.dumps({
+            "schema": base64.b64encode(self.schema_message).decode(),
+            "blocks": [list(b) for b in self.blocks],
+            "rows": list(self.rows),
+            "dictionaries": self.dictionaries,
+        }).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str) -> ArrowIndex:
+        try:
+            doc = json.loads(data)
+            return cls(
+                base64.b64decode(doc["schema"]),
+                tuple((int(lo), int(hi)) for lo, hi in doc["blocks"]),
+                tuple(int(n) for n in doc["rows"]),
+                int(doc["dictionaries"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ShardError(f"{where}: the cached index is malformed ({exc}); delete the cache directory") from None
+
+    def schema(self) -> pa.Schema:
+        return pa.ipc.read_schema(pa.py_buffer(self.schema_message))
+
+
+def _message(buf: bytes, where: str) -> bytes:
+    first = _U32.unpack_from(buf, 0)[0]
+    start = 8 if first == _CONTINUATION else 4
+    length = _I32.unpack_from(buf, start - 4)[0]
+    if length <= 0 or start + length > len(buf):
+        raise ShardError(f"{where}: a record batch's metadata is cut short (not an Arrow IPC file?)")
+    return buf[start : start + length]
+
+
+def _rows(meta: bytes, where: str) -> int:
+    message = fb_table(meta, fb_deref(meta, 0))
+    kind = message(1)
+    header = message(2)
+    if kind is None or meta[kind] != _RECORD_BATCH or header is None:
+        raise ShardError(f"{where}: a footer block does not hold a record batch message")
+    length = fb_table(meta, fb_deref(meta, header))(0)
+    return 0 if length is None else int(_I64.unpack_from(meta, length)[0])
+
+
+def read_arrow_index(source: RangeSource, rows: tuple[int, ...] | None = None) -> ArrowIndex:
+    """The index of the Arrow file ``source`` reads; ``rows`` (the manifest's record batch rows)
+    spares the per-batch metadata reads."""
+    where, size = source.uri, source.size
+    if size < 2 * len(MAGIC) + 2 + 4:
+        raise ShardError(f"{where}: {size} bytes is too short for an Arrow IPC file")
+    t_lo = max(0, size - _TAIL)
+    tail = source.read(0 if size <= 2 * _TAIL else t_lo, size, verify=False).to_pybytes()
+    base = size - len(tail)
+    try:
+        if tail[-len(MAGIC) :] != MAGIC:
+            raise ShardError(f"{where}: no ARROW1 magic at its end (not an Arrow IPC file, or truncated)")
+        footer_len = _I32.unpack_from(tail, len(tail) - 10)[0]
+        footer_at = size - 10 - footer_len
+        if footer_len <= 0 or footer_at < 8:
+            raise ShardError(f"{where}: its Arrow footer length is out of range (damaged file?)")
+        if footer_at < base:  # a footer larger than the tail read
+            tail = source.read(footer_at, size, verify=False).to_pybytes()
+            base = footer_at
+        footer = tail[footer_at - base : size - 10 - base]
+        head = tail if base == 0 else source.read(0, min(size, _TAIL), verify=False).to_pybytes()
+        if head[: len(MAGIC)] != MAGIC:
+            raise ShardError(f"{where}: no ARROW1 magic at its start (not an Arrow IPC file)")
+        cont = _U32.unpack_from(head, 8)[0] == _CONTINUATION
+        meta_len = _I32.unpack_from(head, 12 if cont else 8)[0]
+        schema_end = 8 + (8 if cont else 4) + meta_len
+        if schema_end > len(head):
+            head = source.read(0, schema_end, verify=False).to_pybytes()
+        schema_message = head[8:schema_end]
+        table = fb_table(footer, fb_deref(footer, 0))
+        dicts = table(2)
+        dictionaries = 0 if dicts is None else int(_U32.unpack_from(footer, fb_deref(footer, dicts))[0])
+        batches = table(3)
+        blocks: list[tuple[int, int, int]] = []
+        if batches is not None:
+            vector = fb_deref(footer, batches)
+            for i in range(_U32.unpack_from(footer, vector)[0]):
+                offset, m_len, b_len = _BLOCK.unpack_from(footer, vector + 4 + _BLOCK.size * i)
+                if offset < 8 or offset + m_len + b_len > footer_at:
+                    raise ShardError(f"{where}: record batch {i} lies outside the file's body (truncated?)")
+                blocks.append((offset, m_len, b_len))
+    except (struct.error, IndexError) as exc:
+        raise ShardError(f"{where}: malformed Arrow IPC footer ({exc})") from None
+    if rows is None:
+        rows = _batch_rows(source, blocks)
+    elif len(rows) != len(blocks):
+        raise ShardError(
+            f"{where} has {len(blocks)} record batches, its manifest lists {len(rows)}; re-run convert"
+        )
+    spans = tuple((o, o + m + b) for o, m, b in blocks)
+    return ArrowIndex(schema_message, spans, tuple(rows), dictionaries)
+
+
+def _batch_rows(source: RangeSource, blocks: list[tuple[int, int, int]]) -> tuple[int, ...]:
+    """Every record batch's rows, from its metadata message (small GETs, in parallel)."""
+    got: dict[Span, Future[pa.Buffer]] = {}
+    spans = [(o, o + m) for o, m, _ in blocks]
+    # metadata messages lie between bodies: merged only across small bodies (no shard body is read
+    # at start-up beyond batches smaller than ``_META_GAP``)
+    source.read_many(spans, lambda span, future: got.__setitem__(span, future), gap_bytes=_META_GAP)
+    try:
+        return tuple(_rows(_message(got[s].result().to_pybytes(), source.uri), source.uri) for s in spans)
+    except (struct.error, IndexError) as exc:
+        raise ShardError(f"{source.uri}: malformed record batch metadata ({exc})") from None
