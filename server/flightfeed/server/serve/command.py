@@ -34,6 +34,7 @@ from flightfeed.server.request.shared_messages import DEFAULT_SHARE_WINDOW
 from flightfeed.server.request.streaming import StreamSettings
 from flightfeed.server.serve.args import add_arguments, parse_datasets, setting, worker_argv
 from flightfeed.server.serve.config_file import load_config, merge_config
+from flightfeed.server.serve.tenants_setup import setup_tenants
 from flightfeed.server.storage import StorageOptions, open_catalog
 from flightfeed.server.storage.cli_options import (
     apply_config,
@@ -108,8 +109,18 @@ def run(args: argparse.Namespace) -> int:
     apply_config(options, args, config)
     token_file = setting(args, config, "auth_token_file", None)
     token = read_token_file(token_file) if token_file else None
+    tenants = setup_tenants(setting(args, config, "tenants", None), token, token_file, os.environ)
+    token = tenants.token  # the operator's: the node's own calls (workers, peers, the sidecar)
+    args.operator_token_file = tenants.token_file
     cluster_token_file = setting(args, config, "cluster_token_file", None)
     key = read_cluster_key(str(cluster_token_file), token) if cluster_token_file else None
+    if key is not None and tenants.registry is not None and tenants.registry.identify(
+        read_token_file(str(cluster_token_file), "--cluster-token-file").encode()
+    ) is not None:
+        raise ConfigError(
+            f"--cluster-token-file {cluster_token_file} holds a tenant's token: only data nodes may hold the "
+            "membership credential; give the nodes a secret of their own (e.g. `openssl rand -hex 32`)"
+        )
     clustered = bool(peers or dns or key)  # with a credential, a node alone may be joined by others
     locality = clustered and not args.no_cache_locality
     if locality:  # shards come on first read, through their preferred node (not all at startup)
@@ -170,6 +181,8 @@ def run(args: argparse.Namespace) -> int:
             settings=settings,
             tls_certificates=tls,
             auth_token=token,
+            tenants=tenants.registry,
+            fair_slots=int(decode_workers),
             transformer=transformer,
             limits=limits,
             bytes_in_flight=budget,
