@@ -21,6 +21,7 @@ from flightfeed.wire.errors import (
     DatasetNotFound,
     FlightFeedError,
     InvalidRequest,
+    PermissionDenied,
     StaleState,
     StreamError,
     StreamTruncated,
@@ -44,4 +45,5 @@ __all__ = [
     "StreamError",
     "StreamTruncated",
     "Unauthenticated",
+    "PermissionDenied",
 ]

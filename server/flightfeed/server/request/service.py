@@ -108,7 +108,7 @@ class FlightFeedServer(flight.FlightServerBase):
         figures = TenantFigures(self.metrics.registry)
         gate = FairGate(fair_slots) if tenants is not None and fair_slots else None
         self.access = TenantAccess(tenants or TenantRegistry(TenantTable({})), figures, gate)
-        self.metrics.sections["tenants"] = figures.snapshot
+        self.metrics.sections["tenants"] = lambda: figures.snapshot(tenants=list(self.access.registry.table.tenants))
         #: runs the transform steps clients name (``--decode-workers`` threads)
         self.transformer = transformer or Transformer(metrics=self.metrics)
         # one message size: the settings' (the target) is also the limits' (the cap)

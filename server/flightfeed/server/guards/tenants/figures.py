@@ -54,10 +54,11 @@ class TenantFigures:
             self._refusals[tenant] = self._refusals.get(tenant, 0) + 1
         self.refusals.labels(tenant).inc()
 
-    def snapshot(self, only: str | None = None) -> dict[str, Any]:
-        """``{tenant: {rows, bytes, streams_active, refusals, share}}`` (``only``: that tenant's row)."""
+    def snapshot(self, only: str | None = None, tenants: list[str] | None = None) -> dict[str, Any]:
+        """``{tenant: {rows, bytes, streams_active, refusals, share}}`` for every tenant seen and
+        every one of ``tenants`` (``only``: that tenant's row)."""
         with self._lock:
-            names = set(self._bytes) | set(self._streams) | set(self._refusals)
+            names = set(self._bytes) | set(self._streams) | set(self._refusals) | set(tenants or ())
             total = sum(self._bytes.values())
             out = {
                 n: {

@@ -82,7 +82,7 @@ def parse_tenants(text: bytes, path: str, secrets: Secrets) -> ParsedTenants:
         tenant, tokens = _tenant(name, body, what, secrets)
         for digest in {c.digest for c in tenant.credentials if not c.salt}:
             if digest in owner:
-                raise ConfigError(f"{what}: one of its tokens is also held by tenant {owner[digest]!r}; give each its own")
+                raise ConfigError(f"{what}: a token of it is also held by tenant {owner[digest]!r}; give each its own")
             owner[digest] = name
         tenants[name] = tenant
         if tokens:
