@@ -48,15 +48,20 @@ def _rest(reader: flight.FlightStreamReader, seen: list[np.ndarray]) -> None:
             chunk = reader.read_chunk()
         except StopIteration:
             return
-        seen.append(chunk.data.column("index").to_numpy())
+        seen.append(_index(chunk))
+
+
+def _index(chunk: flight.FlightStreamChunk) -> np.ndarray:
+    assert chunk.data is not None
+    return chunk.data.column("index").to_numpy()
 
 
 def test_a_revoked_token_ends_its_stream_and_the_others_go_on(big_dir: Path, tmp_path: Path) -> None:
     with tenant_server(big_dir, tmp_path, message_bytes=64 << 10) as (srv, registry, path):
         vision = _open(srv.location, "vision-token", "imagenet-train")
         speech = _open(srv.location, "speech-token", "librispeech")
-        got_v = [vision.read_chunk().data.column("index").to_numpy()]
-        got_s = [speech.read_chunk().data.column("index").to_numpy()]
+        got_v = [_index(vision.read_chunk())]
+        got_s = [_index(speech.read_chunk())]
         path.write_text(ROTATED.format(speech=_hashes(registry, "speech")))  # vision's token replaced
         assert registry.reload()
         with pytest.raises(flight.FlightError) as info:  # mid-stream: the tag carries the class
@@ -77,13 +82,24 @@ def test_a_token_added_beside_the_old_one_works_at_once_and_the_old_streams_go_o
 ) -> None:
     with tenant_server(big_dir, tmp_path, message_bytes=64 << 10) as (srv, registry, path):
         old = _open(srv.location, "vision-token", "imagenet-train")
-        got = [old.read_chunk().data.column("index").to_numpy()]
+        got = [_index(old.read_chunk())]
         text = path.read_text().replace('datasets = ["imagenet*"]', 'datasets = ["imagenet*"]\ntoken = "vision-new"', 1)
         path.write_text(text)
         assert registry.reload()
         assert "vision-new" not in path.read_text()  # hashed in place on the reload
         assert _open(srv.location, "vision-new", "imagenet-val").read_all().num_rows == BIG_ROWS
         _rest(old, got)
+        assert np.array_equal(np.concatenate(got), np.arange(BIG_ROWS))
+
+
+def test_the_same_token_hashed_again_with_another_salt_keeps_its_streams(big_dir: Path, tmp_path: Path) -> None:
+    with tenant_server(big_dir, tmp_path, message_bytes=64 << 10) as (srv, registry, path):
+        stream = _open(srv.location, "vision-token", "imagenet-train")
+        got = [_index(stream.read_chunk())]
+        path.write_text(path.read_text().replace("[tenant.vision]", "[tenant.gone]"))  # vision removed...
+        path.write_text(ROTATED.replace("vision-token-2", "vision-token").format(speech=_hashes(registry, "speech")))
+        assert registry.reload()  # ...and back with its token as plain text: a new salt, the same token
+        _rest(stream, got)
         assert np.array_equal(np.concatenate(got), np.arange(BIG_ROWS))
 
 

@@ -1,7 +1,7 @@
 """The tenants in force: reloaded on SIGHUP or a change of the ``--tenants`` file, without a restart.
 
 A reload swaps in a whole new :class:`TenantTable` (one reference: readers never see half a
-file). A stream keeps the tenant name and credential it opened with and asks :meth:`allows`
+file). A stream keeps the tenant name and token it opened with and asks :meth:`allows`
 before each message, so an unchanged tenant's streams go on untouched and a revoked token's (or
 a dataset taken from the tenant) end at their next message. A file that fails its checks keeps
 the tenants in force and logs one line. docs/security.md has the rules.
@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from flightfeed.server.guards.tenants.table import Credential, Tenant, TenantTable
 from flightfeed.wire.errors import ConfigError
@@ -28,10 +28,12 @@ WATCH_INTERVAL_S = 0.2
 
 @dataclass(frozen=True)
 class Grant:
-    """Who made a call: the tenant and the credential its token matched."""
+    """Who made a call: the tenant and the credential its token matched. A stream keeps the token
+    (in memory only, never shown) to be matched again after a reload."""
 
     tenant: Tenant
     credential: Credential
+    token: bytes = field(default=b"", repr=False)
 
 
 class TenantRegistry:
@@ -64,11 +66,11 @@ class TenantRegistry:
 
     def identify(self, token: bytes) -> Grant | None:
         found = self._table.identify(token)
-        return Grant(*found) if found is not None else None
+        return Grant(found[0], found[1], token) if found is not None else None
 
     def allows(self, grant: Grant, dataset: str) -> bool:
         """Whether a stream ``grant`` opened may send its next message of ``dataset``."""
-        return self._table.allows(grant.tenant.name, grant.credential, dataset)
+        return self._table.allows(grant.tenant.name, grant.token, dataset)
 
     def current(self, grant: Grant) -> Tenant:
         """The tenant as the file says now (its limits may have changed); the grant's otherwise."""

@@ -70,10 +70,25 @@ class TenantTable:
     tenants: dict[str, Tenant]
     source: str = "--tenants"
     _all: tuple[tuple[Credential, Tenant], ...] = field(default=(), repr=False)
+    _memo: dict[bytes, Tenant | None] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         pairs = tuple((c, t) for t in self.tenants.values() for c in sorted(t.credentials, key=_order))
         object.__setattr__(self, "_all", pairs)
+
+    def holder(self, token: bytes) -> Tenant | None:
+        """The tenant holding ``token`` in this table, remembered per table (keyed by the token's
+        SHA-256): what a running stream asks before each message, at the cost of a dict lookup."""
+        key = hashlib.sha256(token).digest()
+        try:
+            return self._memo[key]
+        except KeyError:
+            pass
+        found = self.identify(token)
+        if len(self._memo) > 4096:
+            self._memo.clear()
+        self._memo[key] = found[0] if found is not None else None
+        return self._memo[key]
 
     def identify(self, token: bytes) -> tuple[Tenant, Credential] | None:
         """The tenant and credential ``token`` matches, or None. Every credential is compared
@@ -84,10 +99,11 @@ class TenantTable:
                 found = (tenant, cred)
         return found
 
-    def allows(self, tenant: str, cred: Credential, dataset: str) -> bool:
-        """Whether a stream opened by ``tenant`` with ``cred`` may still read ``dataset``."""
-        current = self.tenants.get(tenant)
-        return current is not None and cred in current.credentials and current.may_read(dataset)
+    def allows(self, tenant: str, token: bytes, dataset: str) -> bool:
+        """Whether a stream opened by ``tenant`` with ``token`` may still read ``dataset`` (the token
+        is matched again, so a salt rewritten in the file changes nothing)."""
+        current = self.holder(token)
+        return current is not None and current.name == tenant and current.may_read(dataset)
 
     def with_operator(self, operator: Tenant | None) -> TenantTable:
         """This table plus the operator (the ``--auth-token-file`` token; the same object on every
