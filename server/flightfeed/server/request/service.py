@@ -27,7 +27,7 @@ from flightfeed.server.guards.budget import BytesInFlight, metered, peer_host
 from flightfeed.server.guards.limits import Limits, check_read, check_ticket
 from flightfeed.server.guards.listen import grpc_log, release, start_failure
 from flightfeed.server.guards.tenants.access import TenantAccess
-from flightfeed.server.guards.tenants.fair import FairGate
+from flightfeed.server.guards.tenants.fair import FAIR_MAX_HOLD_S, FairGate
 from flightfeed.server.guards.tenants.figures import TenantFigures
 from flightfeed.server.guards.tenants.middleware import MIDDLEWARE_KEY, TenantAuthFactory, caller
 from flightfeed.server.guards.tenants.registry import TenantRegistry
@@ -37,6 +37,7 @@ from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.observe.reports import MAX_REPORT_BYTES, validate_report
 from flightfeed.server.observe.shared import shared_snapshot
 from flightfeed.server.observe.snapshot import metrics_snapshot
+from flightfeed.server.observe.tenant_view import tenant_view
 from flightfeed.server.request.packed import packed_row_bytes, packed_schema
 from flightfeed.server.request.request_identity import job_digest
 from flightfeed.server.request.shared_messages import DEFAULT_SHARE_WINDOW, ShareWindow
@@ -106,7 +107,7 @@ class FlightFeedServer(flight.FlightServerBase):
         #: who may read what (docs/security.md); figures per tenant in /metrics and /stats
         self.tenants = tenants
         figures = TenantFigures(self.metrics.registry)
-        gate = FairGate(fair_slots) if tenants is not None and fair_slots else None
+        gate = FairGate(fair_slots, max_hold=FAIR_MAX_HOLD_S) if tenants is not None and fair_slots else None
         self.access = TenantAccess(tenants or TenantRegistry(TenantTable({})), figures, gate)
         self.metrics.sections["tenants"] = lambda: figures.snapshot(tenants=list(self.access.registry.table.tenants))
         #: runs the transform steps clients name (``--decode-workers`` threads)
@@ -332,13 +333,7 @@ class FlightFeedServer(flight.FlightServerBase):
         full = metrics_snapshot(
             self.metrics, [d.describe() for d in self.catalog.datasets() if d.name in shown], include_prometheus=False
         )
-        return {
-            "version": full.get("version"),
-            "time": full.get("time"),
-            "tenant": name,
-            "datasets": [d for d in full.get("datasets", []) if d.get("name") in shown],
-            "tenants": self.access.figures.snapshot(only=name),
-        }
+        return tenant_view(full, name, shown.__contains__)
 
 
 def _with_skip_metadata(batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> Iterator[Any]:

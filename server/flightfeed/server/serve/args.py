@@ -44,6 +44,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "max_bytes_per_s; reloaded on SIGHUP or a change of the file (docs/security.md)",
     )
     p.add_argument(
+        "--fair-slots", type=int, default=None, metavar="N",
+        help="with --tenants: messages made at once under the weighted fair queue (default: the process's "
+        "decode threads, i.e. its cores; 0: no fair queueing)",
+    )
+    p.add_argument(
         "--insecure", action="store_true",
         help="no warning for a non-loopback --host without --auth-token-file or TLS",
     )
@@ -181,6 +186,7 @@ def worker_argv(args: argparse.Namespace, datasets: dict[str, str], host: str) -
         "--tls-key": args.tls_key,
         "--auth-token-file": getattr(args, "operator_token_file", None) or args.auth_token_file,
         "--tenants": getattr(args, "tenants", None),
+        "--fair-slots": getattr(args, "fair_slots", None),
     }
     for flag, value in flags.items():
         if value is not None:

@@ -161,6 +161,9 @@ def run(args: argparse.Namespace) -> int:
     share_window = parse_size(window_setting) if isinstance(window_setting, str) else int(window_setting)
     if share_window < 0:
         raise ConfigError(f"--share-window {share_window}: must be >= 0 bytes (0 turns shared jobs off)")
+    fair_slots = int(setting(args, config, "fair_slots", decode_workers))
+    if fair_slots < 0:
+        raise ConfigError(f"--fair-slots {fair_slots}: must be >= 0 (0 turns fair queueing off)")
     sidecar_host = str(setting(args, config, "sidecar_host", "127.0.0.1"))
     if not (args.insecure or config.get("insecure", False)):
         sidecar_on = not (args.no_sidecar or config.get("no_sidecar", False))
@@ -182,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
             tls_certificates=tls,
             auth_token=token,
             tenants=tenants.registry,
-            fair_slots=int(decode_workers),
+            fair_slots=fair_slots,
             transformer=transformer,
             limits=limits,
             bytes_in_flight=budget,
@@ -233,7 +236,8 @@ def _serve(
             from flightfeed.server.sidecar.aggregate import AggregateSource
 
             source = AggregateSource(source, pool.live, token=token)
-        handle = start_sidecar(source, sidecar_host, int(setting(args, config, "sidecar_port", 8816)), token=token)
+        port = int(setting(args, config, "sidecar_port", 8816))
+        handle = start_sidecar(source, sidecar_host, port, token=token, tenants=server.tenants)
     print(f"{READY_PREFIX}{server.location}", flush=True)
     if handle is not None:
         print(f"sidecar: {handle.url}", flush=True)

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
-from flightfeed.server.guards.tenants.fair import FairGate, RateLimit
+from flightfeed.server.guards.tenants.fair import FairGate, RateLimit, Turn
 from flightfeed.server.guards.tenants.figures import TenantFigures
 from flightfeed.server.guards.tenants.middleware import caller
 from flightfeed.server.guards.tenants.registry import Grant, TenantRegistry
@@ -120,22 +120,27 @@ class TenantAccess:
     ) -> Iterator[pa.RecordBatch]:
         name = grant.tenant.name
         gate = self.gate
+        turn: Turn | None = None
         try:
             while True:
                 if not self.registry.allows(grant, dataset):
                     raise self.refuse(grant, context, "do_get", dataset, "token revoked or dataset withdrawn")
                 tenant = self.registry.current(grant)
-                if gate is None:
-                    batch = next(batches, None)
-                else:
-                    with gate.turn(name, tenant.weight) as turn:
-                        batch = next(batches, None)
-                        turn.cost = batch.nbytes if batch is not None else 0
+                if gate is not None:
+                    turn = gate.acquire(name, tenant.weight)
+                batch = next(batches, None)
                 if batch is None:
                     return
                 self.figures.sent(name, batch.num_rows, batch.nbytes)
                 if tenant.max_bytes_per_s is not None:
                     self.sleep(self._bucket(name, tenant.max_bytes_per_s).debt(batch.nbytes))
-                yield batch
+                if turn is not None:
+                    turn.cost = batch.nbytes
+                yield batch  # the turn spans the send: the writer asks for the next one once this is written
+                if gate is not None and turn is not None:
+                    gate.release(turn)
+                    turn = None
         finally:
+            if gate is not None and turn is not None:
+                gate.release(turn)
             self.figures.stream(name, -1)

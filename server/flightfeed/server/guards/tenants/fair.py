@@ -18,7 +18,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-__all__ = ["FairQueue", "FairGate", "Turn", "RateLimit"]
+__all__ = ["FairQueue", "FairGate", "Turn", "RateLimit", "FAIR_MAX_HOLD_S"]
+
+#: a turn spans making and sending one message; a reader that stops reading gives its slot up after this
+FAIR_MAX_HOLD_S = 0.25
 
 
 @dataclass
@@ -30,15 +33,23 @@ class Turn:
     seq: int
     cost: float = 0.0
     granted: bool = False
+    granted_at: float = 0.0
+    #: held past ``max_hold``: its slot was given to the next one (a stalled reader holds none)
+    expired: bool = False
 
 
 class FairQueue:
     """Not thread-safe: :class:`FairGate` holds a lock around it."""
 
-    def __init__(self, slots: int) -> None:
+    def __init__(
+        self, slots: int, *, max_hold: float | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
         self.slots = slots
+        self.max_hold = max_hold
+        self._clock = clock
+        self._held: dict[int, Turn] = {}
         self.busy = 0
         self.clock = 0.0
         self._vtime: dict[str, float] = {}
@@ -60,6 +71,13 @@ class FairQueue:
     def grant(self) -> list[Turn]:
         """Grant waiting turns while slots are free: smallest virtual time first (ties: arrival)."""
         out = []
+        if self.max_hold is not None and self.busy >= self.slots and self._waiting:
+            now = self._clock()
+            for seq, held in list(self._held.items()):
+                if now - held.granted_at > self.max_hold:
+                    held.expired = True
+                    del self._held[seq]
+                    self.busy -= 1
         while self.busy < self.slots and self._waiting:
             tenant = min(self._waiting, key=lambda t: (self._start(t), self._waiting[t][0].seq))
             queue = self._waiting[tenant]
@@ -69,6 +87,8 @@ class FairQueue:
             self.clock = self._start(tenant)
             self._vtime[tenant] = self.clock
             turn.granted = True
+            turn.granted_at = self._clock() if self.max_hold is not None else 0.0
+            self._held[turn.seq] = turn
             self.busy += 1
             out.append(turn)
         return out
@@ -76,7 +96,9 @@ class FairQueue:
     def done(self, turn: Turn) -> None:
         """The turn's message is made: charge its tenant ``cost / weight`` and free the slot."""
         self._vtime[turn.tenant] = self._vtime.get(turn.tenant, self.clock) + turn.cost / turn.weight
-        self.busy -= 1
+        if not turn.expired:
+            del self._held[turn.seq]
+            self.busy -= 1
         self.grant()
 
     def cancel(self, turn: Turn) -> None:
@@ -91,19 +113,22 @@ class FairQueue:
 
 
 class FairGate:
-    """:class:`FairQueue` for threads: ``with gate.turn(tenant, weight) as t: make(); t.cost = n``."""
+    """:class:`FairQueue` for threads: ``t = gate.acquire(tenant, weight)``, make and send the
+    message, ``t.cost = n; gate.release(t)`` (or ``with gate.turn(...) as t``). A turn held past
+    ``max_hold`` seconds (a reader that stopped reading) gives its slot up to the next in line."""
 
-    def __init__(self, slots: int) -> None:
-        self.queue = FairQueue(slots)
+    def __init__(self, slots: int, *, max_hold: float | None = None) -> None:
+        self.queue = FairQueue(slots, max_hold=max_hold)
         self._cond = threading.Condition()
+        self._wait = max_hold
 
-    @contextmanager
-    def turn(self, tenant: str, weight: float) -> Iterator[Turn]:
+    def acquire(self, tenant: str, weight: float) -> Turn:
         with self._cond:
             turn = self.queue.arrive(tenant, weight)
             try:
                 while not turn.granted:
-                    self._cond.wait()
+                    if not self._cond.wait(self._wait):
+                        self.queue.grant()  # a held turn may have expired
             except BaseException:
                 if turn.granted:
                     self.queue.done(turn)
@@ -111,12 +136,20 @@ class FairGate:
                     self.queue.cancel(turn)
                 self._cond.notify_all()
                 raise
+            return turn
+
+    def release(self, turn: Turn) -> None:
+        with self._cond:
+            self.queue.done(turn)
+            self._cond.notify_all()
+
+    @contextmanager
+    def turn(self, tenant: str, weight: float) -> Iterator[Turn]:
+        turn = self.acquire(tenant, weight)
         try:
             yield turn
         finally:
-            with self._cond:
-                self.queue.done(turn)
-                self._cond.notify_all()
+            self.release(turn)
 
 
 class RateLimit:

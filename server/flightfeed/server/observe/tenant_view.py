@@ -1,0 +1,22 @@
+"""What a tenant may see of a node's figures (Flight ``stats`` and the sidecar's ``/stats`` with a
+tenant's token): its datasets' rows and its own tenant row; nothing node-wide, no other dataset's
+name, no other client's address (docs/security.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = ["tenant_view"]
+
+
+def tenant_view(snapshot: Mapping[str, Any], tenant: str, may_read: Callable[[str], bool]) -> dict[str, Any]:
+    datasets = [d for d in snapshot.get("datasets", []) if isinstance(d, Mapping) and may_read(str(d.get("name")))]
+    rows = snapshot.get("tenants") or {}
+    return {
+        "version": snapshot.get("version"),
+        "time": snapshot.get("time"),
+        "tenant": tenant,
+        "datasets": datasets,
+        "tenants": {tenant: rows[tenant]} if tenant in rows else {},
+    }
