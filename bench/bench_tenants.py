@@ -123,7 +123,7 @@ def cost(data: Path, tmp: Path, passes: int) -> dict[str, Any]:
     tfile = tenants_file(tmp / "cost.toml", {"a": 1.0, "b": 1.0})
     for order in ("stored", "shuffled"):
         row: dict[str, Any] = {}
-        cases = (
+        cases: tuple[tuple[str, list[str], str | None], ...] = (
             ("no_tokens", [], None),
             ("tenants_checks_only", ["--tenants", str(tfile), "--fair-slots", "0"], TOKENS["a"]),
             ("tenants", ["--tenants", str(tfile)], TOKENS["a"]),
@@ -142,6 +142,32 @@ def cost(data: Path, tmp: Path, passes: int) -> dict[str, Any]:
         row["cpu_ratio_checks_and_fair_queue"] = row["tenants"]["server_cpu_s_per_gb"] / base
         out[order] = row
     return out
+
+
+def check_cost_per_message(n: int = 100_000, message_bytes: int = 4 << 20) -> dict[str, Any]:
+    """In this process, one thread: what a stream pays per message for tenants (the revocation
+    check and a fair turn renewed, uncontended), in CPU microseconds, and that as CPU s per GB at
+    ``message_bytes`` per message."""
+    from flightfeed.server.guards.tenants.fair import FairGate
+    from flightfeed.server.guards.tenants.registry import TenantRegistry
+    from flightfeed.server.guards.tenants.table import Tenant, TenantTable, salted
+
+    tenants = {f"t{i}": Tenant(f"t{i}", frozenset({salted(f"token-{i}")}), (f"data-{i}*",)) for i in range(10)}
+    registry = TenantRegistry(TenantTable(tenants))
+    grant = registry.identify(b"token-3")
+    assert grant is not None
+    gate = FairGate(2, max_hold=0.25)
+    turn = gate.acquire("t3", 1.0)
+    t0 = time.process_time()
+    for _ in range(n):
+        if not registry.allows(grant, "data-3-train"):
+            raise AssertionError("refused")
+        turn.cost = message_bytes
+        turn = gate.renew(turn, registry.current(grant).weight)
+    us = (time.process_time() - t0) / n * 1e6
+    gate.release(turn)
+    return {"us_per_message": us, "message_bytes": message_bytes,
+            "cpu_s_per_gb": us * 1e-6 * (1e9 / message_bytes), "load_avg_1m": load_average()}
 
 
 def main() -> None:
@@ -163,7 +189,9 @@ def main() -> None:
             run = fairness(data, tmp, weights, streams, slots, args.seconds)
             print(json.dumps(run), flush=True)
             runs.append(run)
-    result: dict[str, Any] = {"machine": machine(), "fairness": runs, "pid": os.getpid()}
+    result: dict[str, Any] = {"machine": machine(), "fairness": runs, "pid": os.getpid(),
+                              "check_per_message": check_cost_per_message()}
+    print(json.dumps(result["check_per_message"]), flush=True)
     if not args.skip_cost:
         result["cost"] = cost(data, tmp, args.passes)
         print(json.dumps(result["cost"]), flush=True)

@@ -113,3 +113,28 @@ def test_rate_limit_asks_to_wait_for_the_debt() -> None:
     assert limit.debt(50) == pytest.approx(0.5)
     now[0] = 1.5
     assert limit.debt(100) == pytest.approx(0.0)
+
+
+def _one_slot(renew: bool, steps: int = 40) -> list[str]:
+    """One slot; the heavy tenant (weight 3) has one stream, the light one (weight 1) three, all
+    always wanting their next message. ``renew``: a stream queues again before its slot is given out."""
+    queue = FairQueue(1)
+    pending = [queue.arrive("heavy", 3.0)] + [queue.arrive("light", 1.0) for _ in range(3)]
+    order = []
+    for _ in range(steps):
+        (turn,) = [t for t in pending if t.granted]
+        pending.remove(turn)
+        order.append(turn.tenant)
+        turn.cost = 1.0
+        if renew:
+            queue.done(turn, regrant=False)
+            pending.append(queue.arrive(turn.tenant, turn.weight))
+        else:  # release, then ask again
+            queue.done(turn)
+            pending.append(queue.arrive(turn.tenant, turn.weight))
+    return order
+
+
+def test_renew_lets_a_heavy_tenant_with_few_streams_keep_its_share() -> None:
+    assert 28 <= _one_slot(renew=True).count("heavy") <= 32  # 3 of every 4
+    assert _one_slot(renew=False).count("heavy") <= 21  # the slot it freed always went to the light one

@@ -126,8 +126,8 @@ class TenantAccess:
                 if not self.registry.allows(grant, dataset):
                     raise self.refuse(grant, context, "do_get", dataset, "token revoked or dataset withdrawn")
                 tenant = self.registry.current(grant)
-                if gate is not None:
-                    turn = gate.acquire(name, tenant.weight)
+                if gate is not None:  # the previous turn (its message now written) passes to the next
+                    turn = gate.acquire(name, tenant.weight) if turn is None else gate.renew(turn, tenant.weight)
                 batch = next(batches, None)
                 if batch is None:
                     return
@@ -137,9 +137,6 @@ class TenantAccess:
                 if turn is not None:
                     turn.cost = batch.nbytes
                 yield batch  # the turn spans the send: the writer asks for the next one once this is written
-                if gate is not None and turn is not None:
-                    gate.release(turn)
-                    turn = None
         finally:
             if gate is not None and turn is not None:
                 gate.release(turn)

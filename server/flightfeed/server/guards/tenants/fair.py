@@ -93,13 +93,15 @@ class FairQueue:
             out.append(turn)
         return out
 
-    def done(self, turn: Turn) -> None:
-        """The turn's message is made: charge its tenant ``cost / weight`` and free the slot."""
+    def done(self, turn: Turn, *, regrant: bool = True) -> None:
+        """The turn's message is made: charge its tenant ``cost / weight`` and free the slot
+        (``regrant=False``: the caller queues again before the slot is given out)."""
         self._vtime[turn.tenant] = self._vtime.get(turn.tenant, self.clock) + turn.cost / turn.weight
         if not turn.expired:
             del self._held[turn.seq]
             self.busy -= 1
-        self.grant()
+        if regrant:
+            self.grant()
 
     def cancel(self, turn: Turn) -> None:
         queue = self._waiting.get(turn.tenant)
@@ -114,7 +116,8 @@ class FairQueue:
 
 class FairGate:
     """:class:`FairQueue` for threads: ``t = gate.acquire(tenant, weight)``, make and send the
-    message, ``t.cost = n; gate.release(t)`` (or ``with gate.turn(...) as t``). A turn held past
+    message, ``t.cost = n``, then ``t = gate.renew(t, weight)`` for the stream's next message or
+    ``gate.release(t)`` at its end (or ``with gate.turn(...) as t``). A turn held past
     ``max_hold`` seconds (a reader that stopped reading) gives its slot up to the next in line."""
 
     def __init__(self, slots: int, *, max_hold: float | None = None) -> None:
@@ -124,19 +127,31 @@ class FairGate:
 
     def acquire(self, tenant: str, weight: float) -> Turn:
         with self._cond:
-            turn = self.queue.arrive(tenant, weight)
-            try:
-                while not turn.granted:
-                    if not self._cond.wait(self._wait):
-                        self.queue.grant()  # a held turn may have expired
-            except BaseException:
-                if turn.granted:
-                    self.queue.done(turn)
-                else:
-                    self.queue.cancel(turn)
-                self._cond.notify_all()
-                raise
-            return turn
+            return self._wait_granted(self.queue.arrive(tenant, weight))
+
+    def _wait_granted(self, turn: Turn) -> Turn:
+        """(Holding the lock.)"""
+        self._cond.notify_all()
+        try:
+            while not turn.granted:
+                if not self._cond.wait(self._wait):
+                    self.queue.grant()  # a held turn may have expired
+        except BaseException:
+            if turn.granted:
+                self.queue.done(turn)
+            else:
+                self.queue.cancel(turn)
+            self._cond.notify_all()
+            raise
+        return turn
+
+    def renew(self, turn: Turn, weight: float) -> Turn:
+        """The same stream's next turn: ``turn`` ends and the stream queues again in one step, so
+        the slot it frees goes to whoever is first by virtual time, this stream included (else a
+        tenant with few streams would hand every slot it frees to one with many)."""
+        with self._cond:
+            self.queue.done(turn, regrant=False)
+            return self._wait_granted(self.queue.arrive(turn.tenant, weight))
 
     def release(self, turn: Turn) -> None:
         with self._cond:
