@@ -3,6 +3,9 @@ the tenants reach every ``--workers`` process, and a change of the file reaches 
 
 from __future__ import annotations
 
+import hashlib
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -75,3 +78,34 @@ def test_serve_with_a_bad_tenants_file_exits_with_one_line(
     err = capsys.readouterr().err
     assert code == 2 and f"--tenants {tenants}: " in err and expected in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_sighup_reloads_the_coordinator_and_every_worker(small_dir: Path, tmp_path: Path) -> None:
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text(FILE)
+    proc, location = start_serve(f"img={small_dir}", "--tenants", str(tenants), "--workers", "2")
+    try:
+        c, opts = client(location, "vision-token")
+        cmd = ReadCommand(version=WIRE_VERSION, dataset="img", world_size=1, batch_rows=16, streams=4, num_workers=1)
+        info = c.get_flight_info(flight.FlightDescriptor.for_command(cmd.SerializeToString()), options=opts)
+        uris = sorted({ep.locations[0].uri.decode() for ep in info.endpoints})
+        assert len(uris) == 2
+        old = tenants.read_text()
+        st = tenants.stat()
+        digest = hashlib.sha256(b"vision-token-2").hexdigest()
+        new = f'[tenant.vision]\ntoken_sha256 = "{digest}"\ndatasets = ["img*"]\n'
+        new = new.ljust(len(old) - 1) + "\n"  # same size, inode and mtime: only SIGHUP can tell
+        with open(tenants, "r+") as f:
+            f.write(new)
+        os.utime(tenants, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert (tenants.stat().st_ino, tenants.stat().st_size, tenants.stat().st_mtime_ns) == (
+            st.st_ino, st.st_size, st.st_mtime_ns,
+        )
+        proc.send_signal(signal.SIGHUP)
+        for uri in uris:
+            _wait_refused(uri, "vision-token")
+            w, w_opts = client(uri, "vision-token-2")
+            assert [bytes((f.descriptor.path or [b""])[0]) for f in w.list_flights(options=w_opts)] == [b"img"]
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=60) == 0

@@ -34,7 +34,7 @@ from flightfeed.server.request.shared_messages import DEFAULT_SHARE_WINDOW
 from flightfeed.server.request.streaming import StreamSettings
 from flightfeed.server.serve.args import add_arguments, parse_datasets, setting, worker_argv
 from flightfeed.server.serve.config_file import load_config, merge_config
-from flightfeed.server.serve.tenants_setup import setup_tenants
+from flightfeed.server.serve.tenants_setup import forward_sighup, setup_tenants
 from flightfeed.server.storage import StorageOptions, open_catalog
 from flightfeed.server.storage.cli_options import (
     apply_config,
@@ -200,6 +200,8 @@ def run(args: argparse.Namespace) -> int:
                 command += ["--decode-workers", str(decode_workers)]
             cluster.workers = WorkerPool(command, workers - 1, token=token, tls_root_certs=roots)
             cluster.workers.start()
+            if tenants.registry is not None:  # SIGHUP reloads the tenants here and in every worker
+                forward_sighup(tenants.registry, cluster.workers)
         if clustered:
             cluster.membership = Membership(
                 cluster.me, cluster.datasets, static=peers, dns=dns, scheme=scheme, token=token, tls_root_certs=roots,

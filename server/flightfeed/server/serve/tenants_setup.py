@@ -26,7 +26,7 @@ from flightfeed.server.guards.tenants.table import operator_tenant
 from flightfeed.server.guards.tenants.tenants_file import Secrets
 from flightfeed.wire.errors import ConfigError
 
-__all__ = ["TenantSetup", "setup_tenants"]
+__all__ = ["TenantSetup", "setup_tenants", "forward_sighup"]
 
 
 @dataclass
@@ -72,3 +72,15 @@ def _private_file(token: str) -> str:
     return path
 
 
+
+
+def forward_sighup(registry: TenantRegistry, workers: Any) -> None:
+    """SIGHUP: reload here and pass the signal on to the ``--workers`` processes (``WorkerPool``)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGHUP"):
+        return
+
+    def on_hup(signum: int, _frame: Any) -> None:
+        registry.request_reload()
+        workers.send_signal(signum)
+
+    signal.signal(signal.SIGHUP, on_hup)
