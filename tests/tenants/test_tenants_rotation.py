@@ -160,3 +160,28 @@ def test_load_tenants_is_what_a_reload_reads(tmp_path: Path) -> None:
     path.write_text('[tenant.a]\ntoken = "a-token"\ndatasets = ["*"]\n')
     first = load_tenants(str(path), SECRETS)
     assert load_tenants(str(path), SECRETS).tenants == first.tenants  # hashed once: stable across reloads
+
+
+def test_the_torch_client_raises_permission_denied_when_its_token_is_revoked_mid_epoch(
+    big_dir: Path, tmp_path: Path
+) -> None:
+    from flightfeed.client import ConnectOptions, FlightDataset, ReadOptions
+    from flightfeed.client import PermissionDenied as ClientPermissionDenied
+
+    with tenant_server(big_dir, tmp_path, message_bytes=64 << 10) as (srv, registry, path):
+        ds = FlightDataset(srv.location, "imagenet-train", batch_size=256, shuffle=False,
+                           connect=ConnectOptions(token="vision-token"),
+                           options=ReadOptions(streams=1, report_interval=None))
+        batches = iter(ds)
+        seen = len(next(batches)["index"])
+        path.write_text(ROTATED.format(speech=_hashes(registry, "speech")))
+        assert registry.reload()
+        counted = [seen]
+
+        def rest() -> None:
+            for batch in batches:
+                counted.append(len(batch["index"]))
+
+        with pytest.raises(ClientPermissionDenied, match="tenant 'vision' may not read dataset 'imagenet-train'"):
+            rest()
+        assert 0 < sum(counted) < BIG_ROWS  # stopped, not retried into a full epoch
