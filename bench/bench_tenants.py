@@ -170,6 +170,70 @@ def check_cost_per_message(n: int = 100_000, message_bytes: int = 4 << 20) -> di
             "cpu_s_per_gb": us * 1e-6 * (1e9 / message_bytes), "load_avg_1m": load_average()}
 
 
+def rotation(data: Path, tmp: Path, rounds: int = 5) -> dict[str, Any]:
+    """``serve --tenants`` (one process, the file watched): tenant a's stream and tenant b's stream
+    running; a's token is replaced in the file. Counts a's messages after the write (until its
+    PermissionDenied), b's rows (every one exactly once?) and the time until a's new token is taken."""
+    import numpy as np
+    import pyarrow.flight as flight
+
+    from flightfeed.wire.messages import decode_ticket
+
+    def opts(token: str) -> Any:
+        headers: Any = [(b"authorization", f"Bearer {token}".encode())]
+        return flight.FlightCallOptions(headers=headers)
+
+    tfile = tmp / "rotation.toml"
+    out: list[dict[str, Any]] = []
+    for r in range(rounds):
+        tokens = {"a": f"a-token-{r}", "b": TOKENS["b"]}
+        tfile.write_text("".join(f'[tenant.{n}]\ntoken = "{t}"\ndatasets = ["data"]\n\n' for n, t in tokens.items()))
+        with flightfeed_server({"data": data}, "--tenants", str(tfile), "--workers", "1",
+                               "--message-size", "1MiB") as server:
+            c = flight.FlightClient(server.location)
+            info = c.get_flight_info(flight.FlightDescriptor.for_path("data"), options=opts(tokens["b"]))
+            a_reader = c.do_get(info.endpoints[0].ticket, options=opts(tokens["a"]))
+            b_reader = flight.FlightClient(server.location).do_get(info.endpoints[0].ticket, options=opts(tokens["b"]))
+            a_reader.read_chunk()
+            b_rows = [_index(b_reader.read_chunk())]
+            text = tfile.read_text()
+            end = text.index("[tenant.b]")
+            tfile.write_text(f'[tenant.a]\ntoken = "a-new-{r}"\ndatasets = ["data"]\n\n' + text[end:])
+            changed = time.monotonic()
+            after = 0
+            try:
+                for _ in a_reader:
+                    after += 1
+                a_outcome = "finished"
+            except flight.FlightError as exc:
+                a_outcome = "PermissionDenied" if "PermissionDenied" in str(exc) else f"error: {exc}"[:200]
+            new_ok = None
+            while time.monotonic() - changed < 30:
+                try:
+                    list(c.list_flights(options=opts(f"a-new-{r}")))
+                    new_ok = time.monotonic() - changed
+                    break
+                except flight.FlightUnauthenticatedError:
+                    time.sleep(0.01)
+            for chunk in b_reader:
+                b_rows.append(_index(chunk))
+            got = np.concatenate(b_rows)
+            out.append({"a_outcome": a_outcome, "a_messages_after_change": after, "new_token_s": new_ok,
+                        "b_rows": len(got),
+                        "b_rows_expected": int(decode_ticket(info.endpoints[0].ticket.ticket).expected_rows),
+                        "b_repeated": int(len(got) - len(np.unique(got))),
+                        "b_in_order": bool(np.all(np.diff(got) == 1))})
+    return {"rounds": out, "load_avg_1m": load_average(),
+            "note": "messages after the change include those made before the reload (watch interval 0.2 s) "
+                    "and those already in gRPC's buffers"}
+
+
+def _index(chunk: Any) -> Any:
+    if chunk.data is None:
+        raise RuntimeError("a message without data")
+    return chunk.data.column("index").to_numpy()
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--client", help=argparse.SUPPRESS)
@@ -177,12 +241,16 @@ def main() -> None:
     p.add_argument("--passes", type=int, default=2)
     p.add_argument("--rows", type=int, default=1600)
     p.add_argument("--skip-cost", action="store_true")
+    p.add_argument("--only-rotation", action="store_true")
     args = p.parse_args()
     if args.client:
         client_main(json.loads(args.client))
         return
     tmp = Path(tempfile.mkdtemp(prefix="bench-tenants-"))
     data = image_dataset(Path(tempfile.gettempdir()) / "flightfeed-bench-tenants", args.rows, shards=4)
+    if args.only_rotation:
+        print(json.dumps(rotation(data, tmp)), flush=True)
+        return
     runs = []
     for weights, streams in (({"a": 1.0, "b": 1.0}, {"a": 16, "b": 2}), ({"a": 3.0, "b": 1.0}, {"a": 2, "b": 16})):
         for slots in (None, 0):
@@ -192,6 +260,8 @@ def main() -> None:
     result: dict[str, Any] = {"machine": machine(), "fairness": runs, "pid": os.getpid(),
                               "check_per_message": check_cost_per_message()}
     print(json.dumps(result["check_per_message"]), flush=True)
+    result["rotation"] = rotation(data, tmp)
+    print(json.dumps(result["rotation"]), flush=True)
     if not args.skip_cost:
         result["cost"] = cost(data, tmp, args.passes)
         print(json.dumps(result["cost"]), flush=True)
