@@ -150,3 +150,19 @@ def test_a_single_auth_token_still_reads_every_dataset(small_dir: Path) -> None:
 
 
 _ = logging
+
+
+def test_max_bytes_per_s_holds_the_tenants_streams_back(big_dir: Path, tmp_path: Path) -> None:
+    text = '[tenant.a]\ntoken = "a-token"\ndatasets = ["*"]\nmax_bytes_per_s = "1MiB"\n'
+    with tenant_server(big_dir, tmp_path, text, message_bytes=256 << 10) as (srv, _, _):
+        waits: list[float] = []
+        srv.server.access.sleep = waits.append  # the waits asked for (no real sleeping, no timing)
+        srv.server.access.clock = lambda: 0.0  # a clock that stands still: the bucket never refills
+        c, opts = client(srv.location, "a-token")
+        info = c.get_flight_info(flight.FlightDescriptor.for_path("imagenet-val"), options=opts)
+        table = c.do_get(info.endpoints[0].ticket, options=opts).read_all()
+        sent = table.nbytes
+        # 1 MiB/s with 1 s of burst, never refilled: the last wait is what was sent beyond the burst
+        assert sent > 4 << 20
+        assert waits[-1] >= (sent - (1 << 20)) / (1 << 20) * 0.99
+        assert waits[-1] <= (sent - (1 << 20)) / (1 << 20) * 1.05

@@ -34,6 +34,7 @@ class TenantAccess:
         self._buckets: dict[str, RateLimit] = {}
         #: waits out a tenant's ``max_bytes_per_s`` (tests give a fake)
         self.sleep: Callable[[float], None] = time.sleep
+        self.clock: Callable[[], float] = time.monotonic
 
     def grant(self, context: Any) -> Grant | None:
         return caller(context)
@@ -112,7 +113,7 @@ class TenantAccess:
     def _bucket(self, tenant: str, rate: int) -> RateLimit:
         bucket = self._buckets.get(tenant)
         if bucket is None or bucket.rate != rate:
-            bucket = self._buckets[tenant] = RateLimit(rate)
+            bucket = self._buckets[tenant] = RateLimit(rate, clock=self.clock)
         return bucket
 
     def _checked(
