@@ -63,6 +63,9 @@ def test_the_tenants_component_gives_a_valid_statefulset_serving_tenants() -> No
     assert args[args.index("--tenants") + 1] == "/etc/flightfeed/tenants/tenants.toml"
     assert "--auth-token-file" in args  # the operator token stays (the node's own calls, /metrics)
     assert {"name": "tenants", "mountPath": "/etc/flightfeed/tenants", "readOnly": True} in server["volumeMounts"]
+    sidecar = patched["spec"]["template"]["spec"]["containers"][1]
+    assert sidecar["args"][sidecar["args"].index("--tenants") + 1] == "/etc/flightfeed/tenants/tenants.toml"
+    assert "--auth-token-file" in sidecar["args"]
     volumes = {v["name"]: v for v in patched["spec"]["template"]["spec"]["volumes"]}
     assert volumes["tenants"]["secret"]["secretName"] == "flightfeed-tenants"
 

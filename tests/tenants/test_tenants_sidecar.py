@@ -3,6 +3,8 @@ on /metrics; the operator's token sees every tenant's row (docs/security.md)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -46,3 +48,33 @@ def test_the_sidecar_shows_a_tenant_only_its_own(small_dir: Path, tmp_path: Path
         finally:
             handle.stop()
             source.close()
+
+
+def test_the_standalone_sidecar_reads_the_tenants_file_too(small_dir: Path, tmp_path: Path) -> None:
+    operator = tmp_path / "operator"
+    operator.write_text(OPERATOR_TOKEN + "\n")
+    with tenant_server(small_dir, tmp_path) as (srv, _, tenants):
+        cmd = [sys.executable, "-m", "flightfeed.server", "sidecar", "--flight", srv.location, "--port", "0",
+               "--auth-token-file", str(operator), "--tenants", str(tenants)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert proc.stdout is not None
+            url = next(line.split()[-1] for line in proc.stdout if line.startswith("flightfeed sidecar for"))
+            body = httpx.get(url + "/stats", headers={"Authorization": "Bearer speech-token"}, timeout=30).json()
+            assert body["tenant"] == "speech" and [d["name"] for d in body["datasets"]] == ["librispeech"]
+            assert httpx.get(url + "/metrics", headers={"Authorization": "Bearer speech-token"}).status_code == 403
+            full = httpx.get(url + "/stats", headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}, timeout=30)
+            assert len(full.json()["datasets"]) == 4
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+
+
+def test_the_standalone_sidecar_wants_the_operator_token_with_tenants(tmp_path: Path) -> None:
+    tenants = tmp_path / "t.toml"
+    tenants.write_text('[tenant.a]\ntoken_sha256 = "' + "0" * 64 + '"\ndatasets = ["*"]\n')
+    out = subprocess.run(
+        [sys.executable, "-m", "flightfeed.server", "sidecar", "--flight", "grpc://127.0.0.1:1", "--port", "0",
+         "--tenants", str(tenants)], capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 2 and "--tenants needs --auth-token-file" in out.stderr and "Traceback" not in out.stderr
