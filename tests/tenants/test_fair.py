@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from pathlib import Path
 
+import pyarrow.flight as flight
 import pytest
 
 from flightfeed.server.guards.tenants.fair import FairGate, FairQueue, RateLimit
+from flightfeed.wire import WIRE_VERSION
+from flightfeed.wire.feed_pb2 import ReadCommand, Shuffle
+from tests.tenants.support import client, tenant_server
 
 
 def _run(
@@ -138,3 +143,21 @@ def _one_slot(renew: bool, steps: int = 40) -> list[str]:
 def test_renew_lets_a_heavy_tenant_with_few_streams_keep_its_share() -> None:
     assert 28 <= _one_slot(renew=True).count("heavy") <= 32  # 3 of every 4
     assert _one_slot(renew=False).count("heavy") <= 21  # the slot it freed always went to the light one
+
+
+def test_a_shared_jobs_message_counts_once_per_tenant(small_dir: Path, tmp_path: Path) -> None:
+    """Two identical shuffled reads of one tenant: the second is served from the shared-jobs
+    window, and the fair queue charges the tenant for the bytes once."""
+    with tenant_server(small_dir, tmp_path, message_bytes=4096, fair_slots=2) as (srv, _, _):
+        c, opts = client(srv.location, "vision-token")
+        cmd = ReadCommand(version=WIRE_VERSION, dataset="imagenet-val", world_size=1, batch_rows=16, streams=1,
+                          num_workers=1, seed=3, shuffle=Shuffle(enabled=True))
+        (endpoint,) = c.get_flight_info(flight.FlightDescriptor.for_command(cmd.SerializeToString()),
+                                        options=opts).endpoints
+        first = c.do_get(endpoint.ticket, options=opts).read_all()
+        gate = srv.server.access.gate
+        assert gate is not None
+        once = gate.queue.virtual_times()["vision"]
+        second = c.do_get(endpoint.ticket, options=opts).read_all()
+        assert second.equals(first)
+        assert once > 0 and gate.queue.virtual_times()["vision"] == once  # the reuse cost nothing more

@@ -122,6 +122,7 @@ class FlightFeedServer(flight.FlightServerBase):
         self.metrics.sections["bytes_in_flight"] = self.bytes_in_flight.snapshot
         #: shared jobs: messages made once for identical requests (``--share-window`` bytes; 0: off)
         self.share_window = ShareWindow(share_window, self.metrics.shared)
+        self.access.shared = self.share_window.holds  # a shared message counts once per tenant (fair queue)
         self.metrics.sections["shared"] = self._shared_section
         install_chunk_stats(self.metrics, catalog)  # flightfeed_chunk_decodes_total, /stats chunk_cache
         for ds in catalog.datasets():  # a shard changed in place while served: count it

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -23,6 +24,7 @@ from flightfeed.wire.errors import PermissionDenied
 __all__ = ["TenantAccess", "audit_log"]
 
 audit_log = logging.getLogger("flightfeed.audit")
+_SEEN = 4096  # shared messages remembered per tenant (the window holds fewer)
 D = TypeVar("D")
 
 
@@ -35,6 +37,9 @@ class TenantAccess:
         #: waits out a tenant's ``max_bytes_per_s`` (tests give a fake)
         self.sleep: Callable[[float], None] = time.sleep
         self.clock: Callable[[], float] = time.monotonic
+        #: whether a message is kept in the shared-jobs window (the service sets it)
+        self.shared: Callable[[pa.RecordBatch], bool] = lambda _batch: False
+        self._seen: dict[str, OrderedDict[int, None]] = {}
 
     def grant(self, context: Any) -> Grant | None:
         return caller(context)
@@ -110,6 +115,20 @@ class TenantAccess:
             )
         return self._checked(grant, context, dataset, batches)
 
+    def _cost(self, tenant: str, batch: pa.RecordBatch) -> int:
+        """What the fair queue charges for ``batch``: its bytes, once per tenant for a message of
+        the shared-jobs window (made once, sent to several of the tenant's streams)."""
+        if not self.shared(batch):
+            return int(batch.nbytes)
+        seen = self._seen.setdefault(tenant, OrderedDict())
+        if id(batch) in seen:
+            seen.move_to_end(id(batch))
+            return 0
+        seen[id(batch)] = None
+        if len(seen) > _SEEN:
+            seen.popitem(last=False)
+        return int(batch.nbytes)
+
     def _bucket(self, tenant: str, rate: int) -> RateLimit:
         bucket = self._buckets.get(tenant)
         if bucket is None or bucket.rate != rate:
@@ -136,7 +155,7 @@ class TenantAccess:
                 if tenant.max_bytes_per_s is not None:
                     self.sleep(self._bucket(name, tenant.max_bytes_per_s).debt(batch.nbytes))
                 if turn is not None:
-                    turn.cost = batch.nbytes
+                    turn.cost = self._cost(name, batch)
                 yield batch  # the turn spans the send: the writer asks for the next one once this is written
         finally:
             if gate is not None and turn is not None:
