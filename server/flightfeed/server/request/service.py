@@ -304,7 +304,12 @@ class FlightFeedServer(flight.FlightServerBase):
             body = action.body.to_pybytes() if action.body is not None and tenant is None else b""
             return iter([self.cluster.health(body)])
         if kind == "stats" and tenant is not None:
-            return iter([json.dumps(self._tenant_stats(tenant.name, tenant.visible)).encode()])
+            shown = tenant.visible(self.catalog.names())  # its datasets' figures and its row, nothing node-wide
+            full = metrics_snapshot(
+                self.metrics, [d.describe() for d in self.catalog.datasets() if d.name in shown],
+                include_prometheus=False,
+            )
+            return iter([json.dumps(tenant_view(full, tenant.name, tenant.may_read)).encode()])
         if kind == "stats":
             snapshot = metrics_snapshot(self.metrics, datasets=[d.describe() for d in self.catalog.datasets()])
             pool = self.cluster.workers  # the same callable the embedded sidecar merges (serve.py)
@@ -328,13 +333,6 @@ class FlightFeedServer(flight.FlightServerBase):
         raise InvalidRequest(f"unknown action {kind[:100]!r}; actions: {sorted(_ACTIONS)}", field="action")
 
 
-    def _tenant_stats(self, name: str, visible: Any) -> dict[str, Any]:
-        """What a tenant's ``stats`` shows: its datasets' figures and its own row, nothing node-wide."""
-        shown = set(visible(self.catalog.names()))
-        full = metrics_snapshot(
-            self.metrics, [d.describe() for d in self.catalog.datasets() if d.name in shown], include_prometheus=False
-        )
-        return tenant_view(full, name, shown.__contains__)
 
 
 def _with_skip_metadata(batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> Iterator[Any]:
