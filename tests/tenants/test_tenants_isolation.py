@@ -16,6 +16,7 @@ from flightfeed.client import ConnectOptions, FlightDataset, PermissionDenied, R
 from flightfeed.client._connect.boundary import translate
 from flightfeed.server.testing import running_server
 from flightfeed.wire.errors import Unauthenticated
+from flightfeed.wire.feed_pb2 import ClientReport
 from flightfeed.wire.messages import decode_ticket
 from tests.datasets import SMALL_ROWS
 from tests.tenants.support import DATASETS, OPERATOR_TOKEN, client, tenant_server
@@ -166,3 +167,17 @@ def test_max_bytes_per_s_holds_the_tenants_streams_back(big_dir: Path, tmp_path:
         assert sent > 4 << 20
         assert waits[-1] >= (sent - (1 << 20)) / (1 << 20) * 0.99
         assert waits[-1] <= (sent - (1 << 20)) / (1 << 20) * 1.05
+
+
+def test_a_report_about_another_dataset_lists_only_the_tenants_own(small_dir: Path, tmp_path: Path) -> None:
+    with tenant_server(small_dir, tmp_path) as (srv, _, _):
+        c, opts = client(srv.location, "vision-token")
+        texts = []
+        for name in ("private-x", "no-such-set"):
+            body = ClientReport(dataset=name, client_id="c1").SerializeToString()
+            with pytest.raises(flight.FlightServerError) as info:
+                list(c.do_action(flight.Action("report", body), options=opts))
+            texts.append(str(translate(info.value)).replace(name, "NAME"))
+        assert texts[0] == texts[1] and "served datasets: imagenet-train, imagenet-val" in texts[0]
+        ok = ClientReport(dataset="imagenet-val", client_id="c1").SerializeToString()
+        assert [r.body.to_pybytes() for r in c.do_action(flight.Action("report", ok), options=opts)] == [b"ok"]
