@@ -182,3 +182,25 @@ def _parses_or_one_line(data: bytes) -> None:
         message = str(exc)
     if message:
         assert message.startswith("--tenants f.toml: ") and "\n" not in message and "Traceback" not in message
+
+
+_FUZZ_TABLE = parse_tenants(b'[tenant.a]\ntoken = "a-token"\ndatasets = ["*"]\n', "f.toml", NO_SECRETS).table
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=80) | st.text(max_size=80), max_size=3))
+def test_fuzz_any_authorization_header_is_a_caller_or_one_line_unauthenticated(values: list[str | bytes]) -> None:
+    import pyarrow.flight as flight
+
+    from flightfeed.server.guards.tenants.middleware import TenantAuthFactory
+    from flightfeed.server.guards.tenants.registry import TenantRegistry
+
+    factory = TenantAuthFactory(TenantRegistry(_FUZZ_TABLE))
+    message = ""
+    try:
+        factory.start_call(None, {"authorization": values})
+    except flight.FlightUnauthenticatedError as exc:  # the only error allowed
+        message = str(exc)
+    if message:
+        assert message.startswith("[flightfeed:Unauthenticated] missing or wrong bearer token") and "\n" not in message
+    assert factory.start_call(None, {"authorization": [*values, "Bearer a-token"]}).grant.tenant.name == "a"  # type: ignore[attr-defined]
