@@ -161,3 +161,12 @@ def test_a_shared_jobs_message_counts_once_per_tenant(small_dir: Path, tmp_path:
         second = c.do_get(endpoint.ticket, options=opts).read_all()
         assert second.equals(first)
         assert once > 0 and gate.queue.virtual_times()["vision"] == once  # the reuse cost nothing more
+
+
+def test_one_auth_token_alone_has_no_fair_queue(small_dir: Path) -> None:
+    """--auth-token-file without --tenants: one operator, nobody to share with; its streams are
+    not held to the fair slots."""
+    from flightfeed.server.testing import running_server
+
+    with running_server({"d": str(small_dir)}, auth_token="t0k", fair_slots=2) as srv:
+        assert srv.server.access.gate is None

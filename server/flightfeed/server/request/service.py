@@ -87,6 +87,7 @@ class FlightFeedServer(flight.FlightServerBase):
         tenants: TenantRegistry | None = None,
         fair_slots: int | None = None,
     ) -> None:
+        shared_tier = tenants is not None  # tenants from a file: fair queueing between them
         if tenants is None and auth_token is not None:  # one token: the operator, every dataset
             tenants = TenantRegistry(TenantTable({}, "--auth-token-file"), operator=operator_tenant(auth_token))
         middleware: dict[str, flight.ServerMiddlewareFactory] | None = (
@@ -107,7 +108,7 @@ class FlightFeedServer(flight.FlightServerBase):
         #: who may read what (docs/security.md); figures per tenant in /metrics and /stats
         self.tenants = tenants
         figures = TenantFigures(self.metrics.registry)
-        gate = FairGate(fair_slots, max_hold=FAIR_MAX_HOLD_S) if tenants is not None and fair_slots else None
+        gate = FairGate(fair_slots, max_hold=FAIR_MAX_HOLD_S) if shared_tier and fair_slots else None
         self.access = TenantAccess(tenants or TenantRegistry(TenantTable({})), figures, gate)
         self.metrics.sections["tenants"] = lambda: figures.snapshot(tenants=list(self.access.registry.table.tenants))
         #: runs the transform steps clients name (``--decode-workers`` threads)
