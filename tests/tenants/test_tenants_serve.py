@@ -109,3 +109,14 @@ def test_sighup_reloads_the_coordinator_and_every_worker(small_dir: Path, tmp_pa
     finally:
         proc.terminate()
         assert proc.wait(timeout=60) == 0
+
+
+def test_tenants_with_peers_want_the_shared_operator_token(
+    small_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text(FILE)
+    code = cli_main(["serve", f"img={small_dir}", "--port", "0", "--no-sidecar", "--tenants", str(tenants),
+                     "--peers", "grpc://127.0.0.1:1"])
+    err = capsys.readouterr().err
+    assert code == 2 and "give every data node the same --auth-token-file" in err and len(err.strip().splitlines()) == 1

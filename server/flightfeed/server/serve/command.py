@@ -122,6 +122,11 @@ def run(args: argparse.Namespace) -> int:
             "membership credential; give the nodes a secret of their own (e.g. `openssl rand -hex 32`)"
         )
     clustered = bool(peers or dns or key)  # with a credential, a node alone may be joined by others
+    if clustered and tenants.registry is not None and token_file is None:
+        raise ConfigError(
+            "--tenants with peers: give every data node the same --auth-token-file (the operator token the "
+            "nodes use between themselves; tenants' tokens never are), e.g. from `openssl rand -hex 32`"
+        )
     locality = clustered and not args.no_cache_locality
     if locality:  # shards come on first read, through their preferred node (not all at startup)
         options.s3_prefetch = False
