@@ -64,7 +64,10 @@ def user_words(text: str) -> str:
 def translate(exc: BaseException) -> BaseException:
     if isinstance(exc, FlightFeedError):
         return exc
-    if isinstance(exc, flight.FlightError | pa.ArrowException):
+    # get_schema's refusals reach pyarrow's client as ArrowInvalid / OSError (pyarrow maps no Flight
+    # error class there), carrying the same tagged text: translate those too
+    carrier = flight.FlightError | pa.ArrowException
+    if isinstance(exc, carrier) or (isinstance(exc, OSError | ValueError) and "[flightfeed:" in str(exc)):
         tagged = error_from_message(str(exc))
         if isinstance(tagged, InvalidRequest):
             return type(tagged)(user_words(str(tagged)))

@@ -119,6 +119,14 @@ class WorkerPool:
             return [w.describe() for w in self._workers]
 
     # -- lifecycle ------------------------------------------------------------------------
+    def send_signal(self, signum: int) -> None:
+        """Pass ``signum`` on to every running worker process (SIGHUP: reload the tenants)."""
+        with self._lock:  # live ones only: one still starting may not handle the signal yet (it reads the file then)
+            procs = [w.proc for w in self._workers if w.state == "live" and w.proc is not None]
+        for proc in procs:
+            with contextlib.suppress(OSError):  # it just exited: the pool restarts it with the file as it is now
+                proc.send_signal(signum)
+
     def start(self, wait_s: float = 120.0) -> None:
         """Start every worker; return once all serve (ConfigError if one exits before serving)."""
         for w in self._workers:

@@ -1,39 +1,14 @@
-"""Bearer-token authentication as Flight server middleware (``--auth-token-file``).
+"""Bearer-token checks shared by the sidecar: ``Authorization: Bearer <token>`` against one token.
 
-Every call must carry ``authorization: Bearer <token>``; a wrong or missing token is answered
-with FlightUnauthenticatedError. Tokens are compared in constant time.
+The Flight server identifies every call's tenant (or the ``--auth-token-file`` operator) in
+``guards.tenants.middleware``; tokens are compared in constant time (``hmac.compare_digest``).
 """
 
 from __future__ import annotations
 
 import hmac
-from typing import Any
 
-import pyarrow.flight as flight
-
-from flightfeed.wire.errors import Unauthenticated, error_tag
-from flightfeed.wire.tokens import normalize_token
-
-__all__ = ["TokenAuthFactory", "bearer_matches"]
-
-
-class _Pass(flight.ServerMiddleware):
-    pass
-
-
-class TokenAuthFactory(flight.ServerMiddlewareFactory):
-    def __init__(self, token: str) -> None:
-        super().__init__()
-        self._token = normalize_token(token, "the server's auth token").encode()
-
-    def start_call(self, info: Any, headers: Any) -> flight.ServerMiddleware:
-        values = headers.get("authorization") or headers.get("Authorization") or []
-        for value in values:
-            if bearer_matches(value, self._token):
-                return _Pass()
-        raise flight.FlightUnauthenticatedError(
-            error_tag(Unauthenticated("missing or wrong bearer token: pass the server's token to the client"))
-        )
+__all__ = ["bearer_matches"]
 
 
 def bearer_matches(header: str | bytes | None, token: bytes) -> bool:

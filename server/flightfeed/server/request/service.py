@@ -23,16 +23,22 @@ from flightfeed.server.cluster import Cluster
 from flightfeed.server.cluster.spread import first_slot
 from flightfeed.server.data.catalog import Catalog, Dataset
 from flightfeed.server.data.readahead import ReadAhead
-from flightfeed.server.guards.auth import TokenAuthFactory
 from flightfeed.server.guards.boundary import flight_errors, guarded_stream, schema_errors
 from flightfeed.server.guards.budget import BytesInFlight, metered, peer_host
 from flightfeed.server.guards.limits import Limits, check_read, check_ticket
 from flightfeed.server.guards.listen import grpc_log, release, start_failure
+from flightfeed.server.guards.tenants.access import TenantAccess
+from flightfeed.server.guards.tenants.fair import FAIR_MAX_HOLD_S, FairGate
+from flightfeed.server.guards.tenants.figures import TenantFigures
+from flightfeed.server.guards.tenants.middleware import MIDDLEWARE_KEY, TenantAuthFactory, caller
+from flightfeed.server.guards.tenants.registry import TenantRegistry
+from flightfeed.server.guards.tenants.table import TenantTable, operator_tenant
 from flightfeed.server.observe.chunk_stats import install_chunk_stats
 from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.observe.reports import MAX_REPORT_BYTES, validate_report
 from flightfeed.server.observe.shared import shared_snapshot
 from flightfeed.server.observe.snapshot import metrics_snapshot
+from flightfeed.server.observe.tenant_view import tenant_view
 from flightfeed.server.request.packed import packed_row_bytes, packed_schema
 from flightfeed.server.request.request_identity import job_digest
 from flightfeed.server.request.shared_messages import DEFAULT_SHARE_WINDOW, ShareWindow
@@ -81,9 +87,14 @@ class FlightFeedServer(flight.FlightServerBase):
         limits: Limits | None = None,
         bytes_in_flight: BytesInFlight | None = None,
         share_window: int = DEFAULT_SHARE_WINDOW,
+        tenants: TenantRegistry | None = None,
+        fair_slots: int | None = None,
     ) -> None:
+        shared_tier = tenants is not None  # tenants from a file: fair queueing between them
+        if tenants is None and auth_token is not None:  # one token: the operator, every dataset
+            tenants = TenantRegistry(TenantTable({}, "--auth-token-file"), operator=operator_tenant(auth_token))
         middleware: dict[str, flight.ServerMiddlewareFactory] | None = (
-            {"auth": TokenAuthFactory(auth_token)} if auth_token is not None else None
+            {MIDDLEWARE_KEY: TenantAuthFactory(tenants)} if tenants is not None else None
         )
         certs: Any = list(tls_certificates or [])
         try:
@@ -97,6 +108,12 @@ class FlightFeedServer(flight.FlightServerBase):
         release(captured)
         self.catalog = catalog
         self.metrics = metrics or ServerMetrics()
+        #: who may read what (docs/security.md); figures per tenant in /metrics and /stats
+        self.tenants = tenants
+        figures = TenantFigures(self.metrics.registry)
+        gate = FairGate(fair_slots, max_hold=FAIR_MAX_HOLD_S) if shared_tier and fair_slots else None
+        self.access = TenantAccess(tenants or TenantRegistry(TenantTable({})), figures, gate)
+        self.metrics.sections["tenants"] = lambda: figures.snapshot(tenants=list(self.access.registry.table.tenants))
         #: runs the transform steps clients name (``--decode-workers`` threads)
         self.transformer = transformer or Transformer(metrics=self.metrics)
         # one message size: the settings' (the target) is also the limits' (the cap)
@@ -109,6 +126,7 @@ class FlightFeedServer(flight.FlightServerBase):
         self.metrics.sections["bytes_in_flight"] = self.bytes_in_flight.snapshot
         #: shared jobs: messages made once for identical requests (``--share-window`` bytes; 0: off)
         self.share_window = ShareWindow(share_window, self.metrics.shared)
+        self.access.shared = self.share_window.holds  # a shared message counts once per tenant (fair queue)
         self.metrics.sections["shared"] = self._shared_section
         install_chunk_stats(self.metrics, catalog)  # flightfeed_chunk_decodes_total, /stats chunk_cache
         for ds in catalog.datasets():  # a shard changed in place while served: count it
@@ -164,9 +182,16 @@ class FlightFeedServer(flight.FlightServerBase):
         rows = sum(int(t.expected_rows) for t in tickets)
         return flight.FlightInfo(schema, descriptor, endpoints, total_records=rows, total_bytes=-1, ordered=True)
 
+    def _dataset(self, context: Any, name: str, call: str) -> Dataset:
+        """The dataset ``name`` if the caller may read it (else PermissionDenied, see guards/tenants)."""
+        return self.access.dataset(context, name, call, self.catalog.get, lambda n: n in self.catalog.names())
+
     @flight_errors
     def list_flights(self, context: Any, criteria: Any) -> Iterator[Any]:
+        visible = set(self.access.visible(context, self.catalog.names()))
         for ds in self.catalog.datasets():
+            if ds.name not in visible:
+                continue
             yield flight.FlightInfo(
                 ds.schema,
                 flight.FlightDescriptor.for_path(ds.name),
@@ -178,10 +203,11 @@ class FlightFeedServer(flight.FlightServerBase):
     @flight_errors
     def get_flight_info(self, context: Any, descriptor: flight.FlightDescriptor) -> Any:
         if descriptor.descriptor_type == flight.DescriptorType.PATH:
-            ds = self._path_dataset(descriptor)
+            ds = self._dataset(context, self._path_name(descriptor), "get_flight_info")
             return self._info(ds, descriptor, stored_order_tickets(ds, self.settings), ds.schema, first_slot(ds.name))
         cmd = decode_command(descriptor.command or b"")
-        ds = self.catalog.get(cmd.dataset)
+        ds = self._dataset(context, cmd.dataset, "get_flight_info")
+        self.access.check_streams(context, int(cmd.streams), ds.name)
         check_columns(ds, list(cmd.columns))
         check_read(ds, cmd, self.limits, self._row_bytes(ds, cmd))
         tickets = make_tickets(ds, cmd, self.settings, self.transformer, nodes=len(self.cluster.nodes()))
@@ -200,20 +226,20 @@ class FlightFeedServer(flight.FlightServerBase):
     @schema_errors
     def get_schema(self, context: Any, descriptor: flight.FlightDescriptor) -> Any:
         if descriptor.descriptor_type == flight.DescriptorType.PATH:
-            return flight.SchemaResult(self._path_dataset(descriptor).schema)
+            return flight.SchemaResult(self._dataset(context, self._path_name(descriptor), "get_schema").schema)
         cmd = decode_command(descriptor.command or b"")
-        ds = self.catalog.get(cmd.dataset)
+        ds = self._dataset(context, cmd.dataset, "get_schema")
         check_columns(ds, list(cmd.columns))
         return flight.SchemaResult(self._schema(ds, cmd))
 
-    def _path_dataset(self, descriptor: flight.FlightDescriptor) -> Dataset:
+    def _path_name(self, descriptor: flight.FlightDescriptor) -> str:
         path = descriptor.path or []
         if len(path) != 1:
             raise InvalidRequest(
                 f"path descriptor must have one element (the dataset name), got {len(path)}",
                 field="descriptor.path",
             )
-        return self.catalog.get(path[0].decode("utf-8", "replace"))
+        return str(path[0].decode("utf-8", "replace"))
 
     # -- data -----------------------------------------------------------------------------
     @flight_errors
@@ -231,7 +257,7 @@ class FlightFeedServer(flight.FlightServerBase):
         """A checked ticket, its schema and its (counted, metered, error-guarded) RecordBatches:
         what ``do_get`` streams. Validation errors are raised here, before the stream starts."""
         t = decode_ticket(ticket.ticket)
-        ds = self.catalog.get(t.read.dataset)
+        ds = self._dataset(context, t.read.dataset, "do_get")
         check_columns(ds, list(t.read.columns))
         row_bytes = self._row_bytes(ds, t.read)
         check_ticket(ds, t, self.limits, row_bytes, int(t.num_rows) if t.read.HasField("pack") else None)
@@ -241,6 +267,7 @@ class FlightFeedServer(flight.FlightServerBase):
         if views_wanted(t.read):  # the reader takes view columns (docs/wire-views.md)
             schema = wire_schema(schema)
             made = map(to_wire, made, repeat(schema))
+        made = self.access.stream(context, ds.name, made)
         batches = metered(
             made, self.bytes_in_flight, client, ds.name, t.message_rows * row_bytes, self.share_window.holds
         )
@@ -285,8 +312,18 @@ class FlightFeedServer(flight.FlightServerBase):
     @flight_errors
     def do_action(self, context: Any, action: flight.Action) -> Iterator[bytes]:
         kind = action.type
-        if kind == "health":
-            return iter([self.cluster.health(action.body.to_pybytes() if action.body is not None else b"")])
+        grant = caller(context)
+        tenant = grant.tenant if grant is not None and not grant.tenant.operator else None
+        if kind == "health":  # a tenant gets the plain answer, never the node's detail
+            body = action.body.to_pybytes() if action.body is not None and tenant is None else b""
+            return iter([self.cluster.health(body)])
+        if kind == "stats" and tenant is not None:
+            shown = tenant.visible(self.catalog.names())  # its datasets' figures and its row, nothing node-wide
+            full = metrics_snapshot(
+                self.metrics, [d.describe() for d in self.catalog.datasets() if d.name in shown],
+                include_prometheus=False,
+            )
+            return iter([json.dumps(tenant_view(full, tenant.name, tenant.may_read)).encode()])
         if kind == "stats":
             snapshot = metrics_snapshot(self.metrics, datasets=[d.describe() for d in self.catalog.datasets()])
             pool = self.cluster.workers  # the same callable the embedded sidecar merges (serve.py)
@@ -299,13 +336,16 @@ class FlightFeedServer(flight.FlightServerBase):
                     f"report body is {len(body)} bytes; a ClientReport may have at most {MAX_REPORT_BYTES}",
                     field="report",
                 )
-            self.metrics.client_report(validate_report(decode_report(body), self.catalog.names()))
+            names = self.access.visible(context, self.catalog.names())
+            self.metrics.client_report(validate_report(decode_report(body), names))
             return iter([b"ok"])
         if kind == "shard":
+            self.access.operator_only(context, "the shard action")
             from flightfeed.server.cluster.locality import serve_shard
 
             return serve_shard(self.catalog, action.body.to_pybytes() if action.body is not None else b"")
         raise InvalidRequest(f"unknown action {kind[:100]!r}; actions: {sorted(_ACTIONS)}", field="action")
+
 
 
 

@@ -39,6 +39,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls-key", metavar="PEM", help="TLS private key")
     p.add_argument("--auth-token-file", metavar="FILE", help="require 'authorization: Bearer <token in FILE>'")
     p.add_argument(
+        "--tenants", metavar="FILE", default=None,
+        help="TOML file of tenants: each one's token, datasets (names or globs), weight, max_streams, "
+        "max_bytes_per_s; reloaded on SIGHUP or a change of the file (docs/security.md)",
+    )
+    p.add_argument(
+        "--fair-slots", type=int, default=None, metavar="N",
+        help="with --tenants: messages made at once under the weighted fair queue (default: the process's "
+        "decode threads, i.e. its cores; 0: no fair queueing)",
+    )
+    p.add_argument(
         "--insecure", action="store_true",
         help="no warning for a non-loopback --host without --auth-token-file or TLS",
     )
@@ -176,7 +186,9 @@ def worker_argv(args: argparse.Namespace, datasets: dict[str, str], host: str) -
         "--small-shard-size": getattr(args, "small_shard_size", None),
         "--tls-cert": args.tls_cert,
         "--tls-key": args.tls_key,
-        "--auth-token-file": args.auth_token_file,
+        "--auth-token-file": getattr(args, "operator_token_file", None) or args.auth_token_file,
+        "--tenants": getattr(args, "tenants", None),
+        "--fair-slots": getattr(args, "fair_slots", None),
     }
     for flag, value in flags.items():
         if value is not None:

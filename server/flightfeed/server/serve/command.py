@@ -34,6 +34,7 @@ from flightfeed.server.request.shared_messages import DEFAULT_SHARE_WINDOW
 from flightfeed.server.request.streaming import StreamSettings
 from flightfeed.server.serve.args import add_arguments, parse_datasets, setting, worker_argv
 from flightfeed.server.serve.config_file import load_config, merge_config
+from flightfeed.server.serve.tenants_setup import forward_sighup, setup_tenants
 from flightfeed.server.storage import StorageOptions, open_catalog
 from flightfeed.server.storage.cli_options import (
     apply_config,
@@ -111,9 +112,24 @@ def run(args: argparse.Namespace) -> int:
     apply_config(options, args, config)
     token_file = setting(args, config, "auth_token_file", None)
     token = read_token_file(token_file) if token_file else None
+    tenants = setup_tenants(setting(args, config, "tenants", None), token, token_file, os.environ)
+    token = tenants.token  # the operator's: the node's own calls (workers, peers, the sidecar)
+    args.operator_token_file = tenants.token_file
     cluster_token_file = setting(args, config, "cluster_token_file", None)
     key = read_cluster_key(str(cluster_token_file), token) if cluster_token_file else None
+    if key is not None and tenants.registry is not None and tenants.registry.identify(
+        read_token_file(str(cluster_token_file), "--cluster-token-file").encode()
+    ) is not None:
+        raise ConfigError(
+            f"--cluster-token-file {cluster_token_file} holds a tenant's token: only data nodes may hold the "
+            "membership credential; give the nodes a secret of their own (e.g. `openssl rand -hex 32`)"
+        )
     clustered = bool(peers or dns or key)  # with a credential, a node alone may be joined by others
+    if clustered and tenants.registry is not None and token_file is None:
+        raise ConfigError(
+            "--tenants with peers: give every data node the same --auth-token-file (the operator token the "
+            "nodes use between themselves; tenants' tokens never are), e.g. from `openssl rand -hex 32`"
+        )
     locality = clustered and not args.no_cache_locality
     if locality:  # shards come on first read, through their preferred node (not all at startup)
         options.s3_prefetch = False
@@ -153,6 +169,9 @@ def run(args: argparse.Namespace) -> int:
     share_window = parse_size(window_setting) if isinstance(window_setting, str) else int(window_setting)
     if share_window < 0:
         raise ConfigError(f"--share-window {share_window}: must be >= 0 bytes (0 turns shared jobs off)")
+    fair_slots = int(setting(args, config, "fair_slots", decode_workers))
+    if fair_slots < 0:
+        raise ConfigError(f"--fair-slots {fair_slots}: must be >= 0 (0 turns fair queueing off)")
     sidecar_host = str(setting(args, config, "sidecar_host", "127.0.0.1"))
     if not (args.insecure or config.get("insecure", False)):
         sidecar_on = not (args.no_sidecar or config.get("no_sidecar", False))
@@ -173,6 +192,8 @@ def run(args: argparse.Namespace) -> int:
             settings=settings,
             tls_certificates=tls,
             auth_token=token,
+            tenants=tenants.registry,
+            fair_slots=fair_slots,
             transformer=transformer,
             limits=limits,
             bytes_in_flight=budget,
@@ -187,6 +208,8 @@ def run(args: argparse.Namespace) -> int:
                 command += ["--decode-workers", str(decode_workers)]
             cluster.workers = WorkerPool(command, workers - 1, token=token, tls_root_certs=roots)
             cluster.workers.start()
+            if tenants.registry is not None:  # SIGHUP reloads the tenants here and in every worker
+                forward_sighup(tenants.registry, cluster.workers)
         if clustered:
             cluster.membership = Membership(
                 cluster.me, cluster.datasets, static=peers, dns=dns, scheme=scheme, token=token, tls_root_certs=roots,
@@ -223,7 +246,8 @@ def _serve(
             from flightfeed.server.sidecar.aggregate import AggregateSource
 
             source = AggregateSource(source, pool.live, token=token)
-        handle = start_sidecar(source, sidecar_host, int(setting(args, config, "sidecar_port", 8816)), token=token)
+        port = int(setting(args, config, "sidecar_port", 8816))
+        handle = start_sidecar(source, sidecar_host, port, token=token, tenants=server.tenants)
     print(f"{READY_PREFIX}{server.location}", flush=True)
     if handle is not None:
         print(f"sidecar: {handle.url}", flush=True)

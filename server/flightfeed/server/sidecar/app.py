@@ -21,6 +21,10 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from flightfeed.server.guards.auth import bearer_matches
+from flightfeed.server.guards.tenants.middleware import bearer_token
+from flightfeed.server.guards.tenants.registry import TenantRegistry
+from flightfeed.server.guards.tenants.table import Tenant
+from flightfeed.server.observe.tenant_view import tenant_view
 from flightfeed.server.sidecar.sources import StatsSource, not_ready_reason
 from flightfeed.wire.errors import FlightFeedError
 from flightfeed.wire.tokens import normalize_token
@@ -37,8 +41,10 @@ def dashboard_html() -> str:
     return resources.files("flightfeed.server.sidecar").joinpath("dashboard.html").read_text(encoding="utf-8")
 
 
-def create_app(source: StatsSource, token: str | None = None) -> FastAPI:
-    """The sidecar app over ``source`` (a LocalSource or a RemoteSource); ``token``: see the module doc."""
+def create_app(source: StatsSource, token: str | None = None, tenants: TenantRegistry | None = None) -> FastAPI:
+    """The sidecar app over ``source`` (a LocalSource or a RemoteSource); ``token``: see the module doc.
+    With ``tenants``, a tenant's token gets ``/stats`` cut to its own datasets and row
+    (``observe.tenant_view``) and 403 on ``/metrics``; the operator's (``token``) sees everything."""
     app = FastAPI(
         title="flightfeed sidecar",
         description="Metrics, stats, health and a live dashboard of one flightfeed data node.",
@@ -52,6 +58,18 @@ def create_app(source: StatsSource, token: str | None = None) -> FastAPI:
     def allowed(request: Request) -> bool:
         return secret is None or bearer_matches(request.headers.get("authorization"), secret)
 
+    def tenant(request: Request) -> Tenant | None:
+        given = bearer_token(request.headers.get("authorization"))
+        grant = tenants.identify(given) if tenants is not None and given else None
+        return grant.tenant if grant is not None and not grant.tenant.operator else None
+
+    def tenant_refused(who: Tenant) -> JSONResponse:
+        return JSONResponse(
+            {"error": f"tenant {who.name!r} may read /stats (its own datasets) only; /metrics is the operator's"},
+            status_code=403,
+            headers=_NO_STORE,
+        )
+
     def refused() -> JSONResponse:
         return JSONResponse(
             {"error": "this sidecar wants 'Authorization: Bearer <token>' (the server's --auth-token-file)"},
@@ -62,17 +80,23 @@ def create_app(source: StatsSource, token: str | None = None) -> FastAPI:
     @app.get("/metrics")
     def metrics(request: Request) -> Response:
         if not allowed(request):
-            return refused()
+            who = tenant(request)
+            return tenant_refused(who) if who is not None else refused()
         return Response(source.prometheus_text(), media_type=CONTENT_TYPE_LATEST, headers=_NO_STORE)
 
     @app.get("/stats")
     def stats(request: Request) -> JSONResponse:
+        who = None
         if not allowed(request):
-            return refused()
+            who = tenant(request)
+            if who is None:
+                return refused()
         try:
             body: dict[str, Any] = source.stats()
         except FlightFeedError as exc:
             return JSONResponse({"error": str(exc), "flight_up": False}, status_code=503, headers=_NO_STORE)
+        if who is not None:
+            body = tenant_view(body, who.name, who.may_read)
         return JSONResponse(body, headers=_NO_STORE)
 
     @app.get("/healthz")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import signal
 import sys
 import threading
@@ -29,6 +30,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--auth-token-file", type=Path,
         help="file holding the server's bearer token: sent to the server, and wanted on /metrics, /stats and /",
+    )
+    parser.add_argument(
+        "--tenants", metavar="FILE", default=None,
+        help="the server's --tenants file: a tenant's token then gets /stats cut to its own datasets "
+        "(needs --auth-token-file, the operator's; docs/security.md)",
     )
     parser.add_argument("--tls-root-cert", type=Path, help="PEM root certificate(s) of a grpc+tls server")
     parser.add_argument("--timeout", type=float, default=2.0, help="seconds per Flight call (default 2)")
@@ -62,9 +68,18 @@ def run(args: argparse.Namespace) -> int:
     if not getattr(args, "insecure", False):
         for line in sidecar_exposure_warnings(args.host, has_token=token is not None):
             print(line, file=sys.stderr, flush=True)
+    registry = None
+    if getattr(args, "tenants", None):
+        if token is None:
+            raise ConfigError(
+                "--tenants needs --auth-token-file: the operator token the sidecar sends to the server"
+            )
+        from flightfeed.server.serve.tenants_setup import setup_tenants
+
+        registry = setup_tenants(args.tenants, token, str(args.auth_token_file), os.environ).registry
     # the server's figures, plus its --workers processes' (listed in its stats answer)
     source = standalone_source(args.flight, timeout_s=args.timeout, token=token, tls_root_certs=roots)
-    handle = start_sidecar(source, args.host, args.port, log_level=args.log_level, token=token)
+    handle = start_sidecar(source, args.host, args.port, log_level=args.log_level, token=token, tenants=registry)
     print(f"flightfeed sidecar for {args.flight} at {handle.url}", flush=True)
     stop = threading.Event()
 
@@ -81,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         handle.stop()
         source.close()
+        if registry is not None:
+            registry.stop()
     return 0
 
 

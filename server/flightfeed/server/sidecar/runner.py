@@ -13,6 +13,7 @@ import time
 
 import uvicorn
 
+from flightfeed.server.guards.tenants.registry import TenantRegistry
 from flightfeed.server.sidecar.app import create_app
 from flightfeed.server.sidecar.sources import StatsSource
 from flightfeed.wire.errors import ConfigError
@@ -76,10 +77,10 @@ def _bind(host: str, port: int) -> socket.socket:
 
 def start_sidecar(
     source: StatsSource, host: str = "127.0.0.1", port: int = 8816, *, log_level: str = "warning",
-    start_timeout: float = 10.0, token: str | None = None,
+    start_timeout: float = 10.0, token: str | None = None, tenants: TenantRegistry | None = None,
 ) -> SidecarHandle:
-    """Serve ``create_app(source, token)`` on ``host:port`` (0: any free port) from a daemon thread."""
-    app = create_app(source, token)
+    """Serve ``create_app(source, token, tenants)`` on ``host:port`` (0: any free port) from a daemon thread."""
+    app = create_app(source, token, tenants)
     sock = _bind(host, port)
     config = uvicorn.Config(
         app,
