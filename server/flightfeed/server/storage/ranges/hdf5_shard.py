@@ -11,7 +11,6 @@ its chunks through the page cache would cost one small GET per metadata page and
 
 from __future__ import annotations
 
-import io
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -24,6 +23,7 @@ from flightfeed.server.readers.hdf5.reader import Hdf5Shard
 from flightfeed.server.storage.cache.shard_cache import ShardCache
 from flightfeed.server.storage.ranges.arrow_shard import NeedsWholeShard
 from flightfeed.server.storage.ranges.block_store import BlockStore
+from flightfeed.server.storage.ranges.file_object import SeekableFile
 from flightfeed.server.storage.ranges.source import RangeSource, Span
 from flightfeed.server.storage.ranges.staged import StagedRanges
 from flightfeed.wire.errors import ShardError
@@ -61,28 +61,12 @@ class _Pages:
         return data
 
 
-class PagedFile(io.RawIOBase):
+class PagedFile(SeekableFile):
     """A read-only, seekable file object over a remote file's pages (what h5py reads through)."""
 
     def __init__(self, pages: _Pages) -> None:
-        super().__init__()
+        super().__init__(pages.source.size)
         self._pages = pages
-        self._size = pages.source.size
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")

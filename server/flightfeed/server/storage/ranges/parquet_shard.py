@@ -9,7 +9,6 @@ metadata, so pyarrow reads nothing else. Empty row groups are skipped, as the lo
 
 from __future__ import annotations
 
-import io
 import struct
 from typing import Any
 
@@ -20,6 +19,7 @@ import pyarrow.parquet as pq
 from flightfeed.server.readers.base import ShardFields
 from flightfeed.server.storage.cache.shard_cache import ShardCache
 from flightfeed.server.storage.ranges.block_store import BlockStore
+from flightfeed.server.storage.ranges.file_object import SeekableFile
 from flightfeed.server.storage.ranges.source import RangeSource, Span
 from flightfeed.server.storage.ranges.staged import StagedRanges, with_gaps
 from flightfeed.wire.errors import ShardError
@@ -30,26 +30,12 @@ _MAGIC = b"PAR1"
 _TAIL = 64 << 10
 
 
-class _Block(io.RawIOBase):
+class _Block(SeekableFile):
     """A read-only file of ``size`` bytes of which only ``[lo, lo + len(data))`` can be read."""
 
     def __init__(self, size: int, lo: int, data: Any) -> None:
-        super().__init__()
-        self._size, self._lo, self._data = size, lo, memoryview(data).cast("B")
-        self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        self._pos = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence] + offset
-        return self._pos
+        super().__init__(size)
+        self._lo, self._data = lo, memoryview(data).cast("B")
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
