@@ -148,7 +148,11 @@ class Hdf5Shard(ShardFields):
                 obj = self._file[c.path]
                 assert isinstance(obj, h5py.Dataset), c.path
                 out[c.path] = obj
-                reader = deflate_chunks(obj, self._chunks) if not c.select and c.text is None else None
+                # the chunk map's offsets are in the dataset's own file: one behind an external
+                # link lives in another file, whose chunks HDF5 reads (read_direct_chunk)
+                here = obj.file.filename == self._file.filename
+                source = self._chunks if here else None
+                reader = deflate_chunks(obj, source) if not c.select and c.text is None else None
                 if reader is not None:
                     fast[c.path] = reader
         return out, fast
