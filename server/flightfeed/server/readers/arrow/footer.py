@@ -17,7 +17,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["IpcLayout", "read_ipc_layout", "fb_table", "fb_deref"]
+__all__ = ["IpcLayout", "read_ipc_layout", "fb_table", "fb_deref", "footer_blocks"]
 
 MAGIC = b"ARROW1"
 _WHOLE = 64 << 10  # files up to this size are read in one call
@@ -106,6 +106,21 @@ def _rows(meta: bytes) -> int:
     return 0 if length is None else int(_I64.unpack_from(meta, length)[0])
 
 
+def footer_blocks(footer: bytes, footer_at: int) -> list[tuple[int, int, int]]:
+    """The record batch blocks ``(offset, metadata length, body length)`` an IPC file's footer lists
+    (the footer starts at byte ``footer_at``); ``ValueError`` for a block outside the file's body."""
+    batches = fb_table(footer, fb_deref(footer, 0))(3)
+    blocks: list[tuple[int, int, int]] = []
+    if batches is not None:
+        vector = fb_deref(footer, batches)
+        for i in range(_U32.unpack_from(footer, vector)[0]):
+            offset, meta_length, body_length = _BLOCK.unpack_from(footer, vector + 4 + _BLOCK.size * i)
+            if offset < 8 or offset + meta_length + body_length > footer_at:
+                raise ValueError(f"record batch {i} lies outside the file's body (truncated?)")
+            blocks.append((offset, meta_length, body_length))
+    return blocks
+
+
 def read_ipc_layout(fd: int, size: int) -> IpcLayout:
     """The layout of the Arrow IPC *file* open at ``fd`` (``size`` bytes); ``ValueError`` when it
     is not one (or is truncated)."""
@@ -123,15 +138,8 @@ def read_ipc_layout(fd: int, size: int) -> IpcLayout:
         prefix = f.read(8, 8)
         meta_len = _I32.unpack_from(prefix, 4 if _U32.unpack_from(prefix, 0)[0] == _CONTINUATION else 0)[0]
         schema_message = f.read(8, (8 if _U32.unpack_from(prefix, 0)[0] == _CONTINUATION else 4) + meta_len)
-        batches = fb_table(footer, fb_deref(footer, 0))(3)
-        rows: list[int] = []
-        if batches is not None:
-            vector = fb_deref(footer, batches)
-            for i in range(_U32.unpack_from(footer, vector)[0]):
-                offset, meta_length, body_length = _BLOCK.unpack_from(footer, vector + 4 + _BLOCK.size * i)
-                if offset < 8 or offset + meta_length + body_length > footer_at:
-                    raise ValueError(f"record batch {i} lies outside the file's body (truncated?)")
-                rows.append(_rows(_message(f.read(offset, meta_length))))
+        blocks = footer_blocks(footer, footer_at)
+        rows = [_rows(_message(f.read(offset, meta_length))) for offset, meta_length, _ in blocks]
     except (struct.error, IndexError) as exc:
         raise ValueError(f"malformed IPC metadata ({exc})") from None
     return IpcLayout(schema_message, tuple(rows))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from flightfeed.server.readers.arrow.footer import MAGIC, fb_deref, fb_table
+from flightfeed.server.readers.arrow.footer import MAGIC, fb_deref, fb_table, footer_blocks
 from flightfeed.server.storage.ranges.source import RangeSource, Span
 from flightfeed.wire.errors import ShardError
 
@@ -29,7 +29,6 @@ _META_GAP = 16 << 10
 _I32 = struct.Struct("<i")
 _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
-_BLOCK = struct.Struct("<qi4xq")  # Block: offset, metaDataLength, (padding), bodyLength
 _CONTINUATION = 0xFFFFFFFF
 _RECORD_BATCH = 3
 
@@ -119,15 +118,10 @@ def read_arrow_index(source: RangeSource, rows: tuple[int, ...] | None = None) -
         table = fb_table(footer, fb_deref(footer, 0))
         dicts = table(2)
         dictionaries = 0 if dicts is None else int(_U32.unpack_from(footer, fb_deref(footer, dicts))[0])
-        batches = table(3)
-        blocks: list[tuple[int, int, int]] = []
-        if batches is not None:
-            vector = fb_deref(footer, batches)
-            for i in range(_U32.unpack_from(footer, vector)[0]):
-                offset, m_len, b_len = _BLOCK.unpack_from(footer, vector + 4 + _BLOCK.size * i)
-                if offset < 8 or offset + m_len + b_len > footer_at:
-                    raise ShardError(f"{where}: record batch {i} lies outside the file's body (truncated?)")
-                blocks.append((offset, m_len, b_len))
+        try:
+            blocks = footer_blocks(footer, footer_at)
+        except ValueError as exc:
+            raise ShardError(f"{where}: {exc}") from None
     except (struct.error, IndexError) as exc:
         raise ShardError(f"{where}: malformed Arrow IPC footer ({exc})") from None
     if rows is None:
