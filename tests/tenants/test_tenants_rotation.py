@@ -77,6 +77,25 @@ def test_a_revoked_token_ends_its_stream_and_the_others_go_on(big_dir: Path, tmp
         assert srv.server.access.figures.snapshot()["vision"]["refusals"] == 1
 
 
+def test_a_change_of_the_file_ends_a_revoked_stream_at_its_next_message_without_the_watcher(
+    big_dir: Path, tmp_path: Path
+) -> None:
+    """No reload() call and no watcher thread: the stream itself looks at the file before each
+    message, so the revocation does not wait for the watcher's next look."""
+    with tenant_server(big_dir, tmp_path, message_bytes=64 << 10) as (srv, registry, path):
+        assert registry._thread is None  # the test server starts no watcher
+        vision = _open(srv.location, "vision-token", "imagenet-train")
+        got_v = [_index(vision.read_chunk())]
+        reloads = registry.reloads
+        path.write_text(ROTATED.format(speech=_hashes(registry, "speech")))  # vision's token replaced
+        with pytest.raises(flight.FlightError) as info:
+            _rest(vision, got_v)
+        assert isinstance(translate(info.value), PermissionDenied)
+        assert 0 < sum(map(len, got_v)) < BIG_ROWS
+        assert registry.reloads == reloads + 1  # read once, whatever streams asked
+        assert not registry.fresh()  # unchanged since: no second read
+
+
 def test_a_token_added_beside_the_old_one_works_at_once_and_the_old_streams_go_on(
     big_dir: Path, tmp_path: Path
 ) -> None:

@@ -143,6 +143,7 @@ class TenantAccess:
         turn: Turn | None = None
         try:
             while True:
+                self.registry.fresh()  # a change of the file since the last message takes effect now
                 if not self.registry.allows(grant, dataset):
                     raise self.refuse(grant, context, "do_get", dataset, "token revoked or dataset withdrawn")
                 tenant = self.registry.current(grant)

@@ -22,7 +22,8 @@ __all__ = ["TenantRegistry", "Grant", "WATCH_INTERVAL_S"]
 
 log = logging.getLogger("flightfeed.server.tenants")
 
-#: how often the file's mtime is looked at (a new token works within this of the change)
+#: how often the watcher looks at the file's mtime (a new token works within this of the change;
+#: a stream also looks before each of its messages: :meth:`TenantRegistry.fresh`)
 WATCH_INTERVAL_S = 0.2
 
 
@@ -76,11 +77,23 @@ class TenantRegistry:
         """The tenant as the file says now (its limits may have changed); the grant's otherwise."""
         return self._table.tenants.get(grant.tenant.name, grant.tenant)
 
-    def reload(self) -> bool:
-        """Read the file again; on a problem keep the tenants in force and log one line."""
+    def fresh(self) -> bool:
+        """Reload now when the file changed since it was last read (one ``stat``): a stream asks
+        before each message, so a revoked token's stream ends at its next message after the change,
+        not only after the watcher's next look."""
+        if self._loader is None or _stamp(self.path) == self._stamp:
+            return False
+        return self.reload(if_changed=True)
+
+    def reload(self, *, if_changed: bool = False) -> bool:
+        """Read the file again; on a problem keep the tenants in force and log one line.
+        ``if_changed``: only when the file changed since the last read (streams racing to reload
+        one change read it once)."""
         if self._loader is None:
             return False
         with self._lock:
+            if if_changed and _stamp(self.path) == self._stamp:
+                return False
             self._stamp = _stamp(self.path)
             try:
                 table = self._loader()
