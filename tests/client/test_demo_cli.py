@@ -3,6 +3,8 @@ so the addresses appear only with ``--keep-serving``, while they answer (docs/cl
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
 import sys
@@ -24,8 +26,9 @@ def test_the_demo_prints_no_address_of_its_stopped_server(tmp_path: Path) -> Non
 
 
 def test_keep_serving_prints_live_addresses_until_ctrl_c(tmp_path: Path) -> None:
+    # its own process group, so a failed test takes the demo's server down with it
     proc = subprocess.Popen([*DEMO, "--data-dir", str(tmp_path), "--keep-serving"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert proc.stdout is not None
         lines = []
@@ -45,5 +48,7 @@ def test_keep_serving_prints_live_addresses_until_ctrl_c(tmp_path: Path) -> None
         assert proc.wait(timeout=60) == 0
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the demo's server, if the demo left it

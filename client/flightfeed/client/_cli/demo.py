@@ -155,5 +155,8 @@ def _serve_until_interrupted(proc: subprocess.Popen[str], location: str, sidecar
     """Print the live addresses and wait for Ctrl-C (or the server's own end)."""
     shown = f"server:  {location}" + (f"   dashboard: {sidecar}/" if sidecar else "")
     print(f"{shown}   (serving until Ctrl-C)", flush=True)
+    # wait in short steps: a process-wide SIGINT may be taken by one of gRPC's threads, and then a
+    # blocking wait in the main thread is never interrupted (the handler runs once it wakes up)
     with contextlib.suppress(KeyboardInterrupt):
-        proc.wait()
+        while proc.poll() is None:
+            time.sleep(0.2)
