@@ -1,14 +1,10 @@
-"""The Flight service: list_flights, get_flight_info (one endpoint per stream), do_get, actions.
-
-Actions: ``stats`` (JSON figures for the sidecar; ``worker_locations`` lists the ``--workers``
-processes this one supervises, so a standalone sidecar merges theirs too), ``report`` (a client's
-ClientReport protobuf), ``health`` (b"ok"). Every handler goes through the error boundary in ``_boundary``.
-"""
+"""The Flight service: list_flights, get_flight_info (one endpoint per stream), get_schema, do_get;
+its actions (stats, report, health, shard) are ``request/actions``. Every handler goes through
+the error boundary (``guards/boundary``); with tenants, every call is checked (docs/security.md)."""
 
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -30,15 +26,13 @@ from flightfeed.server.guards.listen import grpc_log, release, start_failure
 from flightfeed.server.guards.tenants.access import TenantAccess
 from flightfeed.server.guards.tenants.fair import FAIR_MAX_HOLD_S, FairGate
 from flightfeed.server.guards.tenants.figures import TenantFigures
-from flightfeed.server.guards.tenants.middleware import MIDDLEWARE_KEY, TenantAuthFactory, caller
+from flightfeed.server.guards.tenants.middleware import MIDDLEWARE_KEY, TenantAuthFactory
 from flightfeed.server.guards.tenants.registry import TenantRegistry
 from flightfeed.server.guards.tenants.table import TenantTable, operator_tenant
 from flightfeed.server.observe.chunk_stats import install_chunk_stats
 from flightfeed.server.observe.metrics import ServerMetrics
-from flightfeed.server.observe.reports import MAX_REPORT_BYTES, validate_report
 from flightfeed.server.observe.shared import shared_snapshot
-from flightfeed.server.observe.snapshot import metrics_snapshot
-from flightfeed.server.observe.tenant_view import tenant_view
+from flightfeed.server.request.actions import ACTIONS, run_action
 from flightfeed.server.request.packed import packed_row_bytes, packed_schema
 from flightfeed.server.request.request_identity import job_digest
 from flightfeed.server.request.shared_messages import DEFAULT_SHARE_WINDOW, ShareWindow
@@ -56,19 +50,12 @@ from flightfeed.server.request.streaming import (
 from flightfeed.server.request.view_rows import to_wire, views_wanted
 from flightfeed.server.transforms import SKIP_KEY, Transformer
 from flightfeed.wire.errors import InvalidRequest
-from flightfeed.wire.messages import decode_command, decode_report, decode_ticket
+from flightfeed.wire.messages import decode_command, decode_ticket
 from flightfeed.wire.views import wire_schema
 
 __all__ = ["FlightFeedServer"]
 
 log = logging.getLogger("flightfeed.server")
-
-_ACTIONS = {
-    "stats": "JSON figures: throughput, streams, cache, clients, datasets",
-    "report": "a client's stall/throughput report (flightfeed.v1.ClientReport)",
-    "health": "b'ok' while ready (fails while draining); a JSON body asks for the node's detail",
-    "shard": "a peer data node's cache miss: the bytes of one remote shard (JSON {dataset, uri})",
-}
 
 
 class FlightFeedServer(flight.FlightServerBase):
@@ -307,46 +294,11 @@ class FlightFeedServer(flight.FlightServerBase):
     # -- actions --------------------------------------------------------------------------
     @flight_errors
     def list_actions(self, context: Any) -> Any:
-        return list(_ACTIONS.items())
+        return list(ACTIONS.items())
 
     @flight_errors
     def do_action(self, context: Any, action: flight.Action) -> Iterator[bytes]:
-        kind = action.type
-        grant = caller(context)
-        tenant = grant.tenant if grant is not None and not grant.tenant.operator else None
-        if kind == "health":  # a tenant gets the plain answer, never the node's detail
-            body = action.body.to_pybytes() if action.body is not None and tenant is None else b""
-            return iter([self.cluster.health(body)])
-        if kind == "stats" and tenant is not None:
-            shown = tenant.visible(self.catalog.names())  # its datasets' figures and its row, nothing node-wide
-            full = metrics_snapshot(
-                self.metrics, [d.describe() for d in self.catalog.datasets() if d.name in shown],
-                include_prometheus=False,
-            )
-            return iter([json.dumps(tenant_view(full, tenant.name, tenant.may_read)).encode()])
-        if kind == "stats":
-            snapshot = metrics_snapshot(self.metrics, datasets=[d.describe() for d in self.catalog.datasets()])
-            pool = self.cluster.workers  # the same callable the embedded sidecar merges (serve.py)
-            snapshot["worker_locations"] = pool.live() if pool is not None else []
-            return iter([json.dumps(snapshot).encode()])
-        if kind == "report":
-            body = action.body.to_pybytes() if action.body is not None else b""
-            if len(body) > MAX_REPORT_BYTES:
-                raise InvalidRequest(
-                    f"report body is {len(body)} bytes; a ClientReport may have at most {MAX_REPORT_BYTES}",
-                    field="report",
-                )
-            names = self.access.visible(context, self.catalog.names())
-            self.metrics.client_report(validate_report(decode_report(body), names))
-            return iter([b"ok"])
-        if kind == "shard":
-            self.access.operator_only(context, "the shard action")
-            from flightfeed.server.cluster.locality import serve_shard
-
-            return serve_shard(self.catalog, action.body.to_pybytes() if action.body is not None else b"")
-        raise InvalidRequest(f"unknown action {kind[:100]!r}; actions: {sorted(_ACTIONS)}", field="action")
-
-
+        return run_action(self, context, action)
 
 
 def _with_skip_metadata(batches: Iterator[pa.RecordBatch], schema: pa.Schema) -> Iterator[Any]:
