@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import httpx
@@ -29,6 +30,9 @@ def test_keep_serving_prints_live_addresses_until_ctrl_c(tmp_path: Path) -> None
     # its own process group, so a failed test takes the demo's server down with it
     proc = subprocess.Popen([*DEMO, "--data-dir", str(tmp_path), "--keep-serving"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    errors: list[str] = []  # read as it comes: a pipe nobody reads fills and stops the demo
+    assert proc.stderr is not None
+    threading.Thread(target=lambda: errors.extend(proc.stderr or []), daemon=True).start()
     try:
         assert proc.stdout is not None
         lines = []
@@ -45,7 +49,10 @@ def test_keep_serving_prints_live_addresses_until_ctrl_c(tmp_path: Path) -> None
         client.close()
         assert httpx.get(dashboard, timeout=30).status_code == 200
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 0
+        try:
+            assert proc.wait(timeout=60) == 0, "".join(errors)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("the demo did not stop on SIGINT; its stderr: " + "".join(errors)) from None
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -11,10 +11,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 import pyarrow as pa
@@ -100,7 +103,14 @@ def _start_server(data: Path) -> tuple[subprocess.Popen[str], str, str | None]:
     if location is None:
         proc.kill()
         raise ConfigError(f"the demo server did not start (exit code {proc.wait()})")
+    # what the server prints later is read and dropped: a pipe nobody reads fills and stops it
+    threading.Thread(target=_drain, args=(proc.stdout,), name="flightfeed-demo-server-out", daemon=True).start()
     return proc, location, sidecar
+
+
+def _drain(out: IO[str]) -> None:
+    for _line in out:
+        pass
 
 
 def run(args: argparse.Namespace) -> int:
@@ -155,8 +165,15 @@ def _serve_until_interrupted(proc: subprocess.Popen[str], location: str, sidecar
     """Print the live addresses and wait for Ctrl-C (or the server's own end)."""
     shown = f"server:  {location}" + (f"   dashboard: {sidecar}/" if sidecar else "")
     print(f"{shown}   (serving until Ctrl-C)", flush=True)
-    # wait in short steps: a process-wide SIGINT may be taken by one of gRPC's threads, and then a
-    # blocking wait in the main thread is never interrupted (the handler runs once it wakes up)
-    with contextlib.suppress(KeyboardInterrupt):
-        while proc.poll() is None:
-            time.sleep(0.2)
+    # Ctrl-C (and SIGTERM) end the wait even where the demo was started with SIGINT ignored (a
+    # background job of a non-interactive shell: Python then installs no handler of its own)
+    previous = {s: signal.signal(s, signal.default_int_handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        # short steps: a process-wide signal may be taken by one of gRPC's threads, and a blocking
+        # wait in the main thread would not be interrupted (the handler runs once it wakes up)
+        with contextlib.suppress(KeyboardInterrupt):
+            while proc.poll() is None:
+                time.sleep(0.2)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
