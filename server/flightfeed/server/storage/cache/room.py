@@ -200,7 +200,9 @@ class Room:
 
     def figures(self) -> dict[str, int]:
         """The node's disk as this process sees it now (``/stats`` ``shard_cache``), and this
-        process's counts."""
+        process's counts. (Caller holds the cache's lock.) Mappings let go since the last drain are
+        folded in first, so a file no message maps any more is not shown in use."""
+        self.held.drain()
         self.index.refresh()
         claims = self.claims.others(reclaim=False)
         held = self.held.held_inodes(self.entries.live)
