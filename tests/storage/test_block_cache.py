@@ -23,6 +23,7 @@ from flightfeed.server.storage.ranges.source import RangeSource
 from flightfeed.server.storage.ranges.staged import with_gaps
 from flightfeed.server.storage.s3 import filesystem_for
 from flightfeed.server.testing.local_s3 import LocalS3
+from tests.support.listing import bytes_of
 
 ROWS_PER_BATCH = 64
 BATCHES = 32
@@ -52,7 +53,7 @@ def _shard(s3: LocalS3, uri: str, key: str, size: int, cache: ShardCache | None)
 def _disk(directory: Path) -> int:
     committed = sum(n for _, n, _, _ in CacheFiles(str(directory)).listing())
     staged = directory / ".tmp"
-    return committed + (sum(p.stat().st_size for p in staged.iterdir() if p.is_file()) if staged.exists() else 0)
+    return committed + (bytes_of(staged.iterdir()) if staged.exists() else 0)
 
 
 def test_two_processes_share_one_block_budget(s3: LocalS3, tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from flightfeed.server.storage.ranges.parquet_shard import RangedParquetShard
 from flightfeed.server.testing import running_server
 from flightfeed.server.testing.local_s3 import LocalS3
 from flightfeed.wire.errors import ShardError
+from tests.support.listing import bytes_of
 
 ROW_BYTES = 4096
 BATCH_ROWS = 128  # 512 KiB record batches
@@ -56,7 +57,7 @@ def _figures(metrics: ServerMetrics, dataset: str) -> dict[str, Any]:
 
 
 def _cache_disk(directory: Path) -> int:
-    return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file() and not p.name.endswith(".meta"))
+    return bytes_of(directory.rglob("*"), lambda p: not p.name.endswith(".meta"))
 
 
 @pytest.fixture
