@@ -18,12 +18,16 @@ from flightfeed.server.cluster import WorkerPool
 from flightfeed.wire.errors import ConfigError
 from tests.cluster.conftest import action, nodes
 
-#: a worker stand-in (a real process): killed by a signal on its first run, serving on the next
+#: a worker stand-in (a real process): the first one to run is killed by a signal, the others (and its
+#: restart) serve
 _DIES_ONCE = """
 import os, signal, sys
 marker = sys.argv[1]
-if not os.path.exists(marker):
-    open(marker, "w").close()
+try:  # created atomically: exactly one of the workers started together is the first
+    os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+except FileExistsError:
+    pass
+else:
     os.kill(os.getpid(), signal.SIGKILL)
 print("flight: grpc://127.0.0.1:1", flush=True)
 sys.stdin.read()  # until the pool closes the pipe
