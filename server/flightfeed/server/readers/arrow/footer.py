@@ -17,7 +17,7 @@ import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["IpcLayout", "read_ipc_layout", "fb_table", "fb_deref", "footer_blocks"]
+__all__ = ["IpcLayout", "read_ipc_layout", "fb_table", "fb_deref", "footer_blocks", "message_body", "batch_rows"]
 
 MAGIC = b"ARROW1"
 _WHOLE = 64 << 10  # files up to this size are read in one call
@@ -82,7 +82,7 @@ class _File:
         return got
 
 
-def _message(buf: bytes) -> bytes:
+def message_body(buf: bytes) -> bytes:
     """The flatbuffer of an encapsulated message (continuation marker and length stripped)."""
     if len(buf) < 8:
         raise ValueError("message prefix cut short")
@@ -94,7 +94,8 @@ def _message(buf: bytes) -> bytes:
     return buf[start : start + length]
 
 
-def _rows(meta: bytes) -> int:
+def batch_rows(meta: bytes) -> int:
+    """The row count of a record batch message's flatbuffer; ``ValueError`` for another message."""
     message = fb_table(meta, fb_deref(meta, 0))
     kind = message(1)
     if kind is None or meta[kind] != _RECORD_BATCH:
@@ -139,7 +140,7 @@ def read_ipc_layout(fd: int, size: int) -> IpcLayout:
         meta_len = _I32.unpack_from(prefix, 4 if _U32.unpack_from(prefix, 0)[0] == _CONTINUATION else 0)[0]
         schema_message = f.read(8, (8 if _U32.unpack_from(prefix, 0)[0] == _CONTINUATION else 4) + meta_len)
         blocks = footer_blocks(footer, footer_at)
-        rows = [_rows(_message(f.read(offset, meta_length))) for offset, meta_length, _ in blocks]
+        rows = [batch_rows(message_body(f.read(offset, meta_length))) for offset, meta_length, _ in blocks]
     except (struct.error, IndexError) as exc:
         raise ValueError(f"malformed IPC metadata ({exc})") from None
     return IpcLayout(schema_message, tuple(rows))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from flightfeed.server.readers.arrow.footer import MAGIC, fb_deref, fb_table, footer_blocks
+from flightfeed.server.readers.arrow.footer import MAGIC, batch_rows, fb_deref, fb_table, footer_blocks, message_body
 from flightfeed.server.storage.ranges.source import RangeSource, Span
 from flightfeed.wire.errors import ShardError
 
@@ -28,9 +28,7 @@ _TAIL = 64 << 10
 _META_GAP = 16 << 10
 _I32 = struct.Struct("<i")
 _U32 = struct.Struct("<I")
-_I64 = struct.Struct("<q")
 _CONTINUATION = 0xFFFFFFFF
-_RECORD_BATCH = 3
 
 
 @dataclass(frozen=True)
@@ -65,25 +63,6 @@ class ArrowIndex:
 
     def schema(self) -> pa.Schema:
         return pa.ipc.read_schema(pa.py_buffer(self.schema_message))
-
-
-def _message(buf: bytes, where: str) -> bytes:
-    first = _U32.unpack_from(buf, 0)[0]
-    start = 8 if first == _CONTINUATION else 4
-    length = _I32.unpack_from(buf, start - 4)[0]
-    if length <= 0 or start + length > len(buf):
-        raise ShardError(f"{where}: a record batch's metadata is cut short (not an Arrow IPC file?)")
-    return buf[start : start + length]
-
-
-def _rows(meta: bytes, where: str) -> int:
-    message = fb_table(meta, fb_deref(meta, 0))
-    kind = message(1)
-    header = message(2)
-    if kind is None or meta[kind] != _RECORD_BATCH or header is None:
-        raise ShardError(f"{where}: a footer block does not hold a record batch message")
-    length = fb_table(meta, fb_deref(meta, header))(0)
-    return 0 if length is None else int(_I64.unpack_from(meta, length)[0])
 
 
 def read_arrow_index(source: RangeSource, rows: tuple[int, ...] | None = None) -> ArrowIndex:
@@ -142,6 +121,8 @@ def _batch_rows(source: RangeSource, blocks: list[tuple[int, int, int]]) -> tupl
     # at start-up beyond batches smaller than ``_META_GAP``)
     source.read_many(spans, lambda span, future: got.__setitem__(span, future), gap_bytes=_META_GAP)
     try:
-        return tuple(_rows(_message(got[s].result().to_pybytes(), source.uri), source.uri) for s in spans)
+        return tuple(batch_rows(message_body(got[s].result().to_pybytes())) for s in spans)
+    except ValueError as exc:  # a message cut short, or a footer block that is no record batch
+        raise ShardError(f"{source.uri}: {exc} (not an Arrow IPC file?)") from None
     except (struct.error, IndexError) as exc:
         raise ShardError(f"{source.uri}: malformed record batch metadata ({exc})") from None
