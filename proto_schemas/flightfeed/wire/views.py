@@ -95,7 +95,23 @@ def wire_field(field: pa.Field[Any]) -> pa.Field[Any]:
 
 
 def wire_schema(schema: pa.Schema) -> pa.Schema:
-    """``schema`` with its view-eligible fields as :func:`wire_field` makes them (metadata kept)."""
+    """``schema`` with its view-eligible fields as :func:`wire_field` makes them (metadata kept;
+    memoised: asked per message). The memo's key holds the fields' and the schema's metadata:
+    schemas compare equal without it."""
+    key = (tuple(map(_metadata_items, schema)), _items(schema.metadata))
+    return _wire_schema(schema, key)
+
+
+def _metadata_items(field: pa.Field[Any]) -> tuple[tuple[bytes, bytes], ...] | None:
+    return _items(field.metadata)
+
+
+def _items(meta: dict[bytes, bytes] | None) -> tuple[tuple[bytes, bytes], ...] | None:
+    return tuple(sorted(meta.items())) if meta else None
+
+
+@functools.lru_cache(maxsize=64)
+def _wire_schema(schema: pa.Schema, key: object) -> pa.Schema:
     fields = [wire_field(f) for f in schema]
     if all(map(pa.Field.equals, fields, schema)):
         return schema

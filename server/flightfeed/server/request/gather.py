@@ -6,8 +6,9 @@
 * ``gather``: arbitrary rows (a shuffled message). Fixed-width columns (primitives, FixedSizeList,
   ``arrow.fixed_shape_tensor``) are copied once, in native code without the GIL, straight into
   message order (``fixed_rows``; ``ChunkedArray.take`` on a multi-chunk FixedSizeList concatenates
-  the chunks first and is two orders of magnitude slower); other columns use Arrow ``take`` per
-  chunk. No Python runs per row.
+  the chunks first and is two orders of magnitude slower); lists of fixed-width values (token
+  documents) are copied a row at a time in native code (``ragged_rows``: Arrow's list ``take``
+  gathers value by value); other columns use Arrow ``take`` per chunk. No Python runs per row.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import pyarrow as pa
 from flightfeed.server.data.catalog import Dataset
 from flightfeed.server.readers.open_files import shared_open_files
 from flightfeed.server.request.fixed_rows import FixedOut, fixed_layout, flat_values, gather_fixed
-from flightfeed.server.request.view_rows import gather_views, to_wire
+from flightfeed.server.request.ragged_rows import gather_ragged, ragged_layout
+from flightfeed.server.request.view_rows import gather_views, wire_arrays
 from flightfeed.wire.views import viewed, wire_schema
 
 __all__ = ["MessageRows", "contiguous", "gather", "project"]
@@ -208,12 +210,12 @@ def gather(ds: Dataset, rows: _I64, columns: Sequence[str] | None, views: bool =
 
 
 def _batch(arrays: list[_Arr], schema: pa.Schema, views: bool) -> pa.RecordBatch:
-    """The message's RecordBatch; with ``views``, of the stream's wire schema (``to_wire`` wraps
-    the view columns that came out plain: nulls, or rows copied after all)."""
+    """The message's RecordBatch; with ``views``, of the stream's wire schema (``wire_arrays``
+    wraps the view columns that came out plain: nulls, or rows copied after all)."""
     if not views:
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
     wire = wire_schema(schema)
-    return to_wire(pa.RecordBatch.from_arrays(arrays, names=wire.names), wire)
+    return pa.RecordBatch.from_arrays(wire_arrays(arrays, wire), schema=wire)
 
 
 def _may_hold_all(shards: list[Any]) -> bool:
@@ -250,6 +252,12 @@ def _column(
                 if array is not None:
                     return array
             return gather_fixed(layout, views, msg)  # type: ignore[arg-type]
+    ragged = ragged_layout(fld.type)
+    if ragged is not None:  # lists of fixed-width values: one native copy a row (``ragged_rows``)
+        cols = [ds.chunk(c).column(name) for c in msg.chunks]
+        array = gather_ragged(cols, fld.type, ragged, msg)
+        if array is not None:
+            return array
     groups = msg.groups
     if len(groups) == 1:  # one chunk: its take is already in message order
         c, _, src = groups[0]

@@ -33,7 +33,7 @@ import pyarrow as pa
 from flightfeed.server.request.fixed_rows import MessageRows, flat_values
 from flightfeed.wire.views import FixedLayout, fixed_layout, view_fields
 
-__all__ = ["views_wanted", "gather_views", "as_view", "to_wire"]
+__all__ = ["views_wanted", "gather_views", "as_view", "to_wire", "wire_arrays"]
 
 _I64 = npt.NDArray[np.int64]
 _Arr = Any  # pyarrow arrays (the stubs type them per scalar type)
@@ -62,7 +62,9 @@ def gather_views(
     cid, local = msg.cid, msg.local
     cut = ((cid[1:] != cid[:-1]) | (local[1:] != local[:-1] + 1)).nonzero()[0] + 1
     first = np.concatenate(([0], cut))
-    lengths = np.diff(first, append=n)
+    lengths = np.empty_like(first)
+    np.subtract(first[1:], first[:-1], out=lengths[:-1])
+    lengths[-1] = n - first[-1]
     if int(lengths.max()) * row_bytes > _MAX_SPAN:
         return None
     # per chunk its values as one Arrow buffer (zero-copy: holds the chunk's memory)
@@ -136,16 +138,20 @@ def _zero_nulls(arr: _Arr, layout: FixedLayout) -> _Arr:
 def to_wire(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
     """``batch`` with the columns that ``schema`` (the stream's wire schema) makes views as views
     (columns gathered as views already are kept); a batch without view columns is returned as is."""
-    wanted = view_fields(schema)
-    if not wanted:
+    if not view_fields(schema):
         return batch
-    arrays = batch.columns
-    for i, plain in wanted:
+    arrays = wire_arrays(batch.columns, schema)
+    meta = batch.schema.metadata  # per-message metadata (skipped rows) stays with its message
+    return pa.RecordBatch.from_arrays(arrays, schema=schema.with_metadata(meta) if meta else schema)
+
+
+def wire_arrays(arrays: list[_Arr], schema: pa.Schema) -> list[_Arr]:
+    """``arrays`` (a message's columns) with those that ``schema`` makes views as views (in place)."""
+    for i, plain in view_fields(schema):
         col = arrays[i]
         if not pa.types.is_binary_view(col.type):
             layout = fixed_layout(plain.type)
             assert layout is not None  # view_fields checked it
             arrays[i] = as_view(col, layout)
-    meta = batch.schema.metadata  # per-message metadata (skipped rows) stays with its message
-    return pa.RecordBatch.from_arrays(arrays, schema=schema.with_metadata(meta) if meta else schema)
+    return arrays
 
