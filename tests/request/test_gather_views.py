@@ -180,3 +180,43 @@ def test_a_plain_column_past_a_views_offset_range_is_cut_into_buffers() -> None:
     schema = pa.schema([("b", t)])
     back: Any = plain_batch(pa.record_batch([view], schema=wire_schema(schema))).column("b")
     assert back.equals(plain)
+
+
+def test_decoded_chunks_held_by_views_in_flight_count_against_the_chunk_cache(tmp_path: Path) -> None:
+    """A view message keeps its inflated HDF5 chunks alive until it is let go: chunks evicted
+    meanwhile still count against ``--chunk-cache`` (``held_bytes``), other chunks are evicted in
+    their place, and the bytes come back once the message is gone."""
+    import gc
+
+    import h5py
+
+    from flightfeed.server.storage import StorageOptions
+
+    rows = 1024
+    image = np.arange(rows * (1 << 14), dtype=np.int64).astype(np.uint8).reshape(rows, 1 << 14)
+    with h5py.File(tmp_path / "d.h5", "w") as f:
+        f.create_dataset("image", data=image, chunks=(8, 1 << 14), compression="gzip")
+    probe = open_dataset("probe", str(tmp_path / "d.h5"))
+    per_chunk = int(probe.chunk_starts[1])  # rows of a served chunk (runs of HDF5 chunks)
+    probe.close()
+    chunk_bytes = per_chunk * (1 << 14)
+    ds = open_dataset("h", str(tmp_path / "d.h5"), StorageOptions(chunk_cache_bytes=4 * chunk_bytes))
+    assert ds.num_chunks >= 8
+    cache = ds.chunk_cache
+    picked = np.array([3, per_chunk + 1, 2 * per_chunk + 5, 3 * per_chunk + 7], dtype=np.int64)  # chunks 0-3
+    in_flight = gather(ds, picked, ["image"], views=True)
+    assert cache.held_bytes == 0 and cache.nbytes == 4 * chunk_bytes
+    for r in range(4 * per_chunk, rows, per_chunk):  # the other chunks, read while the message is in flight
+        gather(ds, np.array([r], dtype=np.int64), ["image"], views=True)
+        assert cache.nbytes + cache.held_bytes <= cache.max_bytes + chunk_bytes  # (one chunk is always kept)
+    assert cache.held_bytes == 4 * chunk_bytes  # the message's four chunks, evicted but referenced
+    assert cache.nbytes <= chunk_bytes  # kept within the budget by evicting the others
+    plain = plain_batch(in_flight)
+    got: Any = plain.column("image")
+    values = got.storage.flatten() if hasattr(got, "storage") else got.flatten()
+    assert (np.asarray(values).reshape(4, -1) == image[picked]).all()
+    del in_flight, plain, got, values
+    gc.collect()
+    assert cache.held_bytes == 0
+    assert cache.figures()["held_bytes"] == 0
+    ds.close()

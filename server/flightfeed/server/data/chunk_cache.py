@@ -7,13 +7,21 @@ once per epoch" can be checked: decodes / chunks per epoch.
 
 Shuffled reads size their windows to fit in this cache (``shuffle_sizing``), so a window's
 chunks stay decoded until the window is served; ``--chunk-cache BYTES`` sets its size.
+
+A shuffled message sent as views (docs/wire-views.md) references its decoded chunks' memory until
+gRPC has sent it. Such a message *leases* each decoded chunk it references (:meth:`ChunkCache.lease`,
+through an object its views keep alive); a chunk evicted while leased still counts against the
+cache's bytes (``held_bytes``) until its last lease is let go, and meanwhile other chunks are
+evicted in its place: decoded bytes cached plus bytes held by messages in flight stay within
+``--chunk-cache`` (the cache never refuses a chunk: one chunk is always kept).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
+import weakref
+from collections import OrderedDict, deque
 from collections.abc import Callable
 
 import pyarrow as pa
@@ -43,6 +51,10 @@ class ChunkCache:
         self.decode_seconds = 0.0
         self.hits = 0  # asks answered from the cache (or by a decode in progress)
         self.evictions = 0
+        self._leases: dict[int, int] = {}  # chunk -> messages in flight that reference it
+        self._held: dict[int, int] = {}  # evicted chunk still leased -> its bytes
+        self._held_bytes = 0
+        self._released: deque[int] = deque()  # appended by finalizers (any thread, no lock)
 
     @property
     def nbytes(self) -> int:
@@ -99,19 +111,50 @@ class ChunkCache:
         mine.done.set()
         return batch
 
+    def lease(self, key: int, holder: object) -> None:
+        """Chunk ``key``'s memory is referenced by a message in flight for as long as ``holder``
+        lives (an object the message's buffers keep alive, e.g. the numpy view its views slice)."""
+        with self._lock:
+            self._drain()
+            self._leases[key] = self._leases.get(key, 0) + 1
+        weakref.finalize(holder, self._released.append, key)
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of evicted chunks that messages in flight still reference."""
+        with self._lock:
+            self._drain()
+            return self._held_bytes
+
+    def _drain(self) -> None:
+        """(Lock held.) Fold in the leases let go since the last call."""
+        while self._released:
+            key = self._released.popleft()
+            left = self._leases.get(key, 1) - 1
+            if left > 0:
+                self._leases[key] = left
+                continue
+            self._leases.pop(key, None)
+            self._held_bytes -= self._held.pop(key, 0)
+
     def _insert(self, key: int, batch: pa.RecordBatch) -> None:
         if key in self._items:
             return
+        self._drain()
         self._items[key] = batch
         self._bytes += batch.nbytes
-        while self._bytes > self.max_bytes and len(self._items) > 1:
-            _, old = self._items.popitem(last=False)
+        while self._bytes + self._held_bytes > self.max_bytes and len(self._items) > 1:
+            old_key, old = self._items.popitem(last=False)
             self._bytes -= old.nbytes
             self.evictions += 1
+            if old_key in self._leases:  # its memory stays until the messages let go of it
+                self._held[old_key] = self._held.get(old_key, 0) + old.nbytes
+                self._held_bytes += old.nbytes
 
     def figures(self) -> dict[str, float]:
         """Counters and sizes, for ``/stats`` and ``/metrics``."""
         with self._lock:
+            self._drain()
             return {
                 "decodes": self.decodes,
                 "decode_seconds": self.decode_seconds,
@@ -120,4 +163,5 @@ class ChunkCache:
                 "bytes": self._bytes,
                 "max_bytes": self.max_bytes,
                 "chunks_cached": len(self._items),
+                "held_bytes": self._held_bytes,
             }

@@ -2,7 +2,9 @@
 ``/stats``, read from each dataset's :class:`~flightfeed.server.data.chunk_cache.ChunkCache` when asked.
 
 Per dataset: ``decodes`` (``flightfeed_chunk_decodes_total``: chunks decoded from storage),
-``hits``, ``evictions``, ``bytes`` / ``max_bytes`` (the cache), ``chunks`` (the dataset's decoded
+``hits``, ``evictions``, ``bytes`` / ``max_bytes`` (the cache), ``held_bytes``
+(``flightfeed_chunk_cache_held_bytes``: evicted chunks that view messages in flight still
+reference, counted against ``max_bytes``), ``chunks`` (the dataset's decoded
 chunks; 0 for memory-mapped datasets, which decode nothing) and ``decodes_per_chunk``: over one
 shuffled epoch that reads every row once, 1.0 means every chunk was decoded once.
 """
@@ -53,12 +55,18 @@ class _Collector:
             "flightfeed_chunk_cache_evictions", "Decoded chunks dropped from the chunk cache", labels=["dataset"]
         )
         size = GaugeMetricFamily("flightfeed_chunk_cache_bytes", "Bytes of decoded chunks cached", labels=["dataset"])
+        held = GaugeMetricFamily(
+            "flightfeed_chunk_cache_held_bytes",
+            "Bytes of evicted decoded chunks still referenced by view messages in flight",
+            labels=["dataset"],
+        )
         for name, fig in chunk_figures(self._catalog).items():
             decodes.add_metric([name], fig["decodes"])
             hits.add_metric([name], fig["hits"])
             evictions.add_metric([name], fig["evictions"])
             size.add_metric([name], fig["bytes"])
-        yield from (decodes, hits, evictions, size)
+            held.add_metric([name], fig["held_bytes"])
+        yield from (decodes, hits, evictions, size, held)
 
 
 def install_chunk_stats(metrics: ServerMetrics, catalog: Catalog) -> None:

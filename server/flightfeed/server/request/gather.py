@@ -250,6 +250,8 @@ def _column(
             if as_views and viewed(layout.row_bytes):
                 array = gather_views(layout, views, msg)  # type: ignore[arg-type]
                 if array is not None:
+                    if cacheable is not None:  # decoded chunks: leased while the message is in flight
+                        _lease(ds, msg.chunks, cacheable, views)
                     return array
             return gather_fixed(layout, views, msg)  # type: ignore[arg-type]
     ragged = ragged_layout(fld.type)
@@ -263,6 +265,14 @@ def _column(
         c, _, src = groups[0]
         return ds.chunk(c).column(name).take(src)
     return _gather_generic([(ds.chunk(c).column(name).take(src), dst) for c, dst, src in groups], msg.n)
+
+
+def _lease(ds: Dataset, chunks: list[int], zero_copy: list[bool], views: list[Any]) -> None:
+    """Count the decoded chunks that a view message references against the chunk cache until the
+    message is let go (``ChunkCache.lease``: each chunk's numpy view, which its buffers keep alive)."""
+    for cid, mapped, view in zip(chunks, zero_copy, views, strict=True):
+        if not mapped:
+            ds.chunk_cache.lease(cid, view)
 
 
 def _chunkwise(ds: Dataset, schema: pa.Schema, groups: list[tuple[int, _I64, _I64]], n: int) -> list[_Arr]:
