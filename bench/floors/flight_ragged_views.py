@@ -37,6 +37,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.flight as fl
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from flight_views import Server  # noqa: E402  (the same bare server: a generator per ticket)
+
 
 def source(path: str, mean: int, gib: float) -> tuple[pa.Buffer, np.ndarray]:
     rng = np.random.default_rng(1)
@@ -93,17 +96,6 @@ def modes(values: pa.Buffer, offsets: np.ndarray, per_msg: int, perm: np.ndarray
             yield pa.record_batch([pa.Array.from_buffers(pa.binary_view(), n, bufs)], ["x"])
 
     return {"stored": stored, "copied": copied, "joined": joined, "views": views}
-
-
-class Server(fl.FlightServerBase):
-    def __init__(self, table, **kw):
-        super().__init__(**kw)
-        self.table = table
-
-    def do_get(self, context, ticket):
-        gen = self.table[ticket.ticket.decode()]
-        first = next(gen())
-        return fl.GeneratorStream(first.schema, gen())
 
 
 def main() -> None:
