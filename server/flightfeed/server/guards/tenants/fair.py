@@ -17,8 +17,9 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Protocol
 
-__all__ = ["FairQueue", "FairGate", "Turn", "RateLimit", "FAIR_MAX_HOLD_S"]
+__all__ = ["FairQueue", "FairGate", "Gate", "Turn", "RateLimit", "FAIR_MAX_HOLD_S"]
 
 #: a turn spans making and sending one message; a reader that stops reading gives its slot up after this
 FAIR_MAX_HOLD_S = 0.25
@@ -36,6 +37,20 @@ class Turn:
     granted_at: float = 0.0
     #: held past ``max_hold``: its slot was given to the next one (a stalled reader holds none)
     expired: bool = False
+    #: (node-wide gate) the tenant's row and the turn's held entry in the node's ledger
+    index: int = -1
+    entry: int = -1
+
+
+class Gate(Protocol):
+    """What streams ask before each message: :class:`FairGate` (one process) or
+    :class:`~.node_gate.NodeGate` (the processes of a node)."""
+
+    def acquire(self, tenant: str, weight: float) -> Turn: ...
+
+    def renew(self, turn: Turn, weight: float) -> Turn: ...
+
+    def release(self, turn: Turn) -> None: ...
 
 
 class FairQueue:
