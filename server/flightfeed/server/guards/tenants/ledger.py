@@ -22,7 +22,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from flightfeed.server.guards.tenants.ledger_file import T_STREAMS, T_TAT, LedgerFile, cw, tw
+from flightfeed.server.guards.tenants.ledger_file import C_STREAMS, T_STREAMS, T_TAT, LedgerFile, cw, tw
 
 __all__ = ["TenantLedger", "node_ledger_path"]
 
@@ -45,7 +45,7 @@ class TenantLedger:
                 not f.reclaim() or f.ints[tw(t, T_STREAMS)] >= limit  # a dead process's streams go first
             ):
                 return False
-            f.ints[cw(f.row, t, 1)] += 1
+            f.ints[cw(f.row, t, C_STREAMS)] += 1
             f.ints[tw(t, T_STREAMS)] += 1
             return True
 
@@ -53,8 +53,8 @@ class TenantLedger:
         f = self.file
         t = f.tenant(tenant)
         with f.locked():
-            if f.ints[cw(f.row, t, 1)] > 0:
-                f.ints[cw(f.row, t, 1)] -= 1
+            if f.ints[cw(f.row, t, C_STREAMS)] > 0:
+                f.ints[cw(f.row, t, C_STREAMS)] -= 1
                 f.ints[tw(t, T_STREAMS)] -= 1
 
     def streams(self, tenant: str) -> int:

@@ -6,11 +6,12 @@ the whole node. Each process maps the same file (made by ``serve`` under ``--led
 updates it under an exclusive ``flock`` of the file (and a thread lock: ``flock`` does not exclude
 the threads of one process). The table holds fixed slots of 8-byte words:
 
-- a header: the node's fair slots (the sum of its processes'), the slots busy, the virtual clock;
+- a header: the node's fair slots (the sum of its processes'), the slots busy, the virtual clock,
+  the turns' arrival counter;
 - a row per tenant: its node-wide virtual time, its rate limit's theoretical arrival time (GCRA),
-  its turns waiting and its open streams (sums of the process rows);
-- a row per serving process: its pid, its fair slots, its held turns (tenant, granted at, state)
-  and its own waiting turns and open streams per tenant.
+  its turns waiting and held and its open streams (sums of the process rows);
+- a row per serving process: its pid, its fair slots, its held turns (tenant, granted at, state),
+  and per tenant its waiting turns, open streams, oldest waiting turn and held turns.
 
 Like the shard cache's claims (``storage/cache/claims.py``), a process holds an exclusive ``flock``
 on a file of its own, ``<pid>-<token>.alive`` beside the table, for as long as it lives; the kernel
@@ -44,21 +45,23 @@ P_MAX = 64  #: serving processes of one node
 E_MAX = 32  #: held turns one process records (beyond: counted, not expired by others)
 NAME_BYTES = 64
 
-# header words
-H_MAGIC, H_VERSION, H_TENANTS, H_SLOTS, H_BUSY, H_CLOCK = range(6)
+# header words (H_GEN: changes when a process joins or leaves)
+H_MAGIC, H_VERSION, H_TENANTS, H_SLOTS, H_BUSY, H_CLOCK, H_SEQ, H_GEN = range(8)
 _H = 16
 # tenant words: virtual time (float), the rate limit's theoretical arrival time (float), sums
-T_VTIME, T_TAT, T_WAITING, T_STREAMS = range(4)
+T_VTIME, T_TAT, T_WAITING, T_STREAMS, T_HELD = range(5)
 _TW = 8
-# process row: header words, then E_MAX held-turn entries, then (waiting, streams) per tenant
-R_PID, R_TOKEN, R_SLOTS, R_EXTRA = range(4)  # R_EXTRA: held turns beyond the entries
+# process row: header words, then E_MAX held-turn entries, then _CW counts per tenant
+R_PID, R_TOKEN, R_SLOTS = range(3)
 _RH = 4
+C_WAITING, C_STREAMS, C_OLDEST, C_HELD = range(4)  # C_OLDEST: arrival number of its oldest waiting turn
+_CW = 4
 E_TENANT, E_AT, E_STATE = range(3)  # tenant index + 1 (0: free); granted at (monotonic); state
 HELD, EXPIRED = 1, 2
 _EW = 3
 _NAMES = (_H + T_MAX * _TW) * 8  # byte offset of the tenants' names
 _ROWS = (_NAMES + T_MAX * NAME_BYTES) // 8  # word offset of the process rows
-_ROW_WORDS = _RH + E_MAX * _EW + T_MAX * 2
+_ROW_WORDS = _RH + E_MAX * _EW + T_MAX * _CW
 SIZE = (_ROWS + P_MAX * _ROW_WORDS) * 8
 
 
@@ -78,8 +81,8 @@ def ew(r: int, e: int, k: int) -> int:
 
 
 def cw(r: int, t: int, k: int) -> int:
-    """Word of process row ``r``'s count ``k`` (0: waiting turns, 1: open streams) of tenant ``t``."""
-    return _ROWS + r * _ROW_WORDS + _RH + E_MAX * _EW + t * 2 + k
+    """Word of process row ``r``'s count ``k`` (``C_*``) of tenant ``t``."""
+    return _ROWS + r * _ROW_WORDS + _RH + E_MAX * _EW + t * _CW + k
 
 
 class LedgerFile:
@@ -93,6 +96,8 @@ class LedgerFile:
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         self._tlock = threading.Lock()
         self._names: dict[str, int] = {}
+        self._gen = -1
+        self._others: list[int] = []
         self.reclaimed = 0  #: rows of dead processes cleared so far
         self.row = -1
         self._pid = -1
@@ -160,6 +165,13 @@ class LedgerFile:
     def tenants(self) -> int:
         return int(self.ints[H_TENANTS])
 
+    def others(self) -> list[int]:
+        """The rows of the node's other processes (holding the lock)."""
+        if self._gen != self.ints[H_GEN]:
+            self._gen = self.ints[H_GEN]
+            self._others = [r for r in range(P_MAX) if self.ints[rw(r, R_PID)] != 0 and r != self.row]
+        return self._others
+
     # -- processes --------------------------------------------------------------------------
     def add_slots(self, slots: int) -> None:
         """This process brings ``slots`` fair slots to the node's pool."""
@@ -217,6 +229,7 @@ class LedgerFile:
         self.row = free[0]
         self._clear(self.row)
         self.ints[rw(self.row, R_PID)], self.ints[rw(self.row, R_TOKEN)] = self._pid, token
+        self.ints[H_GEN] += 1
 
     def _lives(self, pid: int, token: int) -> bool:
         path = os.path.join(self.directory, f"{pid}-{token:x}.alive")
@@ -237,25 +250,27 @@ class LedgerFile:
     def _clear(self, r: int) -> None:
         start = rw(r, 0)
         self._mm[start * 8:(start + _ROW_WORDS) * 8] = bytes(_ROW_WORDS * 8)
+        self.ints[H_GEN] += 1
 
     def _recount(self) -> None:
-        """The node's sums from the live rows (slots, busy, each tenant's waiting turns and streams)."""
+        """The node's sums from the live rows (slots, busy, each tenant's waiting and held turns and
+        streams)."""
         ints = self.ints
         n = self.tenants
-        slots = busy = 0
-        waiting = [0] * n
-        streams = [0] * n
+        slots = 0
+        sums = [[0, 0, 0] for _ in range(n)]
         for r in range(P_MAX):
             if ints[rw(r, R_PID)] == 0:
                 continue
             slots += ints[rw(r, R_SLOTS)]
-            busy += ints[rw(r, R_EXTRA)] + sum(1 for e in range(E_MAX) if ints[ew(r, e, E_STATE)] == HELD)
             for t in range(n):
-                waiting[t] += ints[cw(r, t, 0)]
-                streams[t] += ints[cw(r, t, 1)]
-        ints[H_SLOTS], ints[H_BUSY] = slots, busy
+                row = sums[t]
+                row[0] += ints[cw(r, t, C_WAITING)]
+                row[1] += ints[cw(r, t, C_STREAMS)]
+                row[2] += ints[cw(r, t, C_HELD)]
+        ints[H_SLOTS], ints[H_BUSY] = slots, sum(row[2] for row in sums)
         for t in range(n):
-            ints[tw(t, T_WAITING)], ints[tw(t, T_STREAMS)] = waiting[t], streams[t]
+            ints[tw(t, T_WAITING)], ints[tw(t, T_STREAMS)], ints[tw(t, T_HELD)] = sums[t]
 
 
 def _key(name: str) -> bytes:

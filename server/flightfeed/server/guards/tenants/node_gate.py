@@ -27,6 +27,9 @@ from collections.abc import Callable
 from flightfeed.server.guards.tenants.fair import FAIR_MAX_HOLD_S, Turn
 from flightfeed.server.guards.tenants.ledger import TenantLedger
 from flightfeed.server.guards.tenants.ledger_file import (
+    C_HELD,
+    C_OLDEST,
+    C_WAITING,
     E_AT,
     E_MAX,
     E_STATE,
@@ -34,16 +37,14 @@ from flightfeed.server.guards.tenants.ledger_file import (
     EXPIRED,
     H_BUSY,
     H_CLOCK,
+    H_SEQ,
     H_SLOTS,
     HELD,
-    P_MAX,
-    R_EXTRA,
-    R_PID,
+    T_HELD,
     T_VTIME,
     T_WAITING,
     cw,
     ew,
-    rw,
     tw,
 )
 
@@ -54,6 +55,7 @@ POLL_S = 0.001
 #: how often a process waiting for a slot clears the rows of dead processes
 RECLAIM_S = 0.5
 _IDLE_WAIT_S = 0.05  # the other waiting threads (one polls)
+_NEVER = 1 << 62
 
 
 class NodeGate:
@@ -85,9 +87,9 @@ class NodeGate:
         self._poller: Turn | None = None
         self._deferred_since: float | None = None
         self._reclaimed_at = self._expired_at = 0.0
-        #: free slots left to another process's turn, and slots taken after such a wait ran out
+        #: free slots left to another process's turn, and slots taken out of turn after such a wait ran out
         self.deferred = 0
-        self.overdrawn = 0
+        self.out_of_turn = 0
 
     # -- FairGate's interface ----------------------------------------------------------------
     def acquire(self, tenant: str, weight: float) -> Turn:
@@ -161,63 +163,69 @@ class NodeGate:
 
     # -- the ledger (holding the condition and the ledger's lock) -----------------------------
     def _arrive(self, t: int, tenant: str, weight: float) -> Turn:
-        self._seq += 1
-        turn = Turn(tenant, weight, self._seq, index=t)
-        self._waiting.setdefault(t, deque()).append(turn)
         f = self.file
-        f.ints[cw(f.row, t, 0)] += 1
-        f.ints[tw(t, T_WAITING)] += 1
+        ints = f.ints
+        ints[H_SEQ] += 1  # arrival order, node-wide
+        turn = Turn(tenant, weight, int(ints[H_SEQ]), index=t)
+        queue = self._waiting.setdefault(t, deque())
+        if not queue:
+            ints[cw(f.row, t, C_OLDEST)] = turn.seq
+        queue.append(turn)
+        ints[cw(f.row, t, C_WAITING)] += 1
+        ints[tw(t, T_WAITING)] += 1
         return turn
+
+    def _dequeue(self, turn: Turn) -> None:
+        t = turn.index
+        queue = self._waiting[t]
+        queue.remove(turn)
+        f = self.file
+        ints = f.ints
+        if not queue:
+            del self._waiting[t]
+        ints[cw(f.row, t, C_OLDEST)] = queue[0].seq if queue else 0
+        ints[cw(f.row, t, C_WAITING)] -= 1
+        ints[tw(t, T_WAITING)] -= 1
 
     def _cancel(self, turn: Turn) -> None:
         queue = self._waiting.get(turn.index)
-        if queue is None or turn not in queue:
-            return
-        queue.remove(turn)
-        if not queue:
-            del self._waiting[turn.index]
-        f = self.file
-        f.ints[cw(f.row, turn.index, 0)] -= 1
-        f.ints[tw(turn.index, T_WAITING)] -= 1
+        if queue is not None and turn in queue:
+            self._dequeue(turn)
 
     def _done(self, turn: Turn) -> None:
         f = self.file
-        ints, floats, t, e = f.ints, f.floats, turn.index, turn.entry
-        floats[tw(t, T_VTIME)] += turn.cost / turn.weight
-        if e < 0:
-            ints[rw(f.row, R_EXTRA)] -= 1
-            ints[H_BUSY] -= 1
-            return
-        if ints[ew(f.row, e, E_STATE)] == HELD:
-            ints[H_BUSY] -= 1
-        else:
-            turn.expired = True  # another process gave its slot away
-        ints[ew(f.row, e, E_TENANT)] = ints[ew(f.row, e, E_STATE)] = 0
-        self._free.append(e)
+        ints, t, e = f.ints, turn.index, turn.entry
+        f.floats[tw(t, T_VTIME)] += turn.cost / turn.weight
+        if e >= 0:
+            state = ints[ew(f.row, e, E_STATE)]
+            ints[ew(f.row, e, E_TENANT)] = ints[ew(f.row, e, E_STATE)] = 0
+            self._free.append(e)
+            if state != HELD:
+                turn.expired = True  # its slot was given away (see _expire)
+                return
+        ints[H_BUSY] -= 1
+        ints[cw(f.row, t, C_HELD)] -= 1
+        ints[tw(t, T_HELD)] -= 1
 
     def _grant(self) -> bool:
-        """Grant this process's waiting turns while the node has free slots and each is the next
-        by virtual time (ties: this process's); whether any was granted."""
+        """Grant this process's waiting turns while the node has free slots and each is the node's
+        next; whether any was granted."""
         if not self._waiting:
             self._deferred_since = None
             return False
         f = self.file
-        ints, floats = f.ints, f.floats
+        ints = f.ints
         now = self._clock()
-        if ints[H_BUSY] >= ints[H_SLOTS]:
-            if self.max_hold is not None and now - self._expired_at >= self.max_hold / 5:
-                self._expired_at = now
-                self._expire(now)
-            if now - self._reclaimed_at >= RECLAIM_S:  # a dead process's turns and slots
-                self._reclaimed_at = now
-                f.reclaim()
+        if now - self._reclaimed_at >= RECLAIM_S:  # a dead process's turns and slots go
+            self._reclaimed_at = now
+            f.reclaim()
+        if ints[H_BUSY] >= ints[H_SLOTS] and self.max_hold is not None and now - self._expired_at >= self.max_hold / 5:
+            self._expired_at = now
+            self._expire(now)
         granted = deferring = False
         while self._waiting and ints[H_BUSY] < ints[H_SLOTS]:
-            clock = floats[H_CLOCK]
-            waiting = self._waiting
-            mine = min(waiting, key=lambda t: (max(floats[tw(t, T_VTIME)], clock), waiting[t][0].seq))
-            start = max(floats[tw(mine, T_VTIME)], clock)
-            if self._behind_elsewhere(start, clock):
+            t, start, here = self._next()
+            if not here:  # the next turn waits in another process: it takes the slot at its next look
                 deferring = True
                 if self._deferred_since is None:
                     self._deferred_since = now
@@ -226,52 +234,68 @@ class NodeGate:
                     break
                 if f.reclaim():
                     continue  # a dead process's waiting turns are gone: look again
-                self.overdrawn += 1
+                self.out_of_turn += 1  # that process is stuck: this one's next goes now
+                t, start, _ = self._next(only_here=True)
             self._deferred_since = None
-            self._give(mine, start, now)
+            self._give(t, start, now)
             granted = True
         if not deferring:
             self._deferred_since = None
         return granted
 
-    def _behind_elsewhere(self, start: float, clock: float) -> bool:
-        """Whether a tenant waiting in another process starts before ``start``."""
+    def _next(self, only_here: bool = False) -> tuple[int, float, bool]:
+        """The tenant of the node's next turn: the least virtual time (an idle tenant starts at the
+        clock), then the fewest turns held, then the oldest arrival; its start; whether that turn
+        waits in this process (``only_here``: this process's next)."""
         f = self.file
         ints, floats = f.ints, f.floats
-        for t in range(f.tenants):
-            if ints[tw(t, T_WAITING)] > ints[cw(f.row, t, 0)] and max(floats[tw(t, T_VTIME)], clock) < start:
-                return True
-        return False
+        clock = floats[H_CLOCK]
+        others = f.others()
+        best: tuple[float, int, int] | None = None
+        out = (-1, 0.0, False)
+        for t in range(f.tenants) if not only_here else list(self._waiting):
+            waiting = ints[tw(t, T_WAITING)]
+            if waiting <= 0:
+                continue
+            queue = self._waiting.get(t)
+            seq, here = (queue[0].seq, True) if queue else (_NEVER, False)
+            if not only_here and waiting > (len(queue) if queue else 0):
+                for r in others:
+                    if ints[cw(r, t, C_WAITING)] > 0 and 0 < ints[cw(r, t, C_OLDEST)] < seq:
+                        seq, here = int(ints[cw(r, t, C_OLDEST)]), False
+            start = max(floats[tw(t, T_VTIME)], clock)
+            key = (start, int(ints[tw(t, T_HELD)]), seq)
+            if best is None or key < best:
+                best, out = key, (t, start, here)
+        return out
 
     def _give(self, t: int, start: float, now: float) -> None:
-        queue = self._waiting[t]
-        turn = queue.popleft()
-        if not queue:
-            del self._waiting[t]
+        turn = self._waiting[t][0]
+        self._dequeue(turn)
         f = self.file
         ints, floats = f.ints, f.floats
         floats[H_CLOCK] = floats[tw(t, T_VTIME)] = start
-        ints[cw(f.row, t, 0)] -= 1
-        ints[tw(t, T_WAITING)] -= 1
         ints[H_BUSY] += 1
+        ints[cw(f.row, t, C_HELD)] += 1
+        ints[tw(t, T_HELD)] += 1
         if self._free:
             e = turn.entry = self._free.pop()
             ints[ew(f.row, e, E_TENANT)] = t + 1
             floats[ew(f.row, e, E_AT)] = now
             ints[ew(f.row, e, E_STATE)] = HELD
-        else:
-            ints[rw(f.row, R_EXTRA)] += 1
         turn.granted = True
         turn.granted_at = now
 
     def _expire(self, now: float) -> None:
         """Give up the slots of turns held past ``max_hold``, in every process."""
         assert self.max_hold is not None
-        ints, floats = self.file.ints, self.file.floats
-        for r in range(P_MAX):
-            if ints[rw(r, R_PID)] == 0:
-                continue
+        f = self.file
+        ints, floats = f.ints, f.floats
+        for r in [f.row, *f.others()]:
             for e in range(E_MAX):
                 if ints[ew(r, e, E_STATE)] == HELD and now - floats[ew(r, e, E_AT)] > self.max_hold:
+                    t = ints[ew(r, e, E_TENANT)] - 1
                     ints[ew(r, e, E_STATE)] = EXPIRED
                     ints[H_BUSY] -= 1
+                    ints[cw(r, t, C_HELD)] -= 1
+                    ints[tw(t, T_HELD)] -= 1
