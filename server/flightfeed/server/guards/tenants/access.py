@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
-from flightfeed.server.guards.tenants.fair import Gate, RateLimit, Turn
+from flightfeed.server.guards.tenants.fair import FairGate, RateLimit, Turn
 from flightfeed.server.guards.tenants.figures import TenantFigures
 from flightfeed.server.guards.tenants.ledger import TenantLedger
 from flightfeed.server.guards.tenants.middleware import caller
@@ -34,7 +34,7 @@ class TenantAccess:
         self,
         registry: TenantRegistry,
         figures: TenantFigures,
-        gate: Gate | None = None,
+        gate: FairGate | None = None,
         ledger: TenantLedger | None = None,
     ) -> None:
         self.registry = registry

@@ -6,18 +6,17 @@ the whole node. Each process maps the same file (made by ``serve`` under ``--led
 updates it under an exclusive ``flock`` of the file (and a thread lock: ``flock`` does not exclude
 the threads of one process). The table holds fixed slots of 8-byte words:
 
-- a header: the node's fair slots (the sum of its processes'), the slots busy, the virtual clock,
-  the turns' arrival counter;
+- a header: the node's virtual clock (of the fair queue);
 - a row per tenant: its node-wide virtual time, its rate limit's theoretical arrival time (GCRA),
-  its turns waiting and held and its open streams (sums of the process rows);
-- a row per serving process: its pid, its fair slots, its held turns (tenant, granted at, state),
-  and per tenant its waiting turns, open streams, oldest waiting turn and held turns.
+  and its turns waiting and held and streams open (the sums of the process rows);
+- a row per serving process: its pid, and per tenant its waiting turns, open streams and held
+  turns.
 
 Like the shard cache's claims (``storage/cache/claims.py``), a process holds an exclusive ``flock``
 on a file of its own, ``<pid>-<token>.alive`` beside the table, for as long as it lives; the kernel
 drops it when the process dies, also by ``kill -9``. A process that can take that lock knows the
 owner is gone: the owner's row is cleared and the node's sums are counted again from the live rows,
-so a dead process's streams, waiting turns and slots stop counting.
+so a dead process's streams and turns stop counting.
 """
 
 from __future__ import annotations
@@ -34,34 +33,30 @@ from collections.abc import Iterator
 
 from flightfeed.wire.errors import ConfigError
 
-__all__ = ["LedgerFile", "T_MAX", "P_MAX", "E_MAX"]
+__all__ = ["LedgerFile", "T_MAX", "P_MAX"]
 
 log = logging.getLogger("flightfeed.server.tenants")
 
 MAGIC = 0x31_4C_44_45_46_46_4C_46  # "FLFFEDL1"
-VERSION = 1
+VERSION = 2
 T_MAX = 512  #: tenants (names seen since the node started); beyond it they share the last row
 P_MAX = 64  #: serving processes of one node
-E_MAX = 32  #: held turns one process records (beyond: counted, not expired by others)
 NAME_BYTES = 64
 
 # header words (H_GEN: changes when a process joins or leaves)
-H_MAGIC, H_VERSION, H_TENANTS, H_SLOTS, H_BUSY, H_CLOCK, H_SEQ, H_GEN = range(8)
+H_MAGIC, H_VERSION, H_TENANTS, H_CLOCK, H_GEN = range(5)
 _H = 16
 # tenant words: virtual time (float), the rate limit's theoretical arrival time (float), sums
 T_VTIME, T_TAT, T_WAITING, T_STREAMS, T_HELD = range(5)
 _TW = 8
-# process row: header words, then E_MAX held-turn entries, then _CW counts per tenant
-R_PID, R_TOKEN, R_SLOTS = range(3)
-_RH = 4
-C_WAITING, C_STREAMS, C_OLDEST, C_HELD = range(4)  # C_OLDEST: arrival number of its oldest waiting turn
-_CW = 4
-E_TENANT, E_AT, E_STATE = range(3)  # tenant index + 1 (0: free); granted at (monotonic); state
-HELD, EXPIRED = 1, 2
-_EW = 3
+# process row: header words, then _CW counts per tenant
+R_PID, R_TOKEN = range(2)
+_RH = 2
+C_WAITING, C_STREAMS, C_HELD = range(3)
+_CW = 3
 _NAMES = (_H + T_MAX * _TW) * 8  # byte offset of the tenants' names
 _ROWS = (_NAMES + T_MAX * NAME_BYTES) // 8  # word offset of the process rows
-_ROW_WORDS = _RH + E_MAX * _EW + T_MAX * _CW
+_ROW_WORDS = _RH + T_MAX * _CW
 SIZE = (_ROWS + P_MAX * _ROW_WORDS) * 8
 
 
@@ -75,14 +70,9 @@ def rw(r: int, k: int) -> int:
     return _ROWS + r * _ROW_WORDS + k
 
 
-def ew(r: int, e: int, k: int) -> int:
-    """Word of field ``k`` of held-turn entry ``e`` of process row ``r``."""
-    return _ROWS + r * _ROW_WORDS + _RH + e * _EW + k
-
-
 def cw(r: int, t: int, k: int) -> int:
     """Word of process row ``r``'s count ``k`` (``C_*``) of tenant ``t``."""
-    return _ROWS + r * _ROW_WORDS + _RH + E_MAX * _EW + t * _CW + k
+    return _ROWS + r * _ROW_WORDS + _RH + t * _CW + k
 
 
 class LedgerFile:
@@ -94,7 +84,8 @@ class LedgerFile:
         self.path = path
         self.directory = os.path.dirname(os.path.abspath(path))
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        self._tlock = threading.Lock()
+        self._tlock = threading.RLock()
+        self._depth = 0
         self._names: dict[str, int] = {}
         self._gen = -1
         self._others: list[int] = []
@@ -117,11 +108,21 @@ class LedgerFile:
 
     # -- the lock ---------------------------------------------------------------------------
     def lock(self) -> None:
+        """Take the ledger (re-entrant in a thread: the ``flock`` is taken by the outermost call)."""
         self._tlock.acquire()
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        self._depth += 1
+        if self._depth == 1:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX)
+            except BaseException:
+                self._depth -= 1
+                self._tlock.release()
+                raise
 
     def unlock(self) -> None:
-        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        self._depth -= 1
+        if self._depth == 0:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
         self._tlock.release()
 
     @contextlib.contextmanager
@@ -161,6 +162,10 @@ class LedgerFile:
         self._names[name] = n
         return n
 
+    def known(self) -> dict[str, int]:
+        """The tenants this process has asked for, by name: their rows."""
+        return dict(self._names)
+
     @property
     def tenants(self) -> int:
         return int(self.ints[H_TENANTS])
@@ -173,12 +178,6 @@ class LedgerFile:
         return self._others
 
     # -- processes --------------------------------------------------------------------------
-    def add_slots(self, slots: int) -> None:
-        """This process brings ``slots`` fair slots to the node's pool."""
-        with self.locked():
-            self.ints[rw(self.row, R_SLOTS)] += slots
-            self.ints[H_SLOTS] += slots
-
     def reclaim(self) -> int:
         """Clear the rows of dead processes and count the node's sums again (holding the lock);
         the rows cleared."""
@@ -253,22 +252,18 @@ class LedgerFile:
         self.ints[H_GEN] += 1
 
     def _recount(self) -> None:
-        """The node's sums from the live rows (slots, busy, each tenant's waiting and held turns and
-        streams)."""
+        """The node's sums from the live rows (each tenant's waiting and held turns and streams)."""
         ints = self.ints
         n = self.tenants
-        slots = 0
         sums = [[0, 0, 0] for _ in range(n)]
         for r in range(P_MAX):
             if ints[rw(r, R_PID)] == 0:
                 continue
-            slots += ints[rw(r, R_SLOTS)]
             for t in range(n):
                 row = sums[t]
                 row[0] += ints[cw(r, t, C_WAITING)]
                 row[1] += ints[cw(r, t, C_STREAMS)]
                 row[2] += ints[cw(r, t, C_HELD)]
-        ints[H_SLOTS], ints[H_BUSY] = slots, sum(row[2] for row in sums)
         for t in range(n):
             ints[tw(t, T_WAITING)], ints[tw(t, T_STREAMS)], ints[tw(t, T_HELD)] = sums[t]
 
