@@ -87,15 +87,14 @@ def _tenant_ledger(args: argparse.Namespace, config: dict[str, Any], workers: in
     """The node's tenants ledger (docs/security.md): a worker process joins its coordinator's; a
     coordinator of several processes makes one (in ``--ledger-dir``); one process keeps none."""
     path = getattr(args, "tenant_ledger", None)
-    if path is None and workers > 1:
-        folder = setting(args, config, "ledger_dir", None)
-        path = node_ledger_path(str(folder) if folder is not None else None)
-    if path is None:
+    folder = setting(args, config, "ledger_dir", None)
+    if path is None and workers == 1:
         return None
     try:
-        return TenantLedger(str(path))
+        return TenantLedger(str(path or node_ledger_path(str(folder) if folder is not None else None)))
     except OSError as exc:
-        raise ConfigError(f"--ledger-dir: cannot make the tenants ledger {path}: {exc.strerror or exc}") from None
+        where = path or folder or "the temporary directory"
+        raise ConfigError(f"--ledger-dir: cannot make the tenants ledger in {where}: {exc.strerror or exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:
