@@ -12,7 +12,7 @@ against the server without tokens and with tenants (every call identified, every
 checked and queued); server CPU seconds per GB over the server's whole process tree.
 
 Node (``--workers N``, N > 1): the same two tenants at equal weights on ``serve --workers N``,
-whose processes keep one ledger (docs/security.md, "Limits of this version"). Each reader thread
+whose processes keep one ledger (docs/security.md, "A node of several processes"). Each reader thread
 reads from one process: ``spread``, where the node's answer puts each stream (16 vs 2: both
 tenants' streams split over the processes), and ``uneven``, the light tenant's 2 streams in process
 0 beside 4 of the heavy one's and the heavy one's 12 others in process 1 (one process queueing on

@@ -1,6 +1,6 @@
 """The node's tenants ledger, shared by real processes: streams counted for the node, a dead
 process's entries dropped, virtual times merged, and the fair shares kept across processes
-(docs/security.md, "Fair shares" and "Limits of this version")."""
+(docs/security.md, "Fair shares" and "A node of several processes")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """``flightfeed serve --workers 2 --tenants FILE``: the tenants' limits and shares are the node's,
-kept in the ledger its processes share (docs/security.md, "Limits of this version")."""
+kept in the ledger its processes share (docs/security.md, "A node of several processes")."""
 
 from __future__ import annotations
 

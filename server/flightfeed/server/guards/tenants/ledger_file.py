@@ -1,5 +1,5 @@
 """The node's tenants ledger: one small memory-mapped table the serving processes of a node share
-(docs/security.md, "Fair shares" and "Limits of this version").
+(docs/security.md, "Fair shares" and "A node of several processes").
 
 With ``--workers N`` the tenants' ``max_streams``, ``max_bytes_per_s`` and fair shares are kept for
 the whole node. Each process maps the same file (made by ``serve`` under ``--ledger-dir``) and

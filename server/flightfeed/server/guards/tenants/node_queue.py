@@ -1,5 +1,5 @@
 """The weighted fair queue of a node of several serving processes (docs/security.md, "Fair shares"
-and "Limits of this version"): :class:`~.fair.FairQueue` whose virtual times are the node's.
+and "A node of several processes"): :class:`~.fair.FairQueue` whose virtual times are the node's.
 
 Each process keeps its own slots (``--fair-slots``, its cores) and gives its next free slot to its
 waiting tenant with the least virtual time, as one process does; but a tenant's virtual time is
