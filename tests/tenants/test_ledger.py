@@ -16,7 +16,7 @@ import pytest
 
 from flightfeed.server.guards.tenants.fair import FairGate, Turn
 from flightfeed.server.guards.tenants.ledger import TenantLedger, node_ledger_path
-from flightfeed.server.guards.tenants.ledger_file import T_VTIME, T_WAITING, tw
+from flightfeed.server.guards.tenants.ledger_file import T_HELD, T_VTIME, T_WAITING, tw
 from flightfeed.server.guards.tenants.node_queue import NodeQueue
 
 #: another serving process of the node: ``python -c CHILD LEDGER MODE``
@@ -24,12 +24,21 @@ CHILD = r"""
 import json, sys, threading, time
 from flightfeed.server.guards.tenants.ledger import TenantLedger
 from flightfeed.server.guards.tenants.fair import FairGate
+from flightfeed.server.guards.tenants.ledger_file import T_WAITING, tw
 from flightfeed.server.guards.tenants.node_queue import NodeQueue
 gate_of = lambda ledger: FairGate(1, max_hold=0.25, queue=NodeQueue(ledger, 1, max_hold=0.25))
 path, mode = sys.argv[1], sys.argv[2]
 ledger = TenantLedger(path)
 if mode == "streams":  # two streams of x open, until killed
     assert ledger.open_stream("x", 2) and ledger.open_stream("x", 2)
+    print("ready", flush=True)
+    time.sleep(600)
+elif mode == "hold":  # a turn of z held and one waiting, until killed
+    gate = gate_of(ledger)
+    held = gate.acquire("z", 1.0)
+    threading.Thread(target=gate.acquire, args=("z", 1.0), daemon=True).start()
+    while ledger.file.ints[tw(ledger.file.tenant("z"), T_WAITING)] != 1:
+        time.sleep(0.01)
     print("ready", flush=True)
     time.sleep(600)
 elif mode == "debt":  # a second's worth of tenant r's 1000 bytes/s
@@ -99,6 +108,23 @@ def test_streams_are_counted_for_the_node_and_a_dead_process_frees_its_own(ledge
         child.wait()
     assert ledger.open_stream("x", 2)  # the dead process's streams are dropped
     assert ledger.streams("x") == 1 and ledger.file.reclaimed == 1
+    ledger.close()
+
+
+def test_a_killed_process_turns_stop_counting(ledger_path: str) -> None:
+    ledger = TenantLedger(ledger_path)
+    f = ledger.file
+    child = _child(ledger_path, "hold")
+    try:
+        assert _line(child) == "ready"
+        z = f.tenant("z")
+        assert (f.ints[tw(z, T_HELD)], f.ints[tw(z, T_WAITING)]) == (1, 1)
+    finally:
+        child.kill()
+        child.wait()
+    with f.locked():
+        assert f.reclaim() == 1
+    assert (f.ints[tw(z, T_HELD)], f.ints[tw(z, T_WAITING)]) == (0, 0)  # the node's clock is not held back by it
     ledger.close()
 
 
