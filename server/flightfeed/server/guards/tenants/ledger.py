@@ -1,6 +1,6 @@
 """The tenants' limits kept for the whole node: ``max_streams`` and ``max_bytes_per_s`` counted in
-the node's ledger (``ledger_file``) by every serving process (docs/security.md, "Limits of this
-version").
+the node's ledger (``ledger_file``) by every serving process (docs/security.md, "A node of several
+processes").
 
 - A stream is counted in its tenant's node-wide sum when it opens and taken off when it ends; it is
   refused when the sum is at ``max_streams`` already, whichever process it reached. The dead

@@ -43,8 +43,8 @@ T_MAX = 512  #: tenants (names seen since the node started); beyond it they shar
 P_MAX = 64  #: serving processes of one node
 NAME_BYTES = 64
 
-# header words (H_GEN: changes when a process joins or leaves)
-H_MAGIC, H_VERSION, H_TENANTS, H_CLOCK, H_GEN = range(5)
+# header words
+H_MAGIC, H_VERSION, H_TENANTS, H_CLOCK = range(4)
 _H = 16
 # tenant words: virtual time (float), the rate limit's theoretical arrival time (float), sums
 T_VTIME, T_TAT, T_WAITING, T_STREAMS, T_HELD = range(5)
@@ -87,8 +87,6 @@ class LedgerFile:
         self._tlock = threading.RLock()
         self._depth = 0
         self._names: dict[str, int] = {}
-        self._gen = -1
-        self._others: list[int] = []
         self.reclaimed = 0  #: rows of dead processes cleared so far
         self.row = -1
         self._pid = -1
@@ -170,13 +168,6 @@ class LedgerFile:
     def tenants(self) -> int:
         return int(self.ints[H_TENANTS])
 
-    def others(self) -> list[int]:
-        """The rows of the node's other processes (holding the lock)."""
-        if self._gen != self.ints[H_GEN]:
-            self._gen = self.ints[H_GEN]
-            self._others = [r for r in range(P_MAX) if self.ints[rw(r, R_PID)] != 0 and r != self.row]
-        return self._others
-
     # -- processes --------------------------------------------------------------------------
     def reclaim(self) -> int:
         """Clear the rows of dead processes and count the node's sums again (holding the lock);
@@ -194,7 +185,7 @@ class LedgerFile:
         return dead
 
     def close(self) -> None:
-        """Leave the node: this process's row is cleared (its streams, turns and slots go)."""
+        """Leave the node: this process's row is cleared (its streams and turns stop counting)."""
         if self._fd < 0:
             return
         if self.row >= 0 and self._pid == os.getpid():
@@ -228,7 +219,6 @@ class LedgerFile:
         self.row = free[0]
         self._clear(self.row)
         self.ints[rw(self.row, R_PID)], self.ints[rw(self.row, R_TOKEN)] = self._pid, token
-        self.ints[H_GEN] += 1
 
     def _lives(self, pid: int, token: int) -> bool:
         path = os.path.join(self.directory, f"{pid}-{token:x}.alive")
@@ -249,7 +239,6 @@ class LedgerFile:
     def _clear(self, r: int) -> None:
         start = rw(r, 0)
         self._mm[start * 8:(start + _ROW_WORDS) * 8] = bytes(_ROW_WORDS * 8)
-        self.ints[H_GEN] += 1
 
     def _recount(self) -> None:
         """The node's sums from the live rows (each tenant's waiting and held turns and streams)."""
