@@ -11,10 +11,19 @@ Cost: one client process, 4 streams, reading the dataset ``--passes`` times stor
 against the server without tokens and with tenants (every call identified, every message
 checked and queued); server CPU seconds per GB over the server's whole process tree.
 
-    python bench/bench_tenants.py [--seconds 10] [--passes 2]
+Node (``--workers N``, N > 1): the same two tenants at equal weights on ``serve --workers N``,
+whose processes keep one ledger (docs/security.md, "A node of several processes"). Each reader thread
+reads from one process: ``spread``, where the node's answer puts each stream (16 vs 2: both
+tenants' streams split over the processes), and ``uneven``, the light tenant's 2 streams in process
+0 beside 4 of the heavy one's and the heavy one's 12 others in process 1 (one process queueing on
+its own would give the light tenant half of process 0 at most). Shares and each process's bytes,
+the queue on and off, and the per-message cost of the node's queue.
 
-Writes bench/out/tenants.json, with the 1-minute load average beside each figure (a shared
-2-core machine: other work steals cores).
+    python bench/bench_tenants.py [--seconds 10] [--passes 2]
+    python bench/bench_tenants.py --workers 2 [--seconds 8]
+
+Writes bench/out/tenants.json (``--workers N``: bench/out/tenants-workers-N.json), with the
+1-minute load average beside each figure (a shared 2-core machine: other work steals cores).
 """
 
 from __future__ import annotations
@@ -56,9 +65,12 @@ def client_main(spec: dict[str, Any]) -> None:
     tickets = [e.ticket for e in info.endpoints]
     start_at, stop_at = spec["start_at"], spec["stop_at"]
     counted = [0] * spec["streams"]
+    #: --workers: the process each stream reads from (its index in ``processes``)
+    where = spec.get("where") or [0] * spec["streams"]
+    processes = spec.get("processes") or [spec["location"]]
 
     def run(k: int) -> None:
-        client = flight.FlightClient(spec["location"])
+        client = flight.FlightClient(processes[where[k]])
         i = k
         while time.time() < stop_at:
             reader = client.do_get(tickets[i % len(tickets)], options=opts)
@@ -76,7 +88,8 @@ def client_main(spec: dict[str, Any]) -> None:
         t.start()
     for t in threads:
         t.join(timeout=spec["stop_at"] - time.time() + 30)
-    print(json.dumps({"bytes": sum(counted)}), flush=True)
+    by_process = [sum(n for n, w in zip(counted, where, strict=True) if w == i) for i in range(len(processes))]
+    print(json.dumps({"bytes": sum(counted), "by_process": by_process}), flush=True)
 
 
 def fairness(data: Path, tmp: Path, weights: dict[str, float], streams: dict[str, int], slots: int | None,
@@ -103,6 +116,81 @@ def fairness(data: Path, tmp: Path, weights: dict[str, float], streams: dict[str
         "seconds": seconds, "gb_per_s": total / seconds / 1e9,
         "share": {n: got[n] / total if total else None for n in got}, "bytes": got, "load_avg_1m": load,
     }
+
+
+def node_fairness(data: Path, tmp: Path, workers: int, placement: str, slots: int | None,
+                  seconds: float) -> dict[str, Any]:
+    """Equal weights, 16 streams of a and 2 of b, on ``serve --workers N``; ``placement``: spread or
+    uneven (see the module's docstring)."""
+    import pyarrow.flight as flight
+
+    from flightfeed.wire import WIRE_VERSION
+    from flightfeed.wire.feed_pb2 import ReadCommand
+
+    weights, streams = {"a": 1.0, "b": 1.0}, {"a": 16, "b": 2}
+    tfile = tenants_file(tmp / f"tenants-{time.monotonic_ns()}.toml", weights)
+    extra = ["--tenants", str(tfile), "--workers", str(workers), "--message-size", "4MiB"]
+    if slots is not None:
+        extra += ["--fair-slots", str(slots)]
+    with flightfeed_server({"data": data}, *extra) as server:
+        headers: Any = [(b"authorization", f"Bearer {TOKENS['a']}".encode())]
+        c = flight.FlightClient(server.location)
+        ask = ReadCommand(version=WIRE_VERSION, dataset="data", world_size=1, batch_rows=64, streams=2 * workers,
+                          num_workers=1)
+        info = c.get_flight_info(flight.FlightDescriptor.for_command(ask.SerializeToString()),
+                                 options=flight.FlightCallOptions(headers=headers))
+        processes = sorted({loc.uri.decode() for e in info.endpoints for loc in e.locations[:1]})
+        processes.sort(key=lambda u: u != server.location)  # the coordinator is process 0
+        if len(processes) < workers:  # fewer endpoints than processes: the others from a wider request
+            raise RuntimeError(f"the node's answer named {len(processes)} of its {workers} processes")
+        if placement == "spread":
+            where = {n: [k % workers for k in range(streams[n])] for n in streams}
+        else:
+            where = {"b": [0, 0], "a": [0] * 4 + [1 + k % (workers - 1) for k in range(12)]}
+        begin = time.time() + 3.0
+        procs = {}
+        for name in weights:
+            spec = {"location": server.location, "token": TOKENS[name], "streams": streams[name],
+                    "start_at": begin, "stop_at": begin + seconds, "where": where[name], "processes": processes}
+            procs[name] = subprocess.Popen([sys.executable, __file__, "--client", json.dumps(spec)],
+                                           stdout=subprocess.PIPE, text=True)
+        load = load_average()
+        got = {n: json.loads(p.communicate(timeout=seconds + 120)[0].strip().splitlines()[-1])
+               for n, p in procs.items()}
+    total = sum(g["bytes"] for g in got.values())
+    return {
+        "workers": workers, "placement": placement, "weights": weights, "streams": streams,
+        "fair_slots": "default" if slots is None else slots, "seconds": seconds, "gb_per_s": total / seconds / 1e9,
+        "share": {n: got[n]["bytes"] / total if total else None for n in got},
+        "bytes_by_process": {n: got[n]["by_process"] for n in got}, "load_avg_1m": load,
+    }
+
+
+def node_queue_cost_per_message(n: int = 100_000, message_bytes: int = 4 << 20) -> dict[str, Any]:
+    """One thread: a fair turn renewed through the node's queue (the ledger's lock, uncontended),
+    in CPU microseconds per message, beside the one-process queue's."""
+    from flightfeed.server.guards.tenants.fair import FairGate
+    from flightfeed.server.guards.tenants.ledger import TenantLedger, node_ledger_path
+    from flightfeed.server.guards.tenants.node_queue import NodeQueue
+
+    ledger = TenantLedger(node_ledger_path(None))
+    out: dict[str, Any] = {"message_bytes": message_bytes, "load_avg_1m": load_average()}
+    gates = {"process": FairGate(2, max_hold=0.25),
+             "node": FairGate(2, max_hold=0.25, queue=NodeQueue(ledger, 2, max_hold=0.25))}
+    for label, gate in gates.items():
+        turn = gate.acquire("t3", 1.0)
+        t0 = time.process_time()
+        for _ in range(n):
+            turn.cost = message_bytes
+            turn = gate.renew(turn, 1.0)
+        out[f"{label}_us_per_message"] = (time.process_time() - t0) / n * 1e6
+        gate.release(turn)
+    t0 = time.process_time()
+    for _ in range(n):
+        ledger.debt("t3", message_bytes, 1e15)
+    out["node_rate_limit_us_per_message"] = (time.process_time() - t0) / n * 1e6
+    ledger.close()
+    return out
 
 
 def read_all(location: str, token: str | None, shuffle: bool, passes: int) -> int:
@@ -244,12 +332,24 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=1600)
     p.add_argument("--skip-cost", action="store_true")
     p.add_argument("--only-rotation", action="store_true")
+    p.add_argument("--workers", type=int, default=1, help="N > 1: the node's figures only (its processes' ledger)")
     args = p.parse_args()
     if args.client:
         client_main(json.loads(args.client))
         return
     tmp = Path(tempfile.mkdtemp(prefix="bench-tenants-"))
     data = image_dataset(Path(tempfile.gettempdir()) / "flightfeed-bench-tenants", args.rows, shards=4)
+    if args.workers > 1:
+        node: dict[str, Any] = {"machine": machine(), "workers": args.workers, "fairness": []}
+        for placement in ("uneven", "spread"):
+            for slots in (None, 0):
+                run = node_fairness(data, tmp, args.workers, placement, slots, args.seconds)
+                print(json.dumps(run), flush=True)
+                node["fairness"].append(run)
+        node["cost_per_message"] = node_queue_cost_per_message()
+        print(json.dumps(node["cost_per_message"]), flush=True)
+        print(write_json(f"tenants-workers-{args.workers}", node))
+        return
     if args.only_rotation:
         print(json.dumps(rotation(data, tmp)), flush=True)
         return

@@ -26,7 +26,9 @@ from flightfeed.server.guards.listen import grpc_log, release, start_failure
 from flightfeed.server.guards.tenants.access import TenantAccess
 from flightfeed.server.guards.tenants.fair import FAIR_MAX_HOLD_S, FairGate
 from flightfeed.server.guards.tenants.figures import TenantFigures
+from flightfeed.server.guards.tenants.ledger import TenantLedger
 from flightfeed.server.guards.tenants.middleware import MIDDLEWARE_KEY, TenantAuthFactory
+from flightfeed.server.guards.tenants.node_queue import NodeQueue
 from flightfeed.server.guards.tenants.registry import TenantRegistry
 from flightfeed.server.guards.tenants.table import TenantTable, operator_tenant
 from flightfeed.server.observe.chunk_stats import install_chunk_stats
@@ -76,6 +78,7 @@ class FlightFeedServer(flight.FlightServerBase):
         share_window: int = DEFAULT_SHARE_WINDOW,
         tenants: TenantRegistry | None = None,
         fair_slots: int | None = None,
+        ledger: TenantLedger | None = None,
     ) -> None:
         shared_tier = tenants is not None  # tenants from a file: fair queueing between them
         if tenants is None and auth_token is not None:  # one token: the operator, every dataset
@@ -98,8 +101,13 @@ class FlightFeedServer(flight.FlightServerBase):
         #: who may read what (docs/security.md); figures per tenant in /metrics and /stats
         self.tenants = tenants
         figures = TenantFigures(self.metrics.registry)
-        gate = FairGate(fair_slots, max_hold=FAIR_MAX_HOLD_S) if shared_tier and fair_slots else None
-        self.access = TenantAccess(tenants or TenantRegistry(TenantTable({})), figures, gate)
+        gate: FairGate | None = None
+        if not shared_tier:
+            ledger = None  # (the ledger shares tenants' limits; without a tenants file there are none)
+        if shared_tier and fair_slots:  # virtual times of this process, or of the node (a shared ledger)
+            queue = NodeQueue(ledger, fair_slots, max_hold=FAIR_MAX_HOLD_S) if ledger else None
+            gate = FairGate(fair_slots, max_hold=FAIR_MAX_HOLD_S, queue=queue)
+        self.access = TenantAccess(tenants or TenantRegistry(TenantTable({})), figures, gate, ledger)
         self.metrics.sections["tenants"] = lambda: figures.snapshot(tenants=list(self.access.registry.table.tenants))
         #: runs the transform steps clients name (``--decode-workers`` threads)
         self.transformer = transformer or Transformer(metrics=self.metrics)

@@ -49,6 +49,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "decode threads, i.e. its cores; 0: no fair queueing)",
     )
     p.add_argument(
+        "--ledger-dir", default=None, metavar="DIR",
+        help="with --tenants and --workers > 1: where the node's processes keep the tenants' node-wide "
+        "ledger (max_streams, max_bytes_per_s, fair shares), in a folder of this node's own, removed at "
+        "exit (default: the system's temporary directory)",
+    )
+    p.add_argument("--tenant-ledger", default=None, help=argparse.SUPPRESS)  # --workers' processes: the node's
+    p.add_argument(
         "--insecure", action="store_true",
         help="no warning for a non-loopback --host without --auth-token-file or TLS",
     )

@@ -27,6 +27,7 @@ from flightfeed.server.guards.budget import DEFAULT_BYTES_IN_FLIGHT, DEFAULT_CLI
 from flightfeed.server.guards.exposure import warn_if_exposed
 from flightfeed.server.guards.limits import DEFAULT_MAX_STREAMS, Limits
 from flightfeed.server.guards.listen import check_tls_files
+from flightfeed.server.guards.tenants.ledger import TenantLedger, node_ledger_path
 from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.readers.open_files import MIN_OPEN, default_max_open, raise_nofile_limit, shared_open_files
 from flightfeed.server.request.service import FlightFeedServer
@@ -80,6 +81,20 @@ def _bound_open_files(max_open: Any, metrics: ServerMetrics) -> None:
     if max_open is not None and int(max_open) > after - 64:
         log.warning("--max-open-shards %s leaves little of the open-file limit %s for sockets", max_open, after)
     metrics.sections["open_files"] = files.snapshot
+
+
+def _tenant_ledger(args: argparse.Namespace, config: dict[str, Any], workers: int) -> TenantLedger | None:
+    """The node's tenants ledger (docs/security.md): a worker process joins its coordinator's; a
+    coordinator of several processes makes one (in ``--ledger-dir``); one process keeps none."""
+    path = getattr(args, "tenant_ledger", None)
+    folder = setting(args, config, "ledger_dir", None)
+    if path is None and workers == 1:
+        return None
+    try:
+        return TenantLedger(str(path or node_ledger_path(str(folder) if folder is not None else None)))
+    except OSError as exc:
+        where = path or folder or "the temporary directory"
+        raise ConfigError(f"--ledger-dir: cannot make the tenants ledger in {where}: {exc.strerror or exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -172,6 +187,7 @@ def run(args: argparse.Namespace) -> int:
     fair_slots = int(setting(args, config, "fair_slots", decode_workers))
     if fair_slots < 0:
         raise ConfigError(f"--fair-slots {fair_slots}: must be >= 0 (0 turns fair queueing off)")
+    ledger = _tenant_ledger(args, config, workers) if tenants.registry is not None else None
     sidecar_host = str(setting(args, config, "sidecar_host", "127.0.0.1"))
     if not (args.insecure or config.get("insecure", False)):
         sidecar_on = not (args.no_sidecar or config.get("no_sidecar", False))
@@ -194,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
             auth_token=token,
             tenants=tenants.registry,
             fair_slots=fair_slots,
+            ledger=ledger,
             transformer=transformer,
             limits=limits,
             bytes_in_flight=budget,
@@ -206,6 +223,8 @@ def run(args: argparse.Namespace) -> int:
             command += ["--workers", "1", "--no-sidecar", "--port", "0", "--grace", str(grace), "--exit-with-parent"]
             if getattr(args, "decode_workers", None) is None:
                 command += ["--decode-workers", str(decode_workers)]
+            if ledger is not None:  # the tenants' limits and shares are the node's
+                command += ["--tenant-ledger", ledger.path]
             cluster.workers = WorkerPool(command, workers - 1, token=token, tls_root_certs=roots)
             cluster.workers.start()
             if tenants.registry is not None:  # SIGHUP reloads the tenants here and in every worker

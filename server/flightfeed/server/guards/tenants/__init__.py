@@ -6,6 +6,9 @@ hashes in place; ``registry`` keeps the current table, reloads it on SIGHUP or a
 and says whether a running stream may go on; ``middleware`` identifies the caller of every Flight
 call; ``access`` is the service's check of a dataset, listing or action (refusals are
 ``PermissionDenied``, audited); ``fair`` is the weighted fair queue in front of making messages.
+With ``--workers N`` the node's processes share one ledger (``ledger_file``): ``ledger`` keeps the
+tenants' ``max_streams`` and ``max_bytes_per_s`` for the node, ``node_queue`` the fair queue's
+virtual times.
 """
 
 __all__: list[str] = []

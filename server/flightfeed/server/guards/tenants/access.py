@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from flightfeed.server.guards.tenants.fair import FairGate, RateLimit, Turn
 from flightfeed.server.guards.tenants.figures import TenantFigures
+from flightfeed.server.guards.tenants.ledger import TenantLedger
 from flightfeed.server.guards.tenants.middleware import caller
 from flightfeed.server.guards.tenants.registry import Grant, TenantRegistry
 from flightfeed.wire.errors import PermissionDenied
@@ -29,10 +30,18 @@ D = TypeVar("D")
 
 
 class TenantAccess:
-    def __init__(self, registry: TenantRegistry, figures: TenantFigures, gate: FairGate | None = None) -> None:
+    def __init__(
+        self,
+        registry: TenantRegistry,
+        figures: TenantFigures,
+        gate: FairGate | None = None,
+        ledger: TenantLedger | None = None,
+    ) -> None:
         self.registry = registry
         self.figures = figures
         self.gate = gate
+        #: the node's ledger (``--workers`` > 1): ``max_streams`` and ``max_bytes_per_s`` node-wide
+        self.ledger = ledger
         self._buckets: dict[str, RateLimit] = {}
         #: waits out a tenant's ``max_bytes_per_s`` (tests give a fake)
         self.sleep: Callable[[float], None] = time.sleep
@@ -104,7 +113,12 @@ class TenantAccess:
             return batches
         name = grant.tenant.name
         limit = self.registry.current(grant).max_streams
-        if self.figures.stream(name, +1) > (limit if limit is not None else 1 << 62):
+        here = self.figures.stream(name, +1)
+        if self.ledger is not None:
+            over = not self.ledger.open_stream(name, limit)
+        else:
+            over = here > (limit if limit is not None else 1 << 62)
+        if over:
             self.figures.stream(name, -1)
             self.figures.refused(name)
             audit_log.warning("refused: tenant=%s call=do_get dataset=%r peer=%s (max_streams %s open)",
@@ -135,6 +149,12 @@ class TenantAccess:
             bucket = self._buckets[tenant] = RateLimit(rate, clock=self.clock)
         return bucket
 
+    def _debt(self, tenant: str, nbytes: int, rate: int) -> float:
+        """The wait ``max_bytes_per_s`` asks for: from the node's bucket (ledger) or this process's."""
+        if self.ledger is not None:
+            return self.ledger.debt(tenant, nbytes, rate)
+        return self._bucket(tenant, rate).debt(nbytes)
+
     def _checked(
         self, grant: Grant, context: Any, dataset: str, batches: Iterator[pa.RecordBatch]
     ) -> Iterator[pa.RecordBatch]:
@@ -154,7 +174,7 @@ class TenantAccess:
                     return
                 self.figures.sent(name, batch.num_rows, batch.nbytes)
                 if tenant.max_bytes_per_s is not None:
-                    self.sleep(self._bucket(name, tenant.max_bytes_per_s).debt(batch.nbytes))
+                    self.sleep(self._debt(name, batch.nbytes, tenant.max_bytes_per_s))
                 if turn is not None:
                     turn.cost = self._cost(name, batch)
                 yield batch  # the turn spans the send: the writer asks for the next one once this is written
@@ -162,3 +182,5 @@ class TenantAccess:
             if gate is not None and turn is not None:
                 gate.release(turn)
             self.figures.stream(name, -1)
+            if self.ledger is not None:
+                self.ledger.close_stream(name)

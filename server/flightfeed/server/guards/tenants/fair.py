@@ -68,24 +68,37 @@ class FairQueue:
     def _start(self, tenant: str) -> float:
         return max(self._vtime.get(tenant, 0.0), self.clock)
 
+    def _take(self, tenant: str) -> None:
+        """A turn of ``tenant`` is granted: the clock moves to its start (an idle tenant catches up)."""
+        self.clock = self._start(tenant)
+        self._vtime[tenant] = self.clock
+
+    def _charge(self, turn: Turn) -> None:
+        self._vtime[turn.tenant] = self._vtime.get(turn.tenant, self.clock) + turn.cost / turn.weight
+
+    def _expire(self, now: float) -> list[Turn]:
+        """Free the slots of turns held past ``max_hold``; those turns."""
+        out = []
+        for seq, held in list(self._held.items()):
+            if self.max_hold is not None and now - held.granted_at > self.max_hold:
+                held.expired = True
+                del self._held[seq]
+                self.busy -= 1
+                out.append(held)
+        return out
+
     def grant(self) -> list[Turn]:
         """Grant waiting turns while slots are free: smallest virtual time first (ties: arrival)."""
         out = []
         if self.max_hold is not None and self.busy >= self.slots and self._waiting:
-            now = self._clock()
-            for seq, held in list(self._held.items()):
-                if now - held.granted_at > self.max_hold:
-                    held.expired = True
-                    del self._held[seq]
-                    self.busy -= 1
+            self._expire(self._clock())
         while self.busy < self.slots and self._waiting:
             tenant = min(self._waiting, key=lambda t: (self._start(t), self._waiting[t][0].seq))
             queue = self._waiting[tenant]
             turn = queue.popleft()
             if not queue:
                 del self._waiting[tenant]
-            self.clock = self._start(tenant)
-            self._vtime[tenant] = self.clock
+            self._take(tenant)
             turn.granted = True
             turn.granted_at = self._clock() if self.max_hold is not None else 0.0
             self._held[turn.seq] = turn
@@ -96,7 +109,7 @@ class FairQueue:
     def done(self, turn: Turn, *, regrant: bool = True) -> None:
         """The turn's message is made: charge its tenant ``cost / weight`` and free the slot
         (``regrant=False``: the caller queues again before the slot is given out)."""
-        self._vtime[turn.tenant] = self._vtime.get(turn.tenant, self.clock) + turn.cost / turn.weight
+        self._charge(turn)
         if not turn.expired:
             del self._held[turn.seq]
             self.busy -= 1
@@ -120,8 +133,9 @@ class FairGate:
     ``gate.release(t)`` at its end (or ``with gate.turn(...) as t``). A turn held past
     ``max_hold`` seconds (a reader that stopped reading) gives its slot up to the next in line."""
 
-    def __init__(self, slots: int, *, max_hold: float | None = None) -> None:
-        self.queue = FairQueue(slots, max_hold=max_hold)
+    def __init__(self, slots: int, *, max_hold: float | None = None, queue: FairQueue | None = None) -> None:
+        #: (``queue``: another queue's rules, e.g. :class:`~.node_queue.NodeQueue`'s node-wide times)
+        self.queue = queue if queue is not None else FairQueue(slots, max_hold=max_hold)
         self._cond = threading.Condition()
         self._wait = max_hold
 
