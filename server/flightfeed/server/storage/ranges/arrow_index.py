@@ -4,7 +4,8 @@ range (the footer's ``Block``s) and rows, and whether it holds dictionary batche
 Read once per shard (``docs/remote-reads.md``): one GET of the file's tail (the footer), one of
 its head (the schema message; one GET for both when the file is small), and, unless the manifest
 already gives the batches' rows, the metadata message of each record batch (a few hundred bytes
-each, fetched in parallel). The index is then kept on the node's disk beside the blocks (the
+each, fetched in parallel; those inside the head or the tail already read cost no GET: a shard of
+one record batch costs two GETs). The index is then kept on the node's disk beside the blocks (the
 block cache), as the JSON of :meth:`ArrowIndex.to_json`, so a restart reads no footer again.
 """
 
@@ -104,7 +105,7 @@ def read_arrow_index(source: RangeSource, rows: tuple[int, ...] | None = None) -
     except (struct.error, IndexError) as exc:
         raise ShardError(f"{where}: malformed Arrow IPC footer ({exc})") from None
     if rows is None:
-        rows = _batch_rows(source, blocks)
+        rows = _batch_rows(source, blocks, ((0, head), (base, tail)))
     elif len(rows) != len(blocks):
         raise ShardError(
             f"{where} has {len(blocks)} record batches, its manifest lists {len(rows)}; re-run convert"
@@ -113,15 +114,29 @@ def read_arrow_index(source: RangeSource, rows: tuple[int, ...] | None = None) -
     return ArrowIndex(schema_message, spans, tuple(rows), dictionaries)
 
 
-def _batch_rows(source: RangeSource, blocks: list[tuple[int, int, int]]) -> tuple[int, ...]:
-    """Every record batch's rows, from its metadata message (small GETs, in parallel)."""
-    got: dict[Span, Future[pa.Buffer]] = {}
+def _batch_rows(
+    source: RangeSource, blocks: list[tuple[int, int, int]], known: tuple[tuple[int, bytes], ...]
+) -> tuple[int, ...]:
+    """Every record batch's rows, from its metadata message: taken from the bytes already read
+    (``known``: (offset, bytes) of the head and the tail; the head holds the first batch's message),
+    the others in small GETs, in parallel."""
     spans = [(o, o + m) for o, m, _ in blocks]
+    have: dict[Span, bytes] = {}
+    for lo, hi in spans:
+        for at, data in known:
+            if at <= lo and hi <= at + len(data):
+                have[(lo, hi)] = data[lo - at : hi - at]
+                break
+    got: dict[Span, Future[pa.Buffer]] = {}
     # metadata messages lie between bodies: merged only across small bodies (no shard body is read
     # at start-up beyond batches smaller than ``_META_GAP``)
-    source.read_many(spans, lambda span, future: got.__setitem__(span, future), gap_bytes=_META_GAP)
+    missing = [s for s in spans if s not in have]
+    if missing:
+        source.read_many(missing, lambda span, future: got.__setitem__(span, future), gap_bytes=_META_GAP)
     try:
-        return tuple(batch_rows(message_body(got[s].result().to_pybytes())) for s in spans)
+        return tuple(
+            batch_rows(message_body(have[s] if s in have else got[s].result().to_pybytes())) for s in spans
+        )
     except ValueError as exc:  # a message cut short, or a footer block that is no record batch
         raise ShardError(f"{source.uri}: {exc} (not an Arrow IPC file?)") from None
     except (struct.error, IndexError) as exc:

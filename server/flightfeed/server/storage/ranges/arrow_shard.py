@@ -75,6 +75,7 @@ class RangedArrowShard(ShardFields):
         self._last = -2  # the last chunk read, and the sequential read-ahead's run (``_sequential``)
         self._ahead_from = self._ahead_until = 0
         self._planned = False  # the read-ahead has asked for blocks (``fetch_ahead``)
+        self.empty_batches = 0
         if rows is not None and schema is not None:  # a manifest: the index is read on first use
             self._schema = schema
             batch_rows = np.asarray([n for n in rows if n > 0], dtype=np.int64)
@@ -94,6 +95,8 @@ class RangedArrowShard(ShardFields):
 
     def _load(self) -> ArrowIndex:
         layout = self._index(self._rows)
+        #: record batches of no rows (skipped as chunks; a local reader of the file keeps them)
+        self.empty_batches = sum(1 for n in layout.rows if n == 0)
         keep = [k for k, n in enumerate(layout.rows) if n > 0]
         self._spans = [layout.blocks[k] for k in keep]
         return layout
