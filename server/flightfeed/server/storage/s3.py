@@ -44,6 +44,9 @@ __all__ = ["open_s3_shards", "filesystem_for", "list_s3_shards", "read_manifest"
 
 log = logging.getLogger(__name__)
 
+#: shards whose index is read by range at once when a dataset opens: small GETs (and one HEAD
+#: each), which an object store answers by the thousand per second (docs/remote-reads.md)
+OPEN_PARALLEL = 64
 #: range figures of datasets opened without server metrics (tests, tools)
 _RANGE_METRICS = RangeMetrics()
 
@@ -128,9 +131,12 @@ def open_s3_shards(uri: str, opts: StorageOptions, *, dataset: str = "") -> list
         # parallel; a whole shard that cannot be described so is downloaded: as many at once as
         # the cache holds
         biggest = max([i.size for i in infos if i.path not in ranged], default=0)
-        room = opts.s3_parallel_shards if cache is None or not biggest else cache.max_bytes // biggest
         eager = biggest and (fmt not in ("arrow", "parquet", "hdf5") or infos[0].path.lower().endswith(".arrows"))
-        parallel = max(1, min(opts.s3_parallel_shards if eager else 4 * opts.s3_parallel_shards, room))
+        if eager:
+            room = opts.s3_parallel_shards if cache is None else cache.max_bytes // biggest
+            parallel = max(1, min(opts.s3_parallel_shards, room))
+        else:
+            parallel = max(4 * opts.s3_parallel_shards, OPEN_PARALLEL)
         with ThreadPoolExecutor(parallel, thread_name_prefix="s3-open") as pool:
             futures = [pool.submit(make, i, info) for i, info in enumerate(infos)]
         shards = [f.result() for f in futures if f.exception() is None]
