@@ -237,7 +237,7 @@ def main() -> None:
     parser.add_argument("--first-batch", type=int, default=0, metavar="MB",
                         help="cold first batch of one MB .arrow file and its floor, on stock moto and on moto with "
                              "ranges served by seek, in subprocesses (bench/remote_first_batch.py)")
-    parser.add_argument("--first-batch-gaps", default="1,4", help="coalescing gaps to compare, MiB")
+    parser.add_argument("--first-batch-gaps", default="1,4", help="RangeSettings.kept_gap_bytes to compare, MiB")
     args = parser.parse_args()
     os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
     results: dict[str, Any] = {"machine": machine(), "load_average_start": load_average(), "s3": {}}

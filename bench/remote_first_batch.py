@@ -140,14 +140,14 @@ def upload(s3: LocalS3, local: Path) -> tuple[str, str, int]:
 
 
 def first_batch(s3: LocalS3, tmp: Path, where: tuple[str, str, int], label: str, gap: int) -> dict[str, Any]:
-    """The cold first batch with coalescing gap ``gap`` of the dataset ``where`` (``upload``), and
+    """The cold first batch with ``RangeSettings.kept_gap_bytes`` ``gap`` of the dataset ``where`` (``upload``), and
     its floor (see the module docstring)."""
     uri, obj, size = where
     costs = get_costs(s3.fs(), obj, size)
     cache_module._SHARED.clear()
     metrics = ServerMetrics()
     storage = s3.options(tmp / f"cache-fb-{label}-{gap}", cache_size=2 * size, metrics=metrics, s3_reads="ranges",
-                         ranges=RangeSettings(gap_bytes=gap))
+                         ranges=RangeSettings(kept_gap_bytes=gap))
     load = load_average()
     with _get_log() as gets, running_server({"fb": uri}, storage=storage, metrics=metrics) as server:
         t0 = time.perf_counter()
@@ -161,7 +161,7 @@ def first_batch(s3: LocalS3, tmp: Path, where: tuple[str, str, int], label: str,
     floor = sum(a + b * n for n in before)
     return {
         "moto": "moto, ranges served by seek" if label == "seek" else "stock moto", "file_bytes": size,
-        "gap_bytes": gap, "costs": costs, "first_batch_s": round(seconds, 3),
+        "kept_gap_bytes": gap, "costs": costs, "first_batch_s": round(seconds, 3),
         "gets_before_first": len(before), "bytes_before_first": sum(before), "epoch_gets": epoch_gets,
         "warm_first_batch_s": round(warm, 3), "get_floor_s": round(floor, 3),
         "floor_s": round(floor + warm, 3), "load_average": [round(load, 2), round(load_average(), 2)],

@@ -195,7 +195,9 @@ class RangedArrowShard(ShardFields):
         """Fetch the blocks of ``chunks`` now, coalesced (see the module docstring)."""
         self._planned = True  # the read-ahead plans this shard's reads: no sequential guessing
         spans = self._spans_now()
-        wanted = with_gaps(spans, [c for c in chunks if 0 <= c < len(spans)], self._source.settings.gap_bytes)
+        chosen = [c for c in chunks if 0 <= c < len(spans)]
+        kept_gap = self._source.settings.kept_gap_bytes
+        wanted = with_gaps(spans, chosen, kept_gap, self._ranges.served(len(spans)))
         self._ranges.prefetch([spans[c] for c in wanted])
 
     def close(self) -> None:
