@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import struct
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -23,9 +24,11 @@ from flightfeed.server.readers.arrow.footer import MAGIC, batch_rows, fb_deref, 
 from flightfeed.server.storage.ranges.source import RangeSource, Span
 from flightfeed.wire.errors import ShardError
 
-__all__ = ["ArrowIndex", "read_arrow_index"]
+__all__ = ["ArrowIndex", "read_arrow_index", "FIRST_BATCH_BYTES"]
 
 _TAIL = 64 << 10
+#: the head's GET runs on through record batch 0 when a read of it waits and it ends within this
+FIRST_BATCH_BYTES = 8 << 20
 _META_GAP = 16 << 10
 _I32 = struct.Struct("<i")
 _U32 = struct.Struct("<I")
@@ -66,9 +69,14 @@ class ArrowIndex:
         return pa.ipc.read_schema(pa.py_buffer(self.schema_message))
 
 
-def read_arrow_index(source: RangeSource, rows: tuple[int, ...] | None = None) -> ArrowIndex:
+def read_arrow_index(
+    source: RangeSource, rows: tuple[int, ...] | None = None, first: Callable[[Span, pa.Buffer], None] | None = None
+) -> ArrowIndex:
     """The index of the Arrow file ``source`` reads; ``rows`` (the manifest's record batch rows)
-    spares the per-batch metadata reads."""
+    spares the per-batch metadata reads. With ``first`` (a read of record batch 0 is waiting for
+    this index), the head's GET runs on to the end of record batch 0 when that ends within
+    ``FIRST_BATCH_BYTES`` (the head and the first batch adjoin), and ``first(span, bytes)`` gets its
+    bytes (checked against the manifest's block checksums, if any): one GET fewer before that read."""
     where, size = source.uri, source.size
     if size < 2 * len(MAGIC) + 2 + 4:
         raise ShardError(f"{where}: {size} bytes is too short for an Arrow IPC file")
@@ -86,7 +94,14 @@ def read_arrow_index(source: RangeSource, rows: tuple[int, ...] | None = None) -
             tail = source.read(footer_at, size, verify=False).to_pybytes()
             base = footer_at
         footer = tail[footer_at - base : size - 10 - base]
-        head = tail if base == 0 else source.read(0, min(size, _TAIL), verify=False).to_pybytes()
+        try:
+            blocks = footer_blocks(footer, footer_at)
+        except ValueError as exc:
+            raise ShardError(f"{where}: {exc}") from None
+        first_hi = sum(blocks[0]) if blocks and first is not None else 0
+        first_hi = first_hi if first_hi <= FIRST_BATCH_BYTES else 0
+        head_hi = max(min(size, _TAIL), first_hi)
+        head = tail if base == 0 else source.read(0, head_hi, verify=first_hi > 0).to_pybytes()
         if head[: len(MAGIC)] != MAGIC:
             raise ShardError(f"{where}: no ARROW1 magic at its start (not an Arrow IPC file)")
         cont = _U32.unpack_from(head, 8)[0] == _CONTINUATION
@@ -98,12 +113,10 @@ def read_arrow_index(source: RangeSource, rows: tuple[int, ...] | None = None) -
         table = fb_table(footer, fb_deref(footer, 0))
         dicts = table(2)
         dictionaries = 0 if dicts is None else int(_U32.unpack_from(footer, fb_deref(footer, dicts))[0])
-        try:
-            blocks = footer_blocks(footer, footer_at)
-        except ValueError as exc:
-            raise ShardError(f"{where}: {exc}") from None
     except (struct.error, IndexError) as exc:
         raise ShardError(f"{where}: malformed Arrow IPC footer ({exc})") from None
+    if first is not None and 0 < first_hi <= len(head):
+        first((blocks[0][0], first_hi), pa.py_buffer(head[blocks[0][0] : first_hi]))
     if rows is None:
         rows = _batch_rows(source, blocks, ((0, head), (base, tail)))
     elif len(rows) != len(blocks):

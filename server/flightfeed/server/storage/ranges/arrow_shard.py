@@ -93,8 +93,8 @@ class RangedArrowShard(ShardFields):
         watches its problems (a full disk)."""
         return self._ranges.blocks.cache
 
-    def _load(self) -> ArrowIndex:
-        layout = self._index(self._rows)
+    def _load(self, first: bool = False) -> ArrowIndex:
+        layout = self._index(self._rows, first)
         #: record batches of no rows (skipped as chunks; a local reader of the file keeps them)
         self.empty_batches = sum(1 for n in layout.rows if n == 0)
         keep = [k for k, n in enumerate(layout.rows) if n > 0]
@@ -106,14 +106,15 @@ class RangedArrowShard(ShardFields):
         batch_rows = np.asarray([n for n in layout.rows if n > 0], dtype=np.int64)
         return np.concatenate([[0], np.cumsum(batch_rows)]).astype(np.int64)
 
-    def _spans_now(self) -> list[Span]:
-        """The record batches' byte ranges, the index read on first use (a manifest gave the rest)."""
+    def _spans_now(self, first: bool = False) -> list[Span]:
+        """The record batches' byte ranges, the index read on first use (a manifest gave the rest);
+        ``first``: a read of record batch 0 waits for it (``read_arrow_index`` stages that batch)."""
         spans = self._spans
         if spans is not None:
             return spans
         with self._lock:
             if self._spans is None:
-                layout = self._load()
+                layout = self._load(first)
                 if layout.dictionaries:
                     self._spans = None
                     raise ShardError(
@@ -131,17 +132,18 @@ class RangedArrowShard(ShardFields):
             assert self._spans is not None
             return self._spans
 
-    def _index(self, rows: tuple[int, ...] | None) -> ArrowIndex:
+    def _index(self, rows: tuple[int, ...] | None, first: bool = False) -> ArrowIndex:
         key = f"{self.uri}#index"
         cached: list[ArrowIndex] = []
+        stage = self._ranges.stage_bytes if first else None
 
         def fetch() -> pa.Buffer:
-            layout = read_arrow_index(self._source, rows)
+            layout = read_arrow_index(self._source, rows, stage)
             cached.append(layout)
             return pa.py_buffer(layout.to_json())
 
         if self._blocks.cache is None:
-            return read_arrow_index(self._source, rows)
+            return read_arrow_index(self._source, rows, stage)
         data = self._blocks.get(key, None, self._version, fetch)  # kept beside the blocks
         return cached[0] if cached else ArrowIndex.from_json(data.to_pybytes(), key)
 
@@ -151,7 +153,7 @@ class RangedArrowShard(ShardFields):
         return self._spans_now()[chunk]
 
     def read_chunk(self, index: int) -> pa.RecordBatch:
-        spans = self._spans_now()
+        spans = self._spans_now(first=index == 0)
         if not 0 <= index < len(spans):
             raise ShardError(f"shard {self.uri}: no chunk {index} (it has {len(spans)})")
         span = spans[index]

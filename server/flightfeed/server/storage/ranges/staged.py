@@ -114,6 +114,12 @@ class StagedRanges:
         if wanted:
             self.source.read_many(wanted, self._stage)
 
+    def stage_bytes(self, span: Span, data: pa.Buffer) -> None:
+        """Stage the bytes of block ``span`` already fetched (e.g. within the index's GET)."""
+        done: Future[pa.Buffer] = Future()
+        done.set_result(data)
+        self._stage(span, done)
+
     def _stage(self, span: Span, future: Future[pa.Buffer]) -> None:
         with self._lock:
             self._staged[span] = future
