@@ -204,15 +204,16 @@ def local_h5(tmp: Path, mb: int, repeats: int) -> dict[str, Any]:
     return out
 
 
-def first_batches(mb: int, gaps: list[int]) -> list[dict[str, Any]]:
-    """``--first-batch``: one file of ``mb`` MB, on stock moto then on moto with ranges served by seek."""
+def first_batches(mb: int, gaps: list[int], *, stock: bool) -> list[dict[str, Any]]:
+    """``--first-batch``: one file of ``mb`` MB, on stock moto (with ``stock``) then on moto with
+    ranges served by seek."""
     out = []
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as d:
         tmp = Path(d)
         local = tmp / "fb"
         local.mkdir()
         write_arrow(local / "one.arrow", mb)
-        for label in ("stock", "seek"):
+        for label in ("stock", "seek") if stock else ("seek",):
             with MotoProcess(by_seek=label == "seek") as s3:
                 where = upload(s3, local)
                 for gap in gaps:
@@ -234,10 +235,13 @@ def main() -> None:
     parser.add_argument("--many-shards", default="",
                         help="comma-separated shard counts, e.g. 2000,10000: start-up of that many tiny .arrow shards "
                              "without and with a manifest (bench/remote_many_shards.py)")
-    parser.add_argument("--first-batch", type=int, default=0, metavar="MB",
+    parser.add_argument("--first-batch", default="", metavar="MB[,MB]",
                         help="cold first batch of one MB .arrow file and its floor, on stock moto and on moto with "
                              "ranges served by seek, in subprocesses (bench/remote_first_batch.py)")
     parser.add_argument("--first-batch-gaps", default="1,4", help="RangeSettings.kept_gap_bytes to compare, MiB")
+    parser.add_argument("--first-batch-stock-mb", type=int, default=256,
+                        help="files larger than this run on 'moto, ranges served by seek' only (stock moto copies "
+                             "the whole object per GET: minutes per epoch)")
     args = parser.parse_args()
     os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
     results: dict[str, Any] = {"machine": machine(), "load_average_start": load_average(), "s3": {}}
@@ -283,7 +287,8 @@ def main() -> None:
             print("local hdf5", results["local_hdf5"], flush=True)
     if args.first_batch:
         gaps = [int(g) << 20 for g in args.first_batch_gaps.split(",")]
-        results["first_batch"] = first_batches(args.first_batch, gaps)
+        results["first_batch"] = [r for mb in args.first_batch.split(",")
+                                  for r in first_batches(int(mb), gaps, stock=int(mb) <= args.first_batch_stock_mb)]
     results["load_average_end"] = load_average()
     results["args"] = vars(args)
     print(write_json("remote_ranges", results))
