@@ -204,7 +204,7 @@ def local_h5(tmp: Path, mb: int, repeats: int) -> dict[str, Any]:
     return out
 
 
-def first_batches(mb: int, gaps: list[int], *, stock: bool) -> list[dict[str, Any]]:
+def first_batches(mb: int, gaps: list[int], *, stock: bool, repeats: int) -> list[dict[str, Any]]:
     """``--first-batch``: one file of ``mb`` MB, on stock moto (with ``stock``) then on moto with
     ranges served by seek."""
     out = []
@@ -216,9 +216,10 @@ def first_batches(mb: int, gaps: list[int], *, stock: bool) -> list[dict[str, An
         for label in ("stock", "seek") if stock else ("seek",):
             with MotoProcess(by_seek=label == "seek") as s3:
                 where = upload(s3, local)
-                for gap in gaps:
-                    out.append(first_batch(s3, tmp, where, label, gap))
-                    print("first batch", out[-1], flush=True)
+                for run in range(repeats):  # the gaps alternate within a repeat
+                    for gap in gaps:
+                        out.append(first_batch(s3, tmp, where, label, gap, run))
+                        print("first batch", out[-1], flush=True)
     return out
 
 
@@ -288,7 +289,8 @@ def main() -> None:
     if args.first_batch:
         gaps = [int(g) << 20 for g in args.first_batch_gaps.split(",")]
         results["first_batch"] = [r for mb in args.first_batch.split(",")
-                                  for r in first_batches(int(mb), gaps, stock=int(mb) <= args.first_batch_stock_mb)]
+                                  for r in first_batches(int(mb), gaps, stock=int(mb) <= args.first_batch_stock_mb,
+                                                        repeats=args.repeats)]
     results["load_average_end"] = load_average()
     results["args"] = vars(args)
     print(write_json("remote_ranges", results))

@@ -139,14 +139,16 @@ def upload(s3: LocalS3, local: Path) -> tuple[str, str, int]:
     return f"s3://{bucket}/fb", f"{bucket}/fb/{name}", (local / name).stat().st_size
 
 
-def first_batch(s3: LocalS3, tmp: Path, where: tuple[str, str, int], label: str, gap: int) -> dict[str, Any]:
+def first_batch(
+    s3: LocalS3, tmp: Path, where: tuple[str, str, int], label: str, gap: int, run: int = 0
+) -> dict[str, Any]:
     """The cold first batch with ``RangeSettings.kept_gap_bytes`` ``gap`` of the dataset ``where`` (``upload``), and
     its floor (see the module docstring)."""
     uri, obj, size = where
     costs = get_costs(s3.fs(), obj, size)
     cache_module._SHARED.clear()
     metrics = ServerMetrics()
-    storage = s3.options(tmp / f"cache-fb-{label}-{gap}", cache_size=2 * size, metrics=metrics, s3_reads="ranges",
+    storage = s3.options(tmp / f"cache-fb-{label}-{gap}-{run}", cache_size=2 * size, metrics=metrics, s3_reads="ranges",
                          ranges=RangeSettings(kept_gap_bytes=gap))
     load = load_average()
     with _get_log() as gets, running_server({"fb": uri}, storage=storage, metrics=metrics) as server:
