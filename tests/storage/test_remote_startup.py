@@ -165,3 +165,26 @@ def test_dictionary_shards_are_still_opened_from_a_copy(s3: LocalS3, tmp_path: P
         assert ds.chunk(0).column("label").to_pylist() == table.column("label").to_pylist()
     finally:
         ds.close()
+
+
+@pytest.mark.parametrize("reads", ["auto", "ranges"])
+def test_an_arrow_stream_named_arrow_is_read_whole(s3: LocalS3, tmp_path: Path, count: Count,
+                                                    metrics: ServerMetrics, reads: str) -> None:
+    """A Hugging Face ``save_to_disk`` shard is an Arrow IPC *stream* named ``.arrow``: no footer
+    to read by range, so it is downloaded to learn its metadata (and read whole), as before."""
+    local = tmp_path / "src"
+    local.mkdir()
+    table = pa.table({"index": np.arange(300, dtype=np.int64)})
+    with ipc.new_stream(str(local / "data-00000-of-00001.arrow"), table.schema) as w:
+        w.write_table(table, max_chunksize=100)
+    uri = f"s3://{s3.new_bucket()}/stream"
+    s3.upload_dir(local, uri)
+    ds = open_dataset("stream", uri, s3.options(tmp_path / "cache", metrics=metrics, s3_reads=reads,
+                                                 s3_prefetch=False))
+    try:
+        assert isinstance(ds.shards[0], RemoteShard)
+        assert count("cache_misses", "stream") == 1  # downloaded at start-up
+        got = np.concatenate([ds.chunk(c).column("index").to_numpy() for c in range(ds.num_chunks)])
+        assert np.array_equal(got, np.arange(300))
+    finally:
+        ds.close()

@@ -24,7 +24,7 @@ from flightfeed.server.readers.arrow.footer import MAGIC, batch_rows, fb_deref, 
 from flightfeed.server.storage.ranges.source import RangeSource, Span
 from flightfeed.wire.errors import ShardError
 
-__all__ = ["ArrowIndex", "read_arrow_index", "FIRST_BATCH_BYTES"]
+__all__ = ["ArrowIndex", "NeedsWholeShard", "read_arrow_index", "FIRST_BATCH_BYTES"]
 
 _TAIL = 64 << 10
 #: the head's GET runs on through record batch 0 when a read of it waits and it ends within this
@@ -33,6 +33,12 @@ _META_GAP = 16 << 10
 _I32 = struct.Struct("<i")
 _U32 = struct.Struct("<I")
 _CONTINUATION = 0xFFFFFFFF
+_STREAM_START = b"\xff\xff\xff\xff"  # an Arrow IPC stream's first message starts so (a file's with ARROW1)
+
+
+class NeedsWholeShard(Exception):
+    """This Arrow file cannot be read by record batch (dictionary batches; an Arrow IPC stream,
+    which has no footer, such as a Hugging Face ``save_to_disk`` shard): read it whole."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,9 @@ def read_arrow_index(
     base = size - len(tail)
     try:
         if tail[-len(MAGIC) :] != MAGIC:
+            start = tail[:4] if base == 0 else source.read(0, 4, verify=False).to_pybytes()
+            if start == _STREAM_START:
+                raise NeedsWholeShard(f"{where} is an Arrow IPC stream (no footer), not an Arrow IPC file")
             raise ShardError(f"{where}: no ARROW1 magic at its end (not an Arrow IPC file, or truncated)")
         footer_len = _I32.unpack_from(tail, len(tail) - 10)[0]
         footer_at = size - 10 - footer_len

@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from flightfeed.server.readers.base import ShardFields
 from flightfeed.server.storage.cache.shard_cache import ShardCache
-from flightfeed.server.storage.ranges.arrow_index import ArrowIndex, read_arrow_index
+from flightfeed.server.storage.ranges.arrow_index import ArrowIndex, NeedsWholeShard, read_arrow_index
 from flightfeed.server.storage.ranges.block_store import BlockStore
 from flightfeed.server.storage.ranges.source import RangeSource, Span
 from flightfeed.server.storage.ranges.staged import StagedRanges, with_gaps
@@ -38,10 +38,6 @@ __all__ = ["RangedArrowShard", "NeedsWholeShard", "SEQUENTIAL_AHEAD_BYTES"]
 
 #: stored-order reads fetch this many bytes of the next batches ahead (``_sequential``)
 SEQUENTIAL_AHEAD_BYTES = 16 << 20
-
-
-class NeedsWholeShard(Exception):
-    """This Arrow file cannot be read by record batch (dictionary batches): read it whole."""
 
 
 class RangedArrowShard(ShardFields):
