@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pyarrow.fs as pafs
@@ -94,12 +95,16 @@ def open_s3_shards(uri: str, opts: StorageOptions, *, dataset: str = "") -> list
     blocks = BlockStore(cache, dataset)
     range_metrics = opts.metrics.ranges if opts.metrics is not None else _RANGE_METRICS
 
+    biggest = max(i.size for i in infos)
+    room = opts.s3_parallel_shards if cache is None else cache.max_bytes // max(1, biggest)
+    downloads = threading.BoundedSemaphore(max(1, min(opts.s3_parallel_shards, room)))
+
     def whole(index: int, info: pafs.FileInfo) -> RemoteShard:
         assert cache is not None
         entry = entries.get(info.path)
         return whole_shard(
             fs, info, root=root, index=index, cache=cache, opts=opts, dataset=dataset,
-            reader_options=shard_options, metrics=range_metrics,
+            reader_options=shard_options, metrics=range_metrics, downloads=downloads,
             manifest=(manifest.schema, entry) if manifest is not None and entry is not None else None,
         )
 
@@ -128,15 +133,9 @@ def open_s3_shards(uri: str, opts: StorageOptions, *, dataset: str = "") -> list
         shards: list[ShardReader] = [make(i, info) for i, info in enumerate(infos)]
     else:
         # without a manifest every shard reads its index by range here (a few small GETs each), in
-        # parallel; a whole shard that cannot be described so is downloaded: as many at once as
-        # the cache holds
-        biggest = max([i.size for i in infos if i.path not in ranged], default=0)
-        eager = biggest and (fmt not in ("arrow", "parquet", "hdf5") or infos[0].path.lower().endswith(".arrows"))
-        if eager:
-            room = opts.s3_parallel_shards if cache is None else cache.max_bytes // biggest
-            parallel = max(1, min(opts.s3_parallel_shards, room))
-        else:
-            parallel = max(4 * opts.s3_parallel_shards, OPEN_PARALLEL)
+        # parallel; a whole shard that cannot be described so is downloaded (``whole_shard``): as
+        # many at once as the cache holds, at most ``s3_parallel_shards`` (4)
+        parallel = max(4 * opts.s3_parallel_shards, OPEN_PARALLEL)
         with ThreadPoolExecutor(parallel, thread_name_prefix="s3-open") as pool:
             futures = [pool.submit(make, i, info) for i, info in enumerate(infos)]
         shards = [f.result() for f in futures if f.exception() is None]

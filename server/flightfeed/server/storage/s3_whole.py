@@ -13,6 +13,7 @@ removed or rewritten since is a clear ``StorageError`` naming it, never rows of 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from functools import partial
 from typing import Any
@@ -46,8 +47,10 @@ def whole_shard(
     reader_options: Mapping[str, Any],
     manifest: tuple[pa.Schema, ManifestShard] | None,
     metrics: RangeMetrics,
+    downloads: threading.BoundedSemaphore | None = None,
 ) -> RemoteShard:
-    """The shard ``info`` (listed under the dataset's ``root``), read whole (see the module docstring)."""
+    """The shard ``info`` (listed under the dataset's ``root``), read whole (see the module
+    docstring); ``downloads`` bounds the shards downloaded at once to be opened now."""
     uri = f"s3://{info.path}"
     version = f"{info.size}:{info.mtime_ns}"
     described_by = "manifest"
@@ -58,7 +61,8 @@ def whole_shard(
         manifest = describe_by_range(source, BlockStore(None, dataset), name=name, version=version,
                                      options=reader_options)
         described_by = "index"
-    return RemoteShard(
+    shard = partial(
+        RemoteShard,
         uri,
         cache=cache,
         fetch=partial(fetch_object, fs, info, uri, opts),
@@ -71,6 +75,10 @@ def whole_shard(
         small_bytes=opts.small_shard_bytes,
         described_by=described_by,
     )
+    if manifest is None and downloads is not None:  # opened from a copy downloaded now
+        with downloads:
+            return shard()
+    return shard()
 
 
 def _seconds(ns: int | None) -> int | None:
