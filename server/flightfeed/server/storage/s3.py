@@ -9,7 +9,7 @@ When whole shards are fetched: never at start-up (``storage/s3_whole``). With a 
 from ``flightfeed convert`` that matches the listing, the manifest gives schema, rows and chunk
 offsets; without one, each shard's index is read by range (its footer: a few small GETs, in
 parallel; ``storage/ranges/describe``). Each shard is then downloaded on its first read (lazy), or
-in the background after start-up when they all fit in the cache (``--s3-prefetch``). Only a shard
+in the background after start-up when they all fit in the cache (``StorageOptions.s3_prefetch``). Only a shard
 that cannot be described by range (an Arrow stream file, dictionary batches, HDF5 datasets the
 chunk map does not read) is downloaded at start-up to learn its metadata, as before. An evicted
 shard is fetched again on demand.
