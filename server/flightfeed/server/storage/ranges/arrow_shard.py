@@ -131,7 +131,8 @@ class RangedArrowShard(ShardFields):
     def _index(self, rows: tuple[int, ...] | None, first: bool = False) -> ArrowIndex:
         key = f"{self.uri}#index"
         cached: list[ArrowIndex] = []
-        stage = self._ranges.stage_bytes if first else None
+        batch_zero: list[tuple[Span, pa.Buffer]] = []  # staged once the index is in the cache
+        stage = (lambda span, data: batch_zero.append((span, data))) if first else None
 
         def fetch() -> pa.Buffer:
             layout = read_arrow_index(self._source, rows, stage)
@@ -139,9 +140,13 @@ class RangedArrowShard(ShardFields):
             return pa.py_buffer(layout.to_json())
 
         if self._blocks.cache is None:
-            return read_arrow_index(self._source, rows, stage)
-        data = self._blocks.get(key, None, self._version, fetch)  # kept beside the blocks
-        return cached[0] if cached else ArrowIndex.from_json(data.to_pybytes(), key)
+            layout = read_arrow_index(self._source, rows, stage)
+        else:
+            data = self._blocks.get(key, None, self._version, fetch)  # kept beside the blocks
+            layout = cached[0] if cached else ArrowIndex.from_json(data.to_pybytes(), key)
+        for span, data in batch_zero:
+            self._ranges.stage_bytes(span, data)
+        return layout
 
     # -- ShardReader ------------------------------------------------------------------------
     def span(self, chunk: int) -> Span:
