@@ -9,7 +9,11 @@ Against moto in server mode on 127.0.0.1 (in this process, as the server and the
    *after* (``--s3-reads ranges`` with the same cache, and with ``--cache-size`` a quarter of the
    largest file): start-up seconds, time to the first batch, epoch seconds, bytes fetched,
    GET requests, read amplification (fetched / served), then a warm second epoch;
-2. local files, no regression: a shuffled epoch of a local gzip HDF5 file with its chunks read by
+2. ``--many-shards N,...``: start-up of N tiny ``.arrow`` shards without and with a manifest
+   (``bench/remote_many_shards.py``);
+3. ``--first-batch MB``: the cold first batch of one large ``.arrow`` file and its floor, on
+   stock moto and on "moto, ranges served by seek" (``bench/remote_first_batch.py``);
+4. local files, no regression: a shuffled epoch of a local gzip HDF5 file with its chunks read by
    ``os.pread`` from the chunk map (now) against ``read_direct_chunk`` under h5py's lock (before),
    in one run.
 
@@ -41,6 +45,8 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from bench.common import load_average, machine, median, write_json
+from bench.remote_first_batch import MotoProcess, first_batch, upload
+from bench.remote_many_shards import many_shards, request_log
 from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.readers.hdf5 import reader as hdf5_reader
@@ -198,6 +204,25 @@ def local_h5(tmp: Path, mb: int, repeats: int) -> dict[str, Any]:
     return out
 
 
+def first_batches(mb: int, gaps: list[int], *, stock: bool, repeats: int) -> list[dict[str, Any]]:
+    """``--first-batch``: one file of ``mb`` MB, on stock moto (with ``stock``) then on moto with
+    ranges served by seek."""
+    out = []
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as d:
+        tmp = Path(d)
+        local = tmp / "fb"
+        local.mkdir()
+        write_arrow(local / "one.arrow", mb)
+        for label in ("stock", "seek") if stock else ("seek",):
+            with MotoProcess(by_seek=label == "seek") as s3:
+                where = upload(s3, local)
+                for run in range(repeats):  # the gaps alternate within a repeat
+                    for gap in gaps:
+                        out.append(first_batch(s3, tmp, where, label, gap, run))
+                        print("first batch", out[-1], flush=True)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--small-shards", type=int, default=6)
@@ -207,32 +232,46 @@ def main() -> None:
     parser.add_argument("--local-mb", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--cases", default="arrow_small_shards,arrow_large_shard,hdf5_gzip,parquet_large,local_hdf5",
-                        help="comma-separated cases to run")
+                        help="comma-separated cases to run ('' for none)")
+    parser.add_argument("--many-shards", default="",
+                        help="comma-separated shard counts, e.g. 2000,10000: start-up of that many tiny .arrow shards "
+                             "without and with a manifest (bench/remote_many_shards.py)")
+    parser.add_argument("--first-batch", default="", metavar="MB[,MB]",
+                        help="cold first batch of one MB .arrow file and its floor, on stock moto and on moto with "
+                             "ranges served by seek, in subprocesses (bench/remote_first_batch.py)")
+    parser.add_argument("--first-batch-gaps", default="1,4", help="RangeSettings.kept_gap_bytes to compare, MiB")
+    parser.add_argument("--first-batch-stock-mb", type=int, default=256,
+                        help="files larger than this run on 'moto, ranges served by seek' only (stock moto copies "
+                             "the whole object per GET: minutes per epoch)")
     args = parser.parse_args()
     os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
     results: dict[str, Any] = {"machine": machine(), "load_average_start": load_average(), "s3": {}}
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as d, LocalS3() as s3:
         tmp = Path(d)
+        requests = request_log(s3)
         bucket = s3.new_bucket()
         small, large, h5dir, pqdir = tmp / "small", tmp / "large", tmp / "h5", tmp / "pq"
-        for p in (small, large, h5dir, pqdir):
-            p.mkdir()
-        rows_small = 0
-        for k in range(args.small_shards):
-            rows_small += write_arrow(small / f"part-{k:05d}.arrow", args.small_mb, start=rows_small)
-        rows_large = write_arrow(large / "one.arrow", args.large_mb)
-        rows_h5 = write_h5(h5dir / "one.h5", args.h5_mb)
-        rows_pq = write_parquet(pqdir / "one.parquet", args.large_mb)
+
+        def write_small() -> int:
+            rows = 0
+            for k in range(args.small_shards):
+                rows += write_arrow(small / f"part-{k:05d}.arrow", args.small_mb, start=rows)
+            return rows
+
         cases = {
-            "arrow_small_shards": (small, f"s3://{bucket}/small", rows_small),
-            "arrow_large_shard": (large, f"s3://{bucket}/large/one.arrow", rows_large),
-            "hdf5_gzip": (h5dir, f"s3://{bucket}/h5/one.h5", rows_h5),
-            "parquet_large": (pqdir, f"s3://{bucket}/pq/one.parquet", rows_pq),
+            "arrow_small_shards": (small, f"s3://{bucket}/small", write_small),
+            "arrow_large_shard": (large, f"s3://{bucket}/large/one.arrow",
+                                  lambda: write_arrow(large / "one.arrow", args.large_mb)),
+            "hdf5_gzip": (h5dir, f"s3://{bucket}/h5/one.h5", lambda: write_h5(h5dir / "one.h5", args.h5_mb)),
+            "parquet_large": (pqdir, f"s3://{bucket}/pq/one.parquet",
+                              lambda: write_parquet(pqdir / "one.parquet", args.large_mb)),
         }
         wanted = set(args.cases.split(","))
-        for name, (local, uri, rows) in cases.items():
+        for name, (local, uri, write) in cases.items():
             if name not in wanted:
                 continue
+            local.mkdir()
+            rows = write()
             s3.upload_dir(local, f"s3://{bucket}/{local.name}")
             sizes = [p.stat().st_size for p in sorted(local.iterdir())]
             room = 2 * sum(sizes)
@@ -241,9 +280,17 @@ def main() -> None:
                                    for mode, size in runs]
             for r in results["s3"][name]:
                 print(name, r["mode"], r["cache_size"], "start", r["start_s"], "cold", r["cold"], flush=True)
+        for n in [int(k) for k in args.many_shards.split(",") if k]:
+            results.setdefault("many_shards", []).append(many_shards(s3, tmp, n, requests))
+            print("many shards", results["many_shards"][-1], flush=True)
         if "local_hdf5" in wanted:
             results["local_hdf5"] = local_h5(tmp, args.local_mb, args.repeats)
             print("local hdf5", results["local_hdf5"], flush=True)
+    if args.first_batch:
+        gaps = [int(g) << 20 for g in args.first_batch_gaps.split(",")]
+        results["first_batch"] = [r for mb in args.first_batch.split(",")
+                                  for r in first_batches(int(mb), gaps, stock=int(mb) <= args.first_batch_stock_mb,
+                                                        repeats=args.repeats)]
     results["load_average_end"] = load_average()
     results["args"] = vars(args)
     print(write_json("remote_ranges", results))

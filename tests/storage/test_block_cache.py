@@ -112,3 +112,6 @@ def test_gap_blocks_ride_along() -> None:
     assert with_gaps(spans, [7, 1, 3], 100) == [1, 2, 3, 7]  # 1..3: a gap of one block; 3..7: three
     assert with_gaps(spans, [5], 100) == [5]
     assert with_gaps(spans, [], 100) == []
+    # blocks already served in this pass are no gap fillers: they would be read twice
+    assert with_gaps(spans, [1, 5], 300) == [1, 2, 3, 4, 5]
+    assert with_gaps(spans, [1, 5], 300, frozenset({spans[3]})) == [1, 2, 4, 5]

@@ -264,3 +264,28 @@ def test_a_full_block_cache_makes_the_node_unready(
         shard.block_cache.filler.problem = "the shard cache's disk is full (test)"
         assert server.server.cluster.problems() == ["the shard cache's disk is full (test)"]
         shard.block_cache.filler.problem = None
+
+
+@pytest.mark.parametrize("checksums", [False, True])
+def test_first_read_of_batch_zero_rides_the_index_get(s3: LocalS3, tmp_path: Path, checksums: bool) -> None:
+    """With a manifest the index is read on a shard's first read; when that read is of record
+    batch 0 (as a dataset's first request is: its row size), the head's GET carries the batch:
+    two GETs (footer, head with batch 0), not three."""
+    local = tmp_path / "src"
+    local.mkdir()
+    path = local / "part-00000.arrow"
+    size = _arrow_file(path, batches=6)
+    sha, sums = digest_file(str(path), block_bytes=1 << 20)
+    entry = ManifestShard(path.name, 6 * BATCH_ROWS, size, sha, (BATCH_ROWS,) * 6, sums if checksums else None)
+    (local / MANIFEST_NAME).write_text(Manifest(ipc.open_file(str(path)).schema, [entry]).to_json())
+    bucket = s3.new_bucket()
+    s3.upload_dir(local, f"s3://{bucket}/m")
+    metrics = ServerMetrics()
+    ds = open_dataset("m", f"s3://{bucket}/m", s3.options(tmp_path / "cache", s3_reads="ranges", metrics=metrics))
+    try:
+        assert ds.chunk(0).column("index").to_pylist() == list(range(BATCH_ROWS))
+        assert metrics.ranges.figures("m")["requests"] == 2
+        assert ds.chunk(3).column("index").to_pylist() == list(range(3 * BATCH_ROWS, 4 * BATCH_ROWS))
+        assert metrics.ranges.figures("m")["requests"] == 3
+    finally:
+        ds.close()

@@ -1,14 +1,16 @@
 """A shard that lives in object storage and is read from its whole-file copy in the shard cache.
 
-Its metadata (schema, rows, chunk offsets) comes either from a manifest (nothing is downloaded
-until the first read: *lazy*) or from downloading and opening the shard when the dataset is opened
-(*eager*). An open reader of the cached copy is held by the process's bound on open files
-(``readers/open_files``: the least recently used idle one is closed past ``--max-open-shards``),
-and the cache pins the file only while a chunk is being read, so a dataset larger than the cache
-still works: an evicted shard's reader is closed (its listeners, e.g. the dataset's memoised
-views, drop what they hold), its memory map goes with the last batch that uses it (the cache
-counts the file's bytes until then), and the next read of it fetches it again. Small shards are
-read whole into memory when opened (``readers/arrow_small``).
+Its metadata (schema, rows, chunk offsets) comes either from a manifest or from the shard's index
+read by range when the dataset is opened (``storage/ranges/describe``; nothing of its body is
+downloaded until the first read: *lazy*), or from downloading and opening the shard when the
+dataset is opened (*eager*: shards that cannot be described by range). A lazily opened copy is
+checked against that metadata when it is opened. An open reader of the cached copy is held by the
+process's bound on open files (``readers/open_files``: the least recently used idle one is closed
+past ``--max-open-shards``), and the cache pins the file only while a chunk is being read, so a
+dataset larger than the cache still works: an evicted shard's reader is closed (its listeners,
+e.g. the dataset's memoised views, drop what they hold), its memory map goes with the last batch
+that uses it (the cache counts the file's bytes until then), and the next read of it fetches it
+again. Small shards are read whole into memory when opened (``readers/arrow_small``).
 """
 
 from __future__ import annotations
@@ -101,6 +103,7 @@ class RemoteShard(ShardFields):
         files: OpenFiles | None = None,
         index: int = 0,
         small_bytes: int = SMALL_READ_BYTES,
+        described_by: str = "manifest",
     ) -> None:
         self.uri = uri
         self.zero_copy = format_of(uri) == "arrow"
@@ -124,6 +127,8 @@ class RemoteShard(ShardFields):
         self._blocks: BlockSums | None = None  # the manifest's block checksums: checked per opened file
         self._corrupt: list[Callable[[str], None]] = []
         cache.redownloads.know(dataset, uri)  # (a thrashing cache downloads it again within a pass)
+        #: where the metadata came from: ``manifest``, ``index`` (read by range), or None (the copy)
+        self._described: str | None = None if manifest is None else described_by
         if manifest is None:
             with self.opened() as reader:
                 self._schema = reader.schema
@@ -135,7 +140,7 @@ class RemoteShard(ShardFields):
             self._schema = schema
             rows = np.asarray([n for n in entry.batch_rows if n > 0], dtype=np.int64)
             self._offsets = np.concatenate([[0], np.cumsum(rows)]).astype(np.int64)
-            self._sha256 = entry.sha256
+            self._sha256 = entry.sha256 or None  # (unknown when described by range)
             self._blocks = entry.blocks
 
     # -- ShardReader ------------------------------------------------------------------------
@@ -235,7 +240,7 @@ class RemoteShard(ShardFields):
             else:
                 reader = open_shard(lease.path, self.uri, **self._options)
             try:
-                if self._sha256 is not None:
+                if self._described is not None:
                     self._check(reader)
                 self._guard(reader)
             except BaseException:
@@ -285,9 +290,14 @@ class RemoteShard(ShardFields):
         if not reader.schema.equals(self._schema, check_metadata=False) or not np.array_equal(
             reader.chunk_offsets, self._offsets
         ):
+            if self._described == "manifest":
+                raise ShardError(
+                    f"shard {self.uri} does not match its manifest (schema or record batches differ); "
+                    "re-run `flightfeed convert` or delete the manifest"
+                )
             raise ShardError(
-                f"shard {self.uri} does not match its manifest (schema or record batches differ); "
-                "re-run `flightfeed convert` or delete the manifest"
+                f"shard {self.uri} changed after the dataset was opened: its schema or record batches differ "
+                "from those read from it then; restart the server (or reload the dataset) to read it again"
             )
 
     def _release(self) -> None:

@@ -5,19 +5,22 @@ range into the block cache when ``--s3-reads`` says so (``storage/ranges``, docs
 by default those larger than 64 MiB or than the cache); the others are fetched whole into the
 cache with large sized reads and opened from there (Arrow shards memory-mapped), as below.
 
-When they are fetched: with a ``manifest.json`` from ``flightfeed convert`` that matches the
-listing, nothing is downloaded at start-up (the manifest gives schema, rows and chunk offsets) and
-each shard is fetched on its first read (lazy). Without one, every shard is downloaded and opened
-at start-up to learn its metadata (eager); for datasets larger than the cache the early shards are
-evicted again and re-fetched when read. Either way an evicted shard is fetched again on demand.
+When whole shards are fetched: never at start-up (``storage/s3_whole``). With a ``manifest.json``
+from ``flightfeed convert`` that matches the listing, the manifest gives schema, rows and chunk
+offsets; without one, each shard's index is read by range (its footer: a few small GETs, in
+parallel; ``storage/ranges/describe``). Each shard is then downloaded on its first read (lazy), or
+in the background after start-up when they all fit in the cache (``StorageOptions.s3_prefetch``). Only a shard
+that cannot be described by range (an Arrow stream file, dictionary batches, HDF5 datasets the
+chunk map does not read) is downloaded at start-up to learn its metadata, as before. An evicted
+shard is fetched again on demand.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 
 import pyarrow.fs as pafs
 
@@ -34,13 +37,17 @@ from flightfeed.server.storage.ranges.block_store import BlockStore
 from flightfeed.server.storage.ranges.opening import by_range, open_ranged
 from flightfeed.server.storage.ranges.source import RangeSource
 from flightfeed.server.storage.remote import RemoteShard
-from flightfeed.server.storage.s3_client import download, s3_filesystem, split_s3_uri, translate, with_retries
+from flightfeed.server.storage.s3_client import s3_filesystem, split_s3_uri, with_retries
+from flightfeed.server.storage.s3_whole import whole_shard
 from flightfeed.wire.errors import ConfigError, DatasetError, StorageError
 
 __all__ = ["open_s3_shards", "filesystem_for", "list_s3_shards", "read_manifest", "default_cache_dir"]
 
 log = logging.getLogger(__name__)
 
+#: shards whose index is read by range at once when a dataset opens: small GETs (and one HEAD
+#: each), which an object store answers by the thousand per second (docs/remote-reads.md)
+OPEN_PARALLEL = 64
 #: range figures of datasets opened without server metrics (tests, tools)
 _RANGE_METRICS = RangeMetrics()
 
@@ -88,20 +95,17 @@ def open_s3_shards(uri: str, opts: StorageOptions, *, dataset: str = "") -> list
     blocks = BlockStore(cache, dataset)
     range_metrics = opts.metrics.ranges if opts.metrics is not None else _RANGE_METRICS
 
+    biggest = max(i.size for i in infos)
+    room = opts.s3_parallel_shards if cache is None else cache.max_bytes // max(1, biggest)
+    downloads = threading.BoundedSemaphore(max(1, min(opts.s3_parallel_shards, room)))
+
     def whole(index: int, info: pafs.FileInfo) -> RemoteShard:
         assert cache is not None
         entry = entries.get(info.path)
-        return RemoteShard(
-            f"s3://{info.path}",
-            cache=cache,
-            fetch=partial(_fetch, fs, info.path, info.size, f"s3://{info.path}", opts),
-            size=info.size,
-            version=f"{info.size}:{info.mtime_ns}",
-            dataset=dataset,
-            reader_options=shard_options,
+        return whole_shard(
+            fs, info, root=root, index=index, cache=cache, opts=opts, dataset=dataset,
+            reader_options=shard_options, metrics=range_metrics, downloads=downloads,
             manifest=(manifest.schema, entry) if manifest is not None and entry is not None else None,
-            index=index,
-            small_bytes=opts.small_shard_bytes,
         )
 
     def make(index: int, info: pafs.FileInfo) -> ShardReader:
@@ -128,11 +132,10 @@ def open_s3_shards(uri: str, opts: StorageOptions, *, dataset: str = "") -> list
     if len(entries) == len(infos) and not ranged:  # all described by the manifest: nothing to download, no pool
         shards: list[ShardReader] = [make(i, info) for i, info in enumerate(infos)]
     else:
-        # without a manifest every whole shard is downloaded here: several at once, as many as the
-        # cache holds; ranged shards read their footers (a few small GETs each) in parallel
-        biggest = max([i.size for i in infos if i.path not in ranged], default=0)
-        room = opts.s3_parallel_shards if cache is None or not biggest else cache.max_bytes // biggest
-        parallel = max(1, min(opts.s3_parallel_shards if biggest else 4 * opts.s3_parallel_shards, room))
+        # without a manifest every shard reads its index by range here (a few small GETs each), in
+        # parallel; a whole shard that cannot be described so is downloaded (``whole_shard``): as
+        # many at once as the cache holds, at most ``s3_parallel_shards`` (4)
+        parallel = max(4 * opts.s3_parallel_shards, OPEN_PARALLEL)
         with ThreadPoolExecutor(parallel, thread_name_prefix="s3-open") as pool:
             futures = [pool.submit(make, i, info) for i, info in enumerate(infos)]
         shards = [f.result() for f in futures if f.exception() is None]
@@ -144,7 +147,7 @@ def open_s3_shards(uri: str, opts: StorageOptions, *, dataset: str = "") -> list
     downloaded = [i.size for i in infos if i.path not in ranged]
     if cache is not None and downloaded:
         warn_if_too_small(cache.directory, cache.max_bytes, dataset, downloaded)
-        if entries and opts.s3_prefetch and sum(downloaded) <= cache.max_bytes:
+        if opts.s3_prefetch and sum(downloaded) <= cache.max_bytes:  # (a shard already cached: a no-op)
             _prefetch([s for s in shards if isinstance(s, RemoteShard)], opts.s3_parallel_shards)
     return list(shards)
 
@@ -269,14 +272,3 @@ def _match_manifest(
 def _cache_for(opts: StorageOptions) -> ShardCache:
     return shared_cache(opts.cache_dir or default_cache_dir(), opts.cache_size, opts.metrics)
 
-
-def _fetch(fs: pafs.FileSystem, path: str, size: int, uri: str, opts: StorageOptions, dest: str) -> str:
-    """Download one object to ``dest``, retrying transient failures (a fetch function for the cache)."""
-
-    def once() -> str:
-        try:
-            return download(fs, path, size, dest, part_size=opts.s3_part_size, parallel=opts.s3_parallel)
-        except FileNotFoundError as exc:
-            raise translate(exc, uri) or StorageError(f"{uri}: object vanished during download") from None
-
-    return with_retries(once, uri, retries=opts.s3_retries)

@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from flightfeed.server.readers.base import ShardFields
 from flightfeed.server.storage.cache.shard_cache import ShardCache
-from flightfeed.server.storage.ranges.arrow_index import ArrowIndex, read_arrow_index
+from flightfeed.server.storage.ranges.arrow_index import ArrowIndex, NeedsWholeShard, read_arrow_index
 from flightfeed.server.storage.ranges.block_store import BlockStore
 from flightfeed.server.storage.ranges.source import RangeSource, Span
 from flightfeed.server.storage.ranges.staged import StagedRanges, with_gaps
@@ -38,10 +38,6 @@ __all__ = ["RangedArrowShard", "NeedsWholeShard", "SEQUENTIAL_AHEAD_BYTES"]
 
 #: stored-order reads fetch this many bytes of the next batches ahead (``_sequential``)
 SEQUENTIAL_AHEAD_BYTES = 16 << 20
-
-
-class NeedsWholeShard(Exception):
-    """This Arrow file cannot be read by record batch (dictionary batches): read it whole."""
 
 
 class RangedArrowShard(ShardFields):
@@ -75,6 +71,7 @@ class RangedArrowShard(ShardFields):
         self._last = -2  # the last chunk read, and the sequential read-ahead's run (``_sequential``)
         self._ahead_from = self._ahead_until = 0
         self._planned = False  # the read-ahead has asked for blocks (``fetch_ahead``)
+        self.empty_batches = 0
         if rows is not None and schema is not None:  # a manifest: the index is read on first use
             self._schema = schema
             batch_rows = np.asarray([n for n in rows if n > 0], dtype=np.int64)
@@ -92,8 +89,10 @@ class RangedArrowShard(ShardFields):
         watches its problems (a full disk)."""
         return self._ranges.blocks.cache
 
-    def _load(self) -> ArrowIndex:
-        layout = self._index(self._rows)
+    def _load(self, first: bool = False) -> ArrowIndex:
+        layout = self._index(self._rows, first)
+        #: record batches of no rows (skipped as chunks; a local reader of the file keeps them)
+        self.empty_batches = sum(1 for n in layout.rows if n == 0)
         keep = [k for k, n in enumerate(layout.rows) if n > 0]
         self._spans = [layout.blocks[k] for k in keep]
         return layout
@@ -103,14 +102,15 @@ class RangedArrowShard(ShardFields):
         batch_rows = np.asarray([n for n in layout.rows if n > 0], dtype=np.int64)
         return np.concatenate([[0], np.cumsum(batch_rows)]).astype(np.int64)
 
-    def _spans_now(self) -> list[Span]:
-        """The record batches' byte ranges, the index read on first use (a manifest gave the rest)."""
+    def _spans_now(self, first: bool = False) -> list[Span]:
+        """The record batches' byte ranges, the index read on first use (a manifest gave the rest);
+        ``first``: a read of record batch 0 waits for it (``read_arrow_index`` stages that batch)."""
         spans = self._spans
         if spans is not None:
             return spans
         with self._lock:
             if self._spans is None:
-                layout = self._load()
+                layout = self._load(first)
                 if layout.dictionaries:
                     self._spans = None
                     raise ShardError(
@@ -128,19 +128,25 @@ class RangedArrowShard(ShardFields):
             assert self._spans is not None
             return self._spans
 
-    def _index(self, rows: tuple[int, ...] | None) -> ArrowIndex:
+    def _index(self, rows: tuple[int, ...] | None, first: bool = False) -> ArrowIndex:
         key = f"{self.uri}#index"
         cached: list[ArrowIndex] = []
+        batch_zero: list[tuple[Span, pa.Buffer]] = []  # staged once the index is in the cache
+        stage = (lambda span, data: batch_zero.append((span, data))) if first else None
 
         def fetch() -> pa.Buffer:
-            layout = read_arrow_index(self._source, rows)
+            layout = read_arrow_index(self._source, rows, stage)
             cached.append(layout)
             return pa.py_buffer(layout.to_json())
 
         if self._blocks.cache is None:
-            return read_arrow_index(self._source, rows)
-        data = self._blocks.get(key, None, self._version, fetch)  # kept beside the blocks
-        return cached[0] if cached else ArrowIndex.from_json(data.to_pybytes(), key)
+            layout = read_arrow_index(self._source, rows, stage)
+        else:
+            data = self._blocks.get(key, None, self._version, fetch)  # kept beside the blocks
+            layout = cached[0] if cached else ArrowIndex.from_json(data.to_pybytes(), key)
+        for span, data in batch_zero:
+            self._ranges.stage_bytes(span, data)
+        return layout
 
     # -- ShardReader ------------------------------------------------------------------------
     def span(self, chunk: int) -> Span:
@@ -148,7 +154,7 @@ class RangedArrowShard(ShardFields):
         return self._spans_now()[chunk]
 
     def read_chunk(self, index: int) -> pa.RecordBatch:
-        spans = self._spans_now()
+        spans = self._spans_now(first=index == 0)
         if not 0 <= index < len(spans):
             raise ShardError(f"shard {self.uri}: no chunk {index} (it has {len(spans)})")
         span = spans[index]
@@ -192,7 +198,9 @@ class RangedArrowShard(ShardFields):
         """Fetch the blocks of ``chunks`` now, coalesced (see the module docstring)."""
         self._planned = True  # the read-ahead plans this shard's reads: no sequential guessing
         spans = self._spans_now()
-        wanted = with_gaps(spans, [c for c in chunks if 0 <= c < len(spans)], self._source.settings.gap_bytes)
+        chosen = [c for c in chunks if 0 <= c < len(spans)]
+        kept_gap = self._source.settings.kept_gap_bytes
+        wanted = with_gaps(spans, chosen, kept_gap, self._ranges.served(len(spans)))
         self._ranges.prefetch([spans[c] for c in wanted])
 
     def close(self) -> None:

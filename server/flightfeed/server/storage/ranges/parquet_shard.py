@@ -132,7 +132,8 @@ class RangedParquetShard(ShardFields):
     def fetch_ahead(self, chunks: list[int]) -> None:
         """The read-ahead's hook: the row groups of ``chunks`` fetched now, coalesced."""
         chosen = [c for c in chunks if 0 <= c < len(self._spans)]
-        wanted = with_gaps(self._spans, chosen, self._ranges.source.settings.gap_bytes)
+        kept_gap = self._ranges.source.settings.kept_gap_bytes
+        wanted = with_gaps(self._spans, chosen, kept_gap, self._ranges.served(len(self._spans)))
         self._ranges.prefetch([self._spans[c] for c in wanted])
 
     def close(self) -> None:

@@ -43,6 +43,10 @@ class RangeSettings:
     first byte, then ~50-100 MB/s per connection)."""
 
     gap_bytes: int = 1 << 20  # merge two ranges whose gap is at most this (the gap is read and dropped)
+    #: a window's blocks fetch the blocks between them too when those are at most this many bytes,
+    #: and keep them for a later window (``staged.with_gaps``): fewer, larger GETs, each block still
+    #: fetched about once per epoch (docs/remote-reads.md, "The first batch")
+    kept_gap_bytes: int = 4 << 20
     max_request_bytes: int = 32 << 20  # one GET carries at most this much (unless one block is larger)
     max_in_flight_bytes: int = 128 << 20  # bytes of GETs in flight at once per call
     retries: int = 4

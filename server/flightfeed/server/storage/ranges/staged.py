@@ -14,7 +14,7 @@ import contextlib
 import itertools
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from concurrent.futures import Future
 
 import pyarrow as pa
@@ -25,16 +25,19 @@ from flightfeed.server.storage.ranges.source import RangeSource, Span
 __all__ = ["StagedRanges", "with_gaps"]
 
 
-def with_gaps(spans: Sequence[Span], chosen: Sequence[int], gap_bytes: int) -> list[int]:
+def with_gaps(
+    spans: Sequence[Span], chosen: Sequence[int], gap_bytes: int, served: Set[Span] = frozenset()
+) -> list[int]:
     """``chosen`` block indices (of ``spans``, in file order), plus the blocks between two of them
-    whose bytes together are at most ``gap_bytes``: a coalesced GET reads those gaps anyway, so
-    their blocks are staged and kept for a later window instead of being dropped."""
+    whose bytes together are at most ``gap_bytes`` and that were not ``served`` in this pass over
+    the file: one GET then carries the run, and those blocks are staged and kept for a later window
+    (a block already served is not needed again this epoch: fetching it would read it twice)."""
     picked = sorted(set(chosen))
     out: list[int] = []
     for a, b in itertools.pairwise(picked):
         out.append(a)
         if b - a > 1 and spans[b][0] - spans[a][1] <= gap_bytes:
-            out.extend(range(a + 1, b))
+            out.extend(c for c in range(a + 1, b) if spans[c] not in served)
     if picked:
         out.append(picked[-1])
     return out
@@ -52,6 +55,15 @@ class StagedRanges:
         self._staged: OrderedDict[Span, Future[pa.Buffer]] = OrderedDict()
         self._staged_total = 0
         self._closed = False
+        self._served: set[Span] = set()  # blocks handed to readers in this pass over the file
+
+    def served(self, blocks: int) -> Set[Span]:
+        """The blocks served in this pass over the file (of ``blocks`` blocks): a new pass starts
+        once every block was served (an epoch reads each block once)."""
+        with self._lock:
+            if len(self._served) >= blocks:
+                self._served.clear()
+            return frozenset(self._served)
 
     def key(self, span: Span) -> str:
         return f"{self.source.uri}#{span[0]}-{span[1]}"
@@ -85,6 +97,8 @@ class StagedRanges:
                 self._keep(spans[i], data)
                 out[i] = data
         result = [b for b in out if b is not None]
+        with self._lock:
+            self._served.update(spans)
         self.source.metrics.served(self.source.dataset, sum(b.size for b in result))
         return result
 
@@ -99,6 +113,12 @@ class StagedRanges:
         wanted = [s for s in wanted if not self.blocks.has(self.key(s))]
         if wanted:
             self.source.read_many(wanted, self._stage)
+
+    def stage_bytes(self, span: Span, data: pa.Buffer) -> None:
+        """Stage the bytes of block ``span`` already fetched (e.g. within the index's GET)."""
+        done: Future[pa.Buffer] = Future()
+        done.set_result(data)
+        self._stage(span, done)
 
     def _stage(self, span: Span, future: Future[pa.Buffer]) -> None:
         with self._lock:
