@@ -15,7 +15,6 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from flightfeed.server.observe.range_metrics import RangeMetrics
-from flightfeed.server.storage.cache.files import CacheFiles
 from flightfeed.server.storage.cache.shard_cache import ShardCache
 from flightfeed.server.storage.ranges.arrow_shard import RangedArrowShard
 from flightfeed.server.storage.ranges.block_store import BlockStore
@@ -23,7 +22,7 @@ from flightfeed.server.storage.ranges.source import RangeSource
 from flightfeed.server.storage.ranges.staged import with_gaps
 from flightfeed.server.storage.s3 import filesystem_for
 from flightfeed.server.testing.local_s3 import LocalS3
-from tests.support.listing import bytes_of
+from tests.support.listing import cache_disk_bytes
 
 ROWS_PER_BATCH = 64
 BATCHES = 32
@@ -51,9 +50,7 @@ def _shard(s3: LocalS3, uri: str, key: str, size: int, cache: ShardCache | None)
 
 
 def _disk(directory: Path) -> int:
-    committed = sum(n for _, n, _, _ in CacheFiles(str(directory)).listing())
-    staged = directory / ".tmp"
-    return committed + (bytes_of(staged.iterdir()) if staged.exists() else 0)
+    return cache_disk_bytes(directory)
 
 
 def test_two_processes_share_one_block_budget(s3: LocalS3, tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from flightfeed.server.testing.local_s3 import LocalS3
 from tests.cluster.conftest import action, eventually
 from tests.storage.test_cache_disk import _files, _held_by, s3_dataset
 from tests.support.disk_probe import private_tmpfs, private_tmpfs_works, used_bytes
+from tests.support.listing import cache_disk_bytes
 from tests.support.processes import start_serve
 
 SHARD = 100
@@ -36,9 +37,7 @@ ROWS = 1500  # of 16 KiB: 8 shards of ~3 MB
 
 def _committed_and_staged(directory: Path) -> int:
     """Bytes of the cache's data files and of the downloads staged in ``.tmp``."""
-    committed = sum(size for _, size, _, _ in CacheFiles(str(directory)).listing())
-    staged = directory / ".tmp"
-    return committed + sum(p.stat().st_size for p in staged.iterdir() if p.is_file())
+    return cache_disk_bytes(directory)
 
 
 def test_processes_sharing_a_directory_keep_one_budget(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ from flightfeed.server.storage.remote import RemoteShard
 from flightfeed.server.testing import running_server
 from flightfeed.server.testing.local_s3 import LocalS3
 from flightfeed.wire.errors import ShardError
-from tests.support.listing import bytes_of
+from tests.support.listing import cache_disk_bytes
 
 ROWS = 3072
 SIDE = 64  # rows of 64x64x3 uint8 (12 KiB); HDF5 chunks of 32 rows: ~200 KB stored
@@ -50,7 +50,7 @@ def _write(path: Path, compression: str = "gzip") -> None:
 
 
 def _cache_disk(directory: Path) -> int:
-    return bytes_of(directory.rglob("*"), lambda p: not p.name.endswith(".meta"))
+    return cache_disk_bytes(directory)
 
 
 @pytest.fixture

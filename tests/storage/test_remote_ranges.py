@@ -26,7 +26,7 @@ from flightfeed.server.storage.ranges.parquet_shard import RangedParquetShard
 from flightfeed.server.testing import running_server
 from flightfeed.server.testing.local_s3 import LocalS3
 from flightfeed.wire.errors import ShardError
-from tests.support.listing import bytes_of
+from tests.support.listing import cache_disk_bytes
 
 ROW_BYTES = 4096
 BATCH_ROWS = 128  # 512 KiB record batches
@@ -57,7 +57,7 @@ def _figures(metrics: ServerMetrics, dataset: str) -> dict[str, Any]:
 
 
 def _cache_disk(directory: Path) -> int:
-    return bytes_of(directory.rglob("*"), lambda p: not p.name.endswith(".meta"))
+    return cache_disk_bytes(directory)
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from flightfeed.server.storage.remote import RemoteShard
 from flightfeed.server.testing import running_server
 from flightfeed.server.testing.local_s3 import LocalS3
 from flightfeed.wire.errors import ShardError, StorageError
-from tests.support.listing import bytes_of
+from tests.support.listing import cache_disk_bytes
 from tests.support.storage_fixtures import Count
 
 ROW_BYTES = 2048
@@ -52,7 +52,7 @@ def small_shards(s3: LocalS3, tmp_path: Path) -> tuple[str, int]:
 
 
 def _cache_files(directory: Path) -> int:
-    return bytes_of(directory.rglob("*"), lambda p: not p.name.endswith(".meta"))
+    return cache_disk_bytes(directory)
 
 
 def test_start_up_reads_footers_by_range_and_no_body(
