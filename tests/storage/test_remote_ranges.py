@@ -27,6 +27,7 @@ from flightfeed.server.testing import running_server
 from flightfeed.server.testing.local_s3 import LocalS3
 from flightfeed.wire.errors import ShardError
 from tests.support.listing import cache_disk_bytes
+from tests.support.storage_fixtures import index_payload_arrow
 
 ROW_BYTES = 4096
 BATCH_ROWS = 128  # 512 KiB record batches
@@ -41,15 +42,9 @@ def _arrow_file(
     start: int = 0,
 ) -> int:
     """An Arrow IPC file of ``batches`` record batches: ``index`` and a payload derived from it."""
-    schema = pa.schema([("index", pa.int64()), ("x", pa.list_(pa.uint8(), ROW_BYTES))])
-    options = ipc.IpcWriteOptions(compression=compression)
-    with ipc.new_file(str(path), schema, options=options) as w:
-        for b in range(batches):
-            index = np.arange(start + b * batch_rows, start + (b + 1) * batch_rows, dtype=np.int64)
-            payload = np.repeat((index % 251).astype(np.uint8)[:, None], ROW_BYTES, axis=1)
-            x = pa.FixedSizeListArray.from_arrays(pa.array(payload.ravel()), ROW_BYTES)
-            w.write_batch(pa.record_batch([pa.array(index), x], schema=schema))
-    return path.stat().st_size
+    return index_payload_arrow(
+        path, batches=batches, batch_rows=batch_rows, row_bytes=ROW_BYTES, compression=compression, start=start
+    )
 
 
 def _figures(metrics: ServerMetrics, dataset: str) -> dict[str, Any]:

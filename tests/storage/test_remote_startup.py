@@ -22,7 +22,7 @@ from flightfeed.server.testing import running_server
 from flightfeed.server.testing.local_s3 import LocalS3
 from flightfeed.wire.errors import ShardError, StorageError
 from tests.support.listing import cache_disk_bytes
-from tests.support.storage_fixtures import Count
+from tests.support.storage_fixtures import Count, index_payload_arrow
 
 ROW_BYTES = 2048
 BATCH_ROWS = 128  # 256 KiB record batches: a shard is larger than one GET of its head or tail
@@ -30,14 +30,7 @@ SHARDS = 12
 
 
 def _shard(path: Path, start: int, batches: int = 2, batch_rows: int = BATCH_ROWS) -> int:
-    schema = pa.schema([("index", pa.int64()), ("x", pa.list_(pa.uint8(), ROW_BYTES))])
-    with ipc.new_file(str(path), schema) as w:
-        for b in range(batches):
-            index = np.arange(start + b * batch_rows, start + (b + 1) * batch_rows, dtype=np.int64)
-            payload = np.repeat((index % 251).astype(np.uint8)[:, None], ROW_BYTES, axis=1)
-            x = pa.FixedSizeListArray.from_arrays(pa.array(payload.ravel()), ROW_BYTES)
-            w.write_batch(pa.record_batch([pa.array(index), x], schema=schema))
-    return path.stat().st_size
+    return index_payload_arrow(path, batches=batches, batch_rows=batch_rows, row_bytes=ROW_BYTES, start=start)
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
@@ -95,3 +96,25 @@ def read_all(dataset: Dataset) -> pa.Table:
 @pytest.fixture
 def read_dataset() -> Callable[[Dataset], pa.Table]:
     return read_all
+
+
+def index_payload_arrow(
+    path: Path,
+    *,
+    batches: int,
+    batch_rows: int,
+    row_bytes: int,
+    compression: Literal["zstd"] | None = None,
+    start: int = 0,
+) -> int:
+    """An Arrow IPC file of ``batches`` record batches of ``batch_rows`` rows: ``index`` (from
+    ``start``) and ``x``, ``row_bytes`` bytes a row, each byte ``index % 251``; returns its size."""
+    schema = pa.schema([("index", pa.int64()), ("x", pa.list_(pa.uint8(), row_bytes))])
+    options = ipc.IpcWriteOptions(compression=compression)
+    with ipc.new_file(str(path), schema, options=options) as w:
+        for b in range(batches):
+            index = np.arange(start + b * batch_rows, start + (b + 1) * batch_rows, dtype=np.int64)
+            payload = np.repeat((index % 251).astype(np.uint8)[:, None], row_bytes, axis=1)
+            x = pa.FixedSizeListArray.from_arrays(pa.array(payload.ravel()), row_bytes)
+            w.write_batch(pa.record_batch([pa.array(index), x], schema=schema))
+    return path.stat().st_size
