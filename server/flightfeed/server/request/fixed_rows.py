@@ -41,6 +41,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from flightfeed.server.request.out_buffers import shared_out_buffers
+from flightfeed.server.request.span_take import chunk_addresses, span_take
 from flightfeed.wire.views import FixedLayout, fixed_layout
 
 __all__ = [
@@ -82,6 +83,7 @@ class MessageRows(Protocol):
 
     n: int
     cid: _I64
+    chunk_ids: _I64
     local: _I64
     chunks: list[int]
     order: _I64
@@ -183,6 +185,13 @@ def _copy_by_numpy(layout: FixedLayout, views: Sequence[npt.NDArray[np.generic]]
     else each chunk's rows taken by numpy, put in message order by one scatter. Python runs per
     chunk only in C loops (``map``)."""
     out = FixedOut(layout, msg.n)
+    if layout.width == 1:  # one value a row: one take over the chunks' address span (``span_take``)
+        located = chunk_addresses(views)
+        if located is not None:
+            which = msg.chunk_ids.searchsorted(msg.cid)
+            into = out.out.reshape(msg.n)
+            if span_take(located[0], located[1], which, msg.local * layout.row_bytes, into.dtype, into) is not None:
+                return out.buf
     total, index = msg.joined
     if total * layout.row_bytes <= JOIN_BYTES_PER_CHUNK * len(views):
         np.concatenate(views).take(index, axis=0, out=out.out)

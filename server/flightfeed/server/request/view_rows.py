@@ -31,6 +31,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from flightfeed.server.request.fixed_rows import MessageRows, flat_values
+from flightfeed.server.request.span_take import chunk_addresses, span_take
 from flightfeed.wire.views import FixedLayout, fixed_layout, view_fields
 
 __all__ = ["views_wanted", "gather_views", "as_view", "to_wire", "wire_arrays"]
@@ -82,14 +83,25 @@ def gather_views(
     out[:, 0] = row_bytes
     out[:, 2] = np.repeat(np.arange(len(first), dtype=np.int32), lengths)
     out[:, 3] = (np.arange(n, dtype=np.int64) - np.repeat(first, lengths)) * row_bytes
-    # the prefix: each row's first 4 bytes (the layout requires it): one small numpy read per
-    # chunk, in C loops (``map``), put in message order by one scatter
+    out[:, 1] = _prefixes(views, msg, row_bytes)
+    return pa.Array.from_buffers(pa.binary_view(), n, [None, pa.py_buffer(out.data), *runs])
+
+
+def _prefixes(views: Sequence[npt.NDArray[np.generic]], msg: MessageRows, row_bytes: int) -> npt.NDArray[Any]:
+    """Each message row's first 4 bytes as an int32 (the view layout requires them): one take over
+    the chunks' address span (``span_take``), else one small numpy read per chunk, in C loops
+    (``map``), put in message order by one scatter."""
+    located = chunk_addresses(views) if row_bytes % 4 == 0 else None
+    if located is not None:
+        which = msg.chunk_ids.searchsorted(msg.cid)
+        taken = span_take(located[0], located[1], which, msg.local * row_bytes, np.dtype(np.int32))
+        if taken is not None:
+            return taken
     as_bytes = map(_AS_BYTES, views)  # (rows, row_bytes) uint8 views of the chunks
     heads = map(_getitem, as_bytes, zip(map(_SRC, msg.groups), repeat(_HEAD)))
-    head = np.empty((n, 4), dtype=np.uint8)
+    head = np.empty((msg.n, 4), dtype=np.uint8)
     head[msg.order] = np.concatenate(list(heads))
-    out[:, 1] = head.view(np.int32).ravel()
-    return pa.Array.from_buffers(pa.binary_view(), n, [None, pa.py_buffer(out.data), *runs])
+    return head.view(np.int32).ravel()
 
 
 def _buffer(values: npt.NDArray[np.generic]) -> pa.Buffer:
