@@ -12,15 +12,8 @@ import pytest
 
 from flightfeed.server.request.streaming import StreamSettings
 from flightfeed.server.testing import RunningServer, running_server
+from tests.support.client import read_path
 from tests.support.datasets import SMALL_ROWS, image_of, write_dataset
-
-
-def read_path(location: str, name: str) -> pa.Table:
-    client = flight.FlightClient(location)
-    info = client.get_flight_info(flight.FlightDescriptor.for_path(name))
-    tables = [client.do_get(ep.ticket).read_all() for ep in info.endpoints]
-    client.close()
-    return pa.concat_tables(tables)
 
 
 def check_exact(table: pa.Table, rows: int) -> None:

@@ -9,7 +9,6 @@ from typing import Any
 import h5py
 import numpy as np
 import pyarrow as pa
-import pyarrow.flight as flight
 import pytest
 
 from flightfeed.server.storage import StorageOptions, open_dataset
@@ -17,6 +16,7 @@ from flightfeed.server.testing import running_server
 from flightfeed.server.tools.convert import ConvertSettings, convert
 from flightfeed.server.tools.inspect import format_report, inspect_dataset
 from tests.readers.hdf5_layouts import CASES, ROWS, Case
+from tests.support.client import read_path
 
 
 def _values(column: pa.ChunkedArray[Any] | pa.Array[Any]) -> Any:
@@ -49,15 +49,6 @@ def assert_table(table: pa.Table, case: Case) -> None:
         assert_bit_exact(_values(table.column(name)), want, name)
 
 
-def _stored_order(location: str, name: str) -> pa.Table:
-    client = flight.connect(location)
-    try:
-        info = client.get_flight_info(flight.FlightDescriptor.for_path(name))
-        tables = [client.do_get(ep.ticket).read_all() for ep in info.endpoints]
-    finally:
-        client.close()
-    return pa.concat_tables(tables)
-
 
 @pytest.fixture(params=sorted(CASES))
 def case(request: pytest.FixtureRequest, tmp_path: Path) -> Case:
@@ -67,7 +58,7 @@ def case(request: pytest.FixtureRequest, tmp_path: Path) -> Case:
 def test_served_bit_exact(case: Case) -> None:
     options = StorageOptions(hdf5_group=case.group)
     with running_server({"data": str(case.path)}, storage=options) as server:
-        assert_table(_stored_order(server.location, "data"), case)
+        assert_table(read_path(server.location, "data"), case)
 
 
 def test_converted_bit_exact(case: Case, tmp_path: Path) -> None:

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import h5py
 import numpy as np
-import pyarrow.flight as flight
 import pytest
 
 from flightfeed.server import serve as _serve
@@ -17,6 +16,7 @@ from flightfeed.server.storage import open_catalog
 from flightfeed.server.storage.cli_options import apply_config, parse_hdf5_groups, storage_options_from_args
 from flightfeed.server.testing import running_server
 from flightfeed.wire.errors import ConfigError
+from tests.support.client import read_path
 
 
 def _serve_args(argv: list[str]) -> argparse.Namespace:
@@ -34,12 +34,7 @@ def _multi_group(path: Path) -> None:
 
 
 def _column(location: str, name: str, column: str) -> list[object]:
-    client = flight.connect(location)
-    try:
-        info = client.get_flight_info(flight.FlightDescriptor.for_path(name))
-        return [v for ep in info.endpoints for v in client.do_get(ep.ticket).read_all().column(column).to_pylist()]
-    finally:
-        client.close()
+    return read_path(location, name).column(column).to_pylist()
 
 
 def test_one_server_serves_arrow_and_two_groups_of_one_file(tmp_path: Path, small_dir: Path) -> None:

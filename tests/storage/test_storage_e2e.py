@@ -11,7 +11,6 @@ from typing import Any
 import h5py
 import numpy as np
 import pyarrow as pa
-import pyarrow.flight as flight
 import pyarrow.parquet as pq
 
 from flightfeed.server.observe.metrics import ServerMetrics
@@ -19,6 +18,7 @@ from flightfeed.server.storage import StorageOptions
 from flightfeed.server.testing import running_server
 from flightfeed.server.testing.local_s3 import LocalS3
 from flightfeed.server.tools.convert import ConvertSettings, convert
+from tests.support.client import read_path
 
 ArrowShards = Callable[..., tuple[Path, pa.Table]]
 Count = Callable[[str, str], float]
@@ -32,14 +32,7 @@ def _tensor(column: pa.ChunkedArray[Any]) -> np.ndarray[Any, Any]:
 
 def _epoch(location: str, name: str) -> pa.Table:
     """Every endpoint of a path descriptor, read in order (the dataset in stored order)."""
-    client = flight.connect(location)
-    try:
-        info = client.get_flight_info(flight.FlightDescriptor.for_path(name))
-        tables = [client.do_get(ep.ticket).read_all() for ep in info.endpoints]
-    finally:
-        client.close()
-    assert sum(t.num_rows for t in tables) == info.total_records
-    return pa.concat_tables(tables).combine_chunks()
+    return read_path(location, name).combine_chunks()
 
 
 def test_s3_two_epochs_second_from_cache(

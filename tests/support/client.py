@@ -12,10 +12,27 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.flight as flight
 import torch
 
 from flightfeed.server.testing import RunningServer
 from tests.support.datasets import image_of
+
+
+def read_path(location: str, name: str) -> pa.Table:
+    """Every endpoint of a path descriptor for ``name``, read in order by a plain pyarrow client
+    (the dataset in stored order); its rows are the ``FlightInfo``'s ``total_records``."""
+    client = flight.connect(location)
+    try:
+        info = client.get_flight_info(flight.FlightDescriptor.for_path(name))
+        tables = [client.do_get(ep.ticket).read_all() for ep in info.endpoints]
+    finally:
+        client.close()
+    table = pa.concat_tables(tables)
+    assert table.num_rows == info.total_records
+    return table
+
 
 #: 3 shards with uneven record batches (no batch lines up with a shard or chunk boundary)
 LAYOUT = [[50, 61, 33], [7, 90], [64, 64, 31]]
