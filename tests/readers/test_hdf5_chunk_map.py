@@ -11,10 +11,8 @@ from typing import Any
 import h5py
 import numpy as np
 import pyarrow as pa
-import pytest
 
-from flightfeed.server.readers.hdf5 import chunks as chunks_module
-from flightfeed.server.readers.hdf5.chunk_map import ChunkMap, PreadChunks, build_chunk_map
+from flightfeed.server.readers.hdf5.chunk_map import PreadChunks, build_chunk_map
 from flightfeed.server.readers.hdf5.reader import open_hdf5_shard
 
 
@@ -44,17 +42,10 @@ def test_chunk_map_bytes_equal_read_direct_chunk(tmp_path: Path) -> None:
         source.close()
 
 
-def test_chunk_map_built_once_per_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_chunk_map_built_once_per_file(tmp_path: Path, chunk_map_builds: list[str]) -> None:
     path = tmp_path / "x.h5"
     _write(path)
-    built: list[str] = []
-    real = build_chunk_map
-
-    def counted(ds: h5py.Dataset) -> ChunkMap:
-        built.append(ds.name)
-        return real(ds)
-
-    monkeypatch.setattr(chunks_module, "build_chunk_map", counted)
+    built = chunk_map_builds
     for _ in range(2):  # the second open (a reopened shard) reuses the map
         shard = open_hdf5_shard(str(path))
         got = np.concatenate(

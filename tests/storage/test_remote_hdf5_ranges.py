@@ -18,8 +18,7 @@ from flightfeed.client import FlightDataset, ReadOptions
 from flightfeed.server.observe.metrics import ServerMetrics
 from flightfeed.server.readers.blocks import BlockSums, digest_file
 from flightfeed.server.readers.hdf5 import chunk_map as chunk_map_module
-from flightfeed.server.readers.hdf5 import chunks as chunks_module
-from flightfeed.server.readers.hdf5.chunk_map import ChunkMap, build_chunk_map, map_from_bytes, map_to_bytes
+from flightfeed.server.readers.hdf5.chunk_map import ChunkMap, map_from_bytes, map_to_bytes
 from flightfeed.server.storage import open_dataset
 from flightfeed.server.storage.cache import shard_cache as cache_module
 from flightfeed.server.storage.manifest import MANIFEST_NAME, Manifest, ManifestShard
@@ -175,19 +174,13 @@ def test_manifest_checksums_guard_hdf5_chunks(s3: LocalS3, tmp_path: Path) -> No
 
 
 def test_chunk_maps_kept_on_disk_beside_the_blocks(
-    s3: LocalS3, h5_object: tuple[str, int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    s3: LocalS3, h5_object: tuple[str, int], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    chunk_map_builds: list[str],
 ) -> None:
     """A remote file's chunk maps are kept in the block cache: a restarted server (a fresh process
     cache, a fresh cache object over the same directory) does not walk the chunk index again."""
     uri, size = h5_object
-    built: list[str] = []
-    real = build_chunk_map
-
-    def counted(ds: h5py.Dataset) -> ChunkMap:
-        built.append(ds.name)
-        return real(ds)
-
-    monkeypatch.setattr(chunks_module, "build_chunk_map", counted)
+    built = chunk_map_builds
     for _ in range(2):
         monkeypatch.setattr(chunk_map_module, "_MAPS", OrderedDict())  # (a new process)
         cache_module._SHARED.clear()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -118,3 +118,20 @@ def index_payload_arrow(
             x = pa.FixedSizeListArray.from_arrays(pa.array(payload.ravel()), row_bytes)
             w.write_batch(pa.record_batch([pa.array(index), x], schema=schema))
     return path.stat().st_size
+
+
+@pytest.fixture
+def chunk_map_builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The HDF5 datasets whose chunk map is built (walked from the file's chunk index) from now on,
+    one name per build: a map kept (in memory or beside the blocks) is not built again."""
+    from flightfeed.server.readers.hdf5 import chunks as chunks_module
+    from flightfeed.server.readers.hdf5.chunk_map import ChunkMap, build_chunk_map
+
+    built: list[str] = []
+
+    def counted(ds: Any) -> ChunkMap:
+        built.append(ds.name)
+        return build_chunk_map(ds)
+
+    monkeypatch.setattr(chunks_module, "build_chunk_map", counted)
+    return built
