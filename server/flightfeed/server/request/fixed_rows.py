@@ -83,13 +83,17 @@ class MessageRows(Protocol):
 
     n: int
     cid: _I64
-    chunk_ids: _I64
     local: _I64
     chunks: list[int]
     order: _I64
 
     @property
     def groups(self) -> list[tuple[int, _I64, _I64]]: ...
+
+    @property
+    def chunk_of(self) -> _I64:
+        """Per message position, the index of its chunk in ``chunks``."""
+        ...
 
     @property
     def joined(self) -> tuple[int, _I64]:
@@ -188,9 +192,9 @@ def _copy_by_numpy(layout: FixedLayout, views: Sequence[npt.NDArray[np.generic]]
     if layout.width == 1:  # one value a row: one take over the chunks' address span (``span_take``)
         located = chunk_addresses(views)
         if located is not None:
-            which = msg.chunk_ids.searchsorted(msg.cid)
             into = out.out.reshape(msg.n)
-            if span_take(located[0], located[1], which, msg.local * layout.row_bytes, into.dtype, into) is not None:
+            offsets = msg.local * layout.row_bytes
+            if span_take(located[0], located[1], msg.chunk_of, offsets, into.dtype, into) is not None:
                 return out.buf
     total, index = msg.joined
     if total * layout.row_bytes <= JOIN_BYTES_PER_CHUNK * len(views):

@@ -159,13 +159,18 @@ class MessageRows:
         self.chunks: list[int] = self.chunk_ids.tolist()
 
     @functools.cached_property
+    def chunk_of(self) -> _I64:
+        """Per message position, the index of its chunk in ``chunks`` (numpy only)."""
+        return self.chunk_ids.searchsorted(self.cid)
+
+    @functools.cached_property
     def joined(self) -> tuple[int, _I64]:
         """The rows of all the message's chunks together, and per message position its row in
         them (numpy only)."""
         first = self._starts[self.chunk_ids]
         sizes = self._starts[self.chunk_ids + 1] - first
         offsets = sizes.cumsum() - sizes  # where each chunk's rows start when joined
-        return int(sizes.sum()), offsets[self.chunk_ids.searchsorted(self.cid)] + self.local
+        return int(sizes.sum()), offsets[self.chunk_of] + self.local
 
     @functools.cached_property
     def groups(self) -> list[tuple[int, _I64, _I64]]:

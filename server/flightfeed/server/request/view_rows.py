@@ -93,8 +93,7 @@ def _prefixes(views: Sequence[npt.NDArray[np.generic]], msg: MessageRows, row_by
     (``map``), put in message order by one scatter."""
     located = chunk_addresses(views) if row_bytes % 4 == 0 else None
     if located is not None:
-        which = msg.chunk_ids.searchsorted(msg.cid)
-        taken = span_take(located[0], located[1], which, msg.local * row_bytes, np.dtype(np.int32))
+        taken = span_take(located[0], located[1], msg.chunk_of, msg.local * row_bytes, np.dtype(np.int32))
         if taken is not None:
             return taken
     as_bytes = map(_AS_BYTES, views)  # (rows, row_bytes) uint8 views of the chunks
