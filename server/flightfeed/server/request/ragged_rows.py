@@ -57,7 +57,7 @@ def gather_ragged(cols: Sequence[_Arr], list_type: pa.DataType, layout: FixedLay
     starts = np.empty(n, dtype=np.int64)
     stops = np.empty(n, dtype=np.int64)
     which = np.empty(n, dtype=np.int32)
-    heads = np.zeros((n, 16), dtype=np.uint8)  # the views, filled below
+    view_bytes = np.zeros((n, 16), dtype=np.uint8)  # one 16-byte view a row, filled below
     data: list[pa.Buffer] = []
     for i, (col, (_, dst, src)) in enumerate(zip(cols, msg.groups, strict=True)):
         values = flat_values(col.values).view(np.uint8)  # the chunk's values as bytes (zero-copy)
@@ -71,15 +71,15 @@ def gather_ragged(cols: Sequence[_Arr], list_type: pa.DataType, layout: FixedLay
             at = lo[short, None] + np.arange(_INLINE)
             inline = values[np.minimum(at, max(0, len(values) - 1))] if len(values) else np.zeros(at.shape, np.uint8)
             inline[at >= hi[short, None]] = 0
-            heads[dst[short], 4:] = inline
+            view_bytes[dst[short], 4:] = inline
         data.append(pa.py_buffer(values.data))
     lengths = stops - starts
-    view = heads.view(np.int32)  # (n, 4): length | prefix or inline bytes | buffer index | offset
+    view = view_bytes.view(np.int32)  # (n, 4): length | prefix or inline bytes | buffer index | offset
     view[:, 0] = lengths
     long = lengths > _INLINE
     view[long, 2] = which[long]
     view[long, 3] = starts[long]
-    rows = pa.Array.from_buffers(pa.binary_view(), n, [None, pa.py_buffer(heads.data), *data])
+    rows = pa.Array.from_buffers(pa.binary_view(), n, [None, pa.py_buffer(view_bytes.data), *data])
     copied = rows.cast(pa.large_binary())  # every row once, in message order (GIL released)
     total = int(lengths.sum())
     count = np.concatenate(([0], np.cumsum(lengths // value_bytes)))
