@@ -295,7 +295,7 @@ def bench_s3(work: Path, shards: int, epoch_max: int, eager_max: int) -> dict[st
     root = tiny_dataset(work / f"local-{shards}", shards)
     rows = shards * ROWS_PER_SHARD
     out: dict[str, Any] = {"shards": shards, "rows": rows}
-    with LocalS3() as s3:
+    with LocalS3(in_process=True) as s3:  # (objects are put into moto's backend directly)
         bucket = s3.new_bucket("catalog")
         partitions = s3_backends[DEFAULT_ACCOUNT_ID]
         backend = partitions["aws"] if "aws" in partitions else partitions["global"]

@@ -246,7 +246,8 @@ def main() -> None:
     args = parser.parse_args()
     os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
     results: dict[str, Any] = {"machine": machine(), "load_average_start": load_average(), "s3": {}}
-    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as d, LocalS3() as s3:
+    # in process: bench/remote_many_shards.py reads moto's request log
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as d, LocalS3(in_process=True) as s3:
         tmp = Path(d)
         requests = request_log(s3)
         bucket = s3.new_bucket()

@@ -10,6 +10,8 @@ moto serves correctness, not speed: every ranged GET copies the whole object.
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 import uuid
 from dataclasses import replace
 from pathlib import Path
@@ -24,30 +26,81 @@ from flightfeed.server.storage.s3_client import s3_filesystem
 __all__ = ["LocalS3"]
 
 
+#: the moto server of a separate process: its port on the first line, then it runs until its stdin closes
+_CHILD = """
+import logging, sys
+logging.getLogger("werkzeug").setLevel(logging.ERROR)
+from moto.server import ThreadedMotoServer
+server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+server.start()
+host, port = server.get_host_and_port()
+print(host, port, flush=True)
+sys.stdin.read()
+server.stop()
+"""
+
+
 class LocalS3:
-    """``with LocalS3() as s3:`` a moto S3 server on 127.0.0.1; ``s3.endpoint`` is its URL."""
+    """``with LocalS3() as s3:`` a moto S3 server on 127.0.0.1; ``s3.endpoint`` is its URL.
+
+    By default moto runs in a process of its own, as a store does. ``in_process=True`` runs it on a
+    thread of this process instead (benchmarks that put objects into moto's backend directly or
+    read its request log). In-process, moto's request threads share this process's garbage
+    collector: a collection on one of them can wait for a lock that a reader holds while it waits
+    for that very request (h5py's global lock, held while HDF5 reads a remote file's metadata
+    through ``storage/ranges``), a deadlock no real store can cause.
+    """
 
     access_key = "flightfeed-local"
     secret_key = "flightfeed-local-secret"
     region = "us-east-1"
 
-    def __init__(self) -> None:
-        from moto.server import ThreadedMotoServer
-
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one log line per request otherwise
-        self._server: Any = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    def __init__(self, *, in_process: bool = False) -> None:
+        self.in_process = in_process
+        self._server: Any = None
+        self._child: subprocess.Popen[str] | None = None
         self.endpoint = ""
 
     def start(self) -> LocalS3:
-        self._server.start()
-        host, port = self._server.get_host_and_port()
+        if self.in_process:
+            from moto.server import ThreadedMotoServer
+
+            logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one log line per request otherwise
+            self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+            self._server.start()
+            host, port = self._server.get_host_and_port()
+        else:
+            self._child = subprocess.Popen(
+                [sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            )
+            assert self._child.stdout is not None
+            line = self._child.stdout.readline().split()
+            if len(line) != 2:
+                self.stop()
+                raise RuntimeError("moto did not start (is moto[server] installed?)")
+            host, port = line[0], int(line[1])
         if host != "127.0.0.1":
+            self.stop()
             raise RuntimeError(f"moto listens on {host}, not loopback")
         self.endpoint = f"http://127.0.0.1:{port}"
         return self
 
     def stop(self) -> None:
-        self._server.stop()
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+        child, self._child = self._child, None
+        if child is not None:
+            try:
+                assert child.stdin is not None
+                child.stdin.close()  # it stops its server and exits
+                child.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                child.kill()
+                child.wait()
+            finally:
+                if child.stdout is not None:
+                    child.stdout.close()
 
     def __enter__(self) -> LocalS3:
         return self.start()
